@@ -1,0 +1,654 @@
+"""scalerl.py -- the ScaleRL recipe in one file.
+
+ScaleRL is the reinforcement-learning recipe for LLMs of Khatri et al., "The Art of Scaling Reinforcement
+Learning Compute for LLMs" (arXiv 2510.13786, 2025). One training step:
+
+    prompts --generate G completions each--> rewards --advantages, filters--> batch --CISPO--> update --> sync
+
+Components (paper section in brackets), each switchable to the alternative the paper ablates:
+  CISPO loss [Sec. 3.2]                      --loss cispo|dapo
+  FP32 LM head in trainer and generator      --lm-head-fp32 / --no-lm-head-fp32
+  prompt-level loss averaging                --loss-agg prompt|sample|token
+  batch-level advantage normalisation        --adv-norm batch|prompt|none
+  zero-variance filtering                    --zero-variance-filter / --no-zero-variance-filter
+  No-Positive-Resampling                     --npr-threshold 0.9   (>= 1 disables it)
+
+`python scalerl.py` with no arguments trains an embedded tiny Llama (random weights, character tokenizer)
+on a built-in task on the CPU; `python scalerl.py --model DIR_OR_HUB_ID` trains a real model.
+The file reads top to bottom in the order of the recipe:
+config -> data and reward -> rollout engine -> advantages and curriculum -> loss -> train step
+-> evaluation and logging -> main.
+"""
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# --------------------------------------------------------------------------------------------------
+# 1. Config: one dataclass; every field becomes a command-line flag (--prompts-per-step, ...).
+# --------------------------------------------------------------------------------------------------
+
+
+def _f(default, help, choices=None):
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass
+class Config:
+    # model and run
+    model: str = _f("", "HF hub id or local directory; empty = the embedded tiny Llama (CPU default)")
+    engine: str = _f("hf", "rollout engine", ["hf"])
+    out: str = _f("", "run directory (default runs/<timestamp>)")
+    seed: int = _f(0, "random seed (data order, sampling, the embedded model's initial weights)")
+    device: str = _f("auto", "auto | cpu | cuda | cuda:N")
+    dtype: str = _f("auto", "compute dtype (auto: bfloat16 on CUDA, float32 on CPU)",
+                    ["auto", "float32", "bfloat16", "float16"])
+    param_dtype: str = _f("float32", "dtype of the trained weights and optimiser state",
+                          ["float32", "bfloat16"])
+    tie_word_embeddings: bool = _f(False, "embedded model only: tie the input embedding and the LM head")
+    # task
+    train_size: int = _f(4096, "built-in task: number of training prompts")
+    val_size: int = _f(200, "built-in task: number of held-out validation prompts")
+    # sampling
+    steps: int = _f(150, "number of training steps")
+    prompts_per_step: int = _f(32, "prompts per step (the paper: 48)")
+    generations_per_prompt: int = _f(16, "completions sampled per prompt, G (the paper: 16)")
+    max_new_tokens: int = _f(8, "generation limit per completion")
+    temperature: float = _f(1.0, "sampling temperature (generator and trainer log-probs use it)")
+    # loss [Sec. 3.2]
+    loss: str = _f("cispo", "policy loss", ["cispo", "dapo"])
+    eps_max: float = _f(5.0, "CISPO: truncation of the importance weight from above")
+    eps_low: float = _f(0.2, "DAPO: lower clip, ratio >= 1 - eps_low")
+    eps_high: float = _f(0.28, "DAPO: upper clip, ratio <= 1 + eps_high")
+    loss_agg: str = _f("prompt", "loss aggregation", ["prompt", "sample", "token"])
+    adv_norm: str = _f("batch", "advantage normalisation", ["batch", "prompt", "none"])
+    zero_variance_filter: bool = _f(True, "drop prompts whose G rewards are all equal from the loss")
+    npr_threshold: float = _f(0.9, "No-Positive-Resampling: drop a prompt from later epochs once its pass "
+                                   "rate reaches this (>= 1 disables)")
+    lm_head_fp32: bool = _f(True, "compute the LM head (hidden -> logits) in float32, trainer and generator")
+    logprob_chunk: int = _f(1024, "tokens per chunk when computing log-probs (memory ~ chunk x vocab)")
+    # optimiser [Sec. 3.2, Appendix]
+    lr: float = _f(2e-3, "learning rate, constant after warm-up (the paper: 5e-7 for an 8B model)")
+    warmup_steps: int = _f(10, "linear learning-rate warm-up steps (the paper: 100)")
+    weight_decay: float = _f(0.01, "AdamW weight decay")
+    adam_eps: float = _f(1e-15, "AdamW epsilon (the paper: 1e-15)")
+    grad_clip: float = _f(1.0, "clip the global gradient norm to this")
+    micro_batch_tokens: int = _f(8192, "padded tokens per micro-batch (gradient accumulation)")
+    # evaluation
+    eval_every: int = _f(10, "evaluate every this many steps (and at step 0 and the last step)")
+    eval_samples: int = _f(8, "samples per held-out prompt: k of mean@k (the paper: 16)")
+
+
+def die(msg):
+    """One-line error and exit status 2: for bad input, before any compute is spent."""
+    print(f"scalerl.py: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_args(argv=None):
+    """Turn every Config field into a flag: --name-with-dashes; booleans get --x / --no-x."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    p.error = die  # argparse's own errors also end in one line, status 2
+    for f in dataclasses.fields(Config):
+        flag, kw = "--" + f.name.replace("_", "-"), {"default": f.default, "help": f.metadata["help"]}
+        if f.type is bool or isinstance(f.default, bool):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+        else:
+            p.add_argument(flag, type=type(f.default), choices=f.metadata["choices"], **kw)
+    cfg = Config(**vars(p.parse_args(argv)))
+    check_config(cfg)
+    return cfg
+
+
+def is_hub_id(name):
+    """'org/name' that is not an existing path is a hub id; anything path-like must exist locally."""
+    return not os.path.exists(name) and re.fullmatch(r"[\w-][\w.-]*/[\w.-]+", name) is not None
+
+
+def check_config(cfg):
+    """Refuse impossible settings before any model is loaded."""
+    positive = ["prompts_per_step", "max_new_tokens", "eval_every", "eval_samples", "micro_batch_tokens",
+                "logprob_chunk", "train_size", "val_size", "temperature", "lr", "eps_max", "eps_high",
+                "grad_clip", "npr_threshold"]
+    for name in positive:
+        if getattr(cfg, name) <= 0:
+            die(f"--{name.replace('_', '-')} must be > 0 (got {getattr(cfg, name)})")
+    for name in ["steps", "warmup_steps", "weight_decay", "adam_eps"]:
+        if getattr(cfg, name) < 0:
+            die(f"--{name.replace('_', '-')} must be >= 0 (got {getattr(cfg, name)})")
+    if cfg.generations_per_prompt < 2:
+        die("--generations-per-prompt must be >= 2: advantages are centred within each prompt's group")
+    if not 0 <= cfg.eps_low < 1:
+        die(f"--eps-low must be in [0, 1) (got {cfg.eps_low})")
+    if cfg.model and not is_hub_id(cfg.model) and not os.path.isfile(os.path.join(cfg.model, "config.json")):
+        die(f"--model {cfg.model}: no such model directory (a local model needs config.json)")
+    if cfg.model and cfg.tie_word_embeddings:
+        die("--tie-word-embeddings applies to the embedded model only; a --model brings its own head")
+    if not cfg.model and cfg.prompts_per_step > cfg.train_size:
+        die(f"--prompts-per-step {cfg.prompts_per_step} exceeds --train-size {cfg.train_size}")
+    if cfg.device.startswith("cuda"):
+        import torch
+        if not torch.cuda.is_available():
+            die(f"--device {cfg.device}: CUDA is not available on this machine")
+    elif cfg.device not in ("auto", "cpu"):
+        die(f"--device must be auto, cpu, cuda or cuda:N (got {cfg.device})")
+    if cfg.out and os.path.exists(os.path.join(cfg.out, "metrics.jsonl")):
+        die(f"--out {cfg.out} already holds a run (metrics.jsonl); choose another directory")
+
+
+
+# --------------------------------------------------------------------------------------------------
+# 2. Data and reward: the built-in task, and the embedded tiny model and tokenizer.
+# --------------------------------------------------------------------------------------------------
+# Task: "what is the largest digit of this list?"  Prompt "3941:", answer "9". The list is built so that its
+# largest digit is uniform over 0-9: the best constant answer scores ~0.1 (RECIPE Sec. 7: a skewed answer
+# distribution lets a policy look good by always answering the most common digit).
+CHARS = "0123456789: "
+SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<think>", "</think>"]
+
+
+def make_task(n_train, n_val, seed):
+    """Return (train, val): lists of (prompt_text, answer) with no prompt shared between them."""
+    rng = np.random.default_rng([seed, 1])
+    seen, items = set(), []
+    while len(items) < n_train + n_val:
+        top, length = int(rng.integers(0, 10)), int(rng.integers(3, 7))
+        digits = rng.integers(0, top + 1, size=length)
+        digits[rng.integers(0, length)] = top
+        prompt = "".join(map(str, digits)) + ":"
+        if prompt not in seen:
+            seen.add(prompt)
+            items.append((prompt, str(top)))
+    return items[n_val:], items[:n_val]
+
+
+def reward_last_digit(completion_text, answer, finished):
+    """Verifiable reward, binary [RECIPE Sec. 3]: 1 if the completion ended by itself (EOS) and the last digit
+    it wrote is the answer. A completion cut off by the length limit has no final answer: 0."""
+    digits = re.findall(r"\d", completion_text.split("</think>")[-1])
+    return float(finished and bool(digits) and digits[-1] == answer)
+
+
+def best_constant_pass_rate(answers):
+    """Pass rate of always giving the most common answer: the floor a policy must beat to have learned."""
+    values, counts = np.unique(answers, return_counts=True)
+    return values[counts.argmax()], counts.max() / len(answers)
+
+
+def build_tiny_model(cache_dir, seed, tied):
+    """Build (once) the embedded default: a 2-layer Llama with head size 32 and a character tokenizer made
+    with the `tokenizers` library, saved to a cache directory and then loaded like any --model."""
+    import torch
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    path = os.path.join(cache_dir, f"tiny-llama-v1-seed{seed}-{'tied' if tied else 'untied'}")
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path
+    vocab = {t: i for i, t in enumerate(SPECIALS + list(CHARS))}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one token per character
+    tk.decoder = decoders.Fuse()
+    tk.add_special_tokens(SPECIALS)
+    tk.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                  unk_token="<unk>")
+    conf = LlamaConfig(vocab_size=len(vocab), hidden_size=128, intermediate_size=512, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=4, head_dim=32, max_position_embeddings=64,
+                       tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(conf)
+    tmp = f"{path}.tmp{os.getpid()}"
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    try:
+        os.replace(tmp, path)  # atomic: a concurrent builder or a crash never leaves half a model
+    except OSError:
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)  # another process won the race; its copy is identical
+    return path
+
+
+def load_model(cfg, device):
+    """Load the model and tokenizer through from_pretrained (the embedded default too)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+    path = cfg.model
+    if not path:
+        hf_logging.disable_progress_bar()
+        cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "scalerl")
+        path = build_tiny_model(cache, cfg.seed, cfg.tie_word_embeddings)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.param_dtype))
+    except (OSError, ValueError) as e:
+        die(f"cannot load --model {path}: {str(e).splitlines()[0]}")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return model.to(device), tok
+
+# --------------------------------------------------------------------------------------------------
+# 3. Rollout engine: for each prompt, G completions with the generator's log-prob of every sampled token.
+#    An engine is one function with this contract; --engine picks it.
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Completion:
+    tokens: list          # generated token ids, EOS included when the completion stopped by itself
+    logprobs: list        # generator's log pi_gen(token) of each, at the sampling temperature
+    finished: bool        # stopped with EOS (False: hit the length limit, i.e. truncated)
+
+
+def fp32_head_hook(module, inputs, output):
+    """Forward hook on the LM head: recompute its logits in float32 [Sec. 3.2, FP32 LM head]."""
+    import torch
+    import torch.nn.functional as F
+    with torch.autocast(inputs[0].device.type, enabled=False):
+        b = None if module.bias is None else module.bias.float()
+        return F.linear(inputs[0].float(), module.weight.float(), b)
+
+
+def hf_generate(model, tok, prompts, n, max_new_tokens, temperature, seed, lm_head_fp32, autocast_dtype=None):
+    """Engine 'hf': Hugging Face `generate`, plain sampling (no top-k/top-p, so the sampling distribution is
+    softmax(logits / T), exactly what the trainer's importance ratio assumes). A logits processor applies the
+    temperature itself and records log_softmax(logits / T) of the token sampled at each step."""
+    import torch
+    from transformers import GenerationConfig, LogitsProcessorList
+    recorded, last = [], {}
+
+    def record(input_ids, scores):
+        if "lp" in last:  # the token sampled at the previous step is now the last input id
+            recorded.append(last["lp"].gather(1, input_ids[:, -1:]).squeeze(1))
+        scores = scores.float() / temperature
+        last["lp"] = torch.log_softmax(scores, dim=-1)
+        return scores
+
+    device = next(model.parameters()).device
+    width = max(map(len, prompts))
+    pad = tok.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=device)  # left padding
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    gen_cfg = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+                               num_return_sequences=n, pad_token_id=pad, eos_token_id=tok.eos_token_id)
+    hook = model.get_output_embeddings().register_forward_hook(fp32_head_hook) if lm_head_fp32 else None
+    was_training = model.training
+    model.eval()
+    torch.manual_seed(seed)
+    try:
+        with torch.no_grad(), torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            seqs = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg,
+                                  logits_processor=LogitsProcessorList([record]))
+    finally:
+        model.train(was_training)
+        if hook:
+            hook.remove()
+    recorded.append(last["lp"].gather(1, seqs[:, -1:]).squeeze(1))
+    gen, lps = seqs[:, width:].tolist(), torch.stack(recorded, 1).tolist()
+    out = []
+    for i in range(len(prompts)):
+        group = []
+        for j in range(i * n, (i + 1) * n):  # generate() repeats each prompt n times in a row
+            toks = gen[j]
+            stop = toks.index(tok.eos_token_id) + 1 if tok.eos_token_id in toks else len(toks)
+            group.append(Completion(toks[:stop], lps[j][:stop], tok.eos_token_id in toks[:stop]))
+        out.append(group)
+    return out
+
+
+def generate(cfg, engine, tok, prompts, n, seed):
+    """Sample n completions for each prompt (a list of token-id lists) with the configured engine."""
+    if cfg.engine == "hf":
+        return hf_generate(engine["model"], tok, prompts, n, cfg.max_new_tokens, cfg.temperature, seed,
+                           cfg.lm_head_fp32, engine["autocast"])
+    raise ValueError(cfg.engine)
+
+
+def score(tok, groups, answers, reward_fn=reward_last_digit):
+    """Rewards of every completion: an array [n_prompts, G]."""
+    return np.array([[reward_fn(tok.decode(c.tokens, skip_special_tokens=False).replace(tok.eos_token, ""),
+                                a, c.finished) for c in g] for g, a in zip(groups, answers)])
+
+# --------------------------------------------------------------------------------------------------
+# 4. Advantages and curriculum
+# --------------------------------------------------------------------------------------------------
+
+
+def zero_variance_keep(rewards):
+    """Zero-variance filtering [Sec. 3.2]: True for the prompts whose G rewards are not all equal. A flat group
+    has zero advantage everywhere and only dilutes the loss; it is dropped (the batch is not refilled)."""
+    return rewards.max(axis=1) != rewards.min(axis=1)
+
+
+def compute_advantages(rewards, norm, eps=1e-6):
+    """Group-centred advantages A_i = r_i - mean_j r_j [Sec. 2], then normalised:
+    batch  -- divided by the std of all advantages in the batch (ScaleRL) [Sec. 3.2]
+    prompt -- divided by the std of the prompt's own rewards (GRPO)
+    none   -- left as they are (Dr. GRPO).  Standard deviations are population ones (ddof=0)."""
+    adv = rewards - rewards.mean(axis=1, keepdims=True)
+    if norm == "batch":
+        return adv / (adv.std() + eps)
+    if norm == "prompt":
+        return adv / (rewards.std(axis=1, keepdims=True) + eps)
+    return adv
+
+
+@dataclass
+class Curriculum:
+    """Epoch-wise sampling of training prompts with No-Positive-Resampling [Sec. 3.2]."""
+    n_prompts: int
+    seed: int
+    epoch: int = 0
+    pos: int = 0
+    order: list = field(default_factory=list)
+    pass_rate: dict = field(default_factory=dict)  # prompt index -> last observed pass rate
+    removed: set = field(default_factory=set)
+
+
+def next_prompts(cur, k):
+    """The next k prompt indices. Each epoch is a fresh shuffle of the prompts NPR has not removed; a prompt
+    removed during an epoch is only left out from the next epoch on. Empty list: every prompt is removed."""
+    out = []
+    while len(out) < k:
+        if cur.pos >= len(cur.order):
+            active = [i for i in range(cur.n_prompts) if i not in cur.removed]
+            if not active:
+                return []
+            cur.order = np.random.default_rng([cur.seed, 2, cur.epoch]).permutation(active).tolist()
+            cur.epoch, cur.pos = cur.epoch + 1, 0
+        take = cur.order[cur.pos:cur.pos + k - len(out)]
+        out += take
+        cur.pos += len(take)
+    return out
+
+
+def update_curriculum(cur, indices, pass_rates, threshold):
+    """No-Positive-Resampling: record each prompt's pass rate; one that reaches the threshold (0.9) is
+    removed permanently from later epochs. History = the last observed pass rate (RECIPE Sec. 3)."""
+    for i, r in zip(indices, pass_rates):
+        cur.pass_rate[i] = float(r)
+        if threshold < 1.0 and r >= threshold:
+            cur.removed.add(i)
+
+
+def completion_weights(groups_lengths, agg):
+    """Loss aggregation [Sec. 3.2] as one weight per completion, applied to each of its tokens, so that the
+    step's loss is sum(weight * token_loss) however the tokens are split into micro-batches.
+    prompt -- per prompt: sum over its G completions / its total tokens; mean over prompts (ScaleRL)
+    sample -- per completion: mean over its tokens; mean over completions (GRPO)
+    token  -- sum over all tokens / all tokens of the batch (DAPO)"""
+    n_prompts = len(groups_lengths)
+    n_samples = sum(len(g) for g in groups_lengths)
+    n_tokens = sum(sum(g) for g in groups_lengths)
+    if agg == "prompt":
+        return [[1.0 / (n_prompts * max(sum(g), 1))] * len(g) for g in groups_lengths]
+    if agg == "sample":
+        return [[1.0 / (n_samples * max(L, 1)) for L in g] for g in groups_lengths]
+    return [[1.0 / max(n_tokens, 1)] * len(g) for g in groups_lengths]
+
+
+def build_batch(prompt_ids, groups, rewards, cfg):
+    """From one step's rollouts to the training batch: zero-variance filter, advantages, aggregation weights.
+    Returns (samples, stats); each sample is a plain dict (prompt ids, completion, advantage, weight)."""
+    keep = zero_variance_keep(rewards) if cfg.zero_variance_filter else np.ones(len(groups), bool)
+    kept = [i for i in range(len(groups)) if keep[i]]
+    stats = {"zero_variance_frac": float(1 - zero_variance_keep(rewards).mean()), "active_prompts": len(kept)}
+    if not kept:
+        return [], stats
+    adv = compute_advantages(rewards[kept], cfg.adv_norm)
+    weights = completion_weights([[len(c.tokens) for c in groups[i]] for i in kept], cfg.loss_agg)
+    samples = [{"prompt": prompt_ids[i], "tokens": c.tokens, "gen_logprobs": c.logprobs,
+                "advantage": float(adv[a, j]), "weight": weights[a][j]}
+               for a, i in enumerate(kept) for j, c in enumerate(groups[i])]
+    return samples, stats
+
+# --------------------------------------------------------------------------------------------------
+# 5. Loss: log-probs with an FP32 head, CISPO (and DAPO for the ablation)
+# --------------------------------------------------------------------------------------------------
+
+
+def _chunk_logprobs(h, w, b, y, temperature, fp32):
+    import torch
+    import torch.nn.functional as F
+    if fp32:
+        with torch.autocast(h.device.type, enabled=False):
+            logits = F.linear(h.float(), w.float(), None if b is None else b.float())
+    else:
+        logits = F.linear(h, w, b).float()
+    logits = logits / temperature
+    return logits.gather(-1, y[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def token_logprobs(hidden, head, targets, temperature, fp32=True, chunk=1024):
+    """log softmax(head(hidden) / T)[target] for every row of hidden [N, H] [Sec. 3.2, FP32 LM head].
+    Rows are processed `chunk` at a time and each chunk is recomputed in the backward pass (activation
+    checkpointing), so peak memory grows with chunk x vocabulary, never with N x vocabulary."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+    parts = []
+    for s in range(0, hidden.shape[0], chunk):
+        args = (hidden[s:s + chunk], head.weight, head.bias, targets[s:s + chunk], temperature, fp32)
+        grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
+        parts.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if grad else _chunk_logprobs(*args))
+    return torch.cat(parts) if parts else hidden.new_zeros(0)
+
+
+def cispo_loss(logp, logp_gen, adv, eps_max):
+    """CISPO token loss [Sec. 3.2]: -sg(min(rho, eps_max)) * A * log pi_train, rho = pi_train / pi_gen.
+    Only the importance weight is truncated (from above) and it carries no gradient: every token keeps the
+    REINFORCE gradient A * grad log pi, scaled by the truncated weight."""
+    import torch
+    rho = torch.exp(logp.detach() - logp_gen)
+    return -torch.clamp(rho, max=eps_max) * adv * logp
+
+
+def dapo_loss(logp, logp_gen, adv, eps_low, eps_high):
+    """DAPO / PPO token loss with asymmetric clipping (the ablated alternative): -min(rho A, clip(rho) A).
+    Tokens whose clipped term is the minimum get no gradient."""
+    import torch
+    rho = torch.exp(logp - logp_gen)
+    return -torch.minimum(rho * adv, torch.clamp(rho, 1 - eps_low, 1 + eps_high) * adv)
+
+
+def policy_loss(logp, logp_gen, adv, weight, cfg):
+    """The step's objective restricted to these tokens: sum(weight * token_loss); plus the fraction of tokens
+    whose importance weight was truncated (CISPO) or clipped (DAPO)."""
+    import torch
+    rho = torch.exp(logp.detach() - logp_gen)
+    if cfg.loss == "cispo":
+        tl, clipped = cispo_loss(logp, logp_gen, adv, cfg.eps_max), rho > cfg.eps_max
+    else:
+        tl = dapo_loss(logp, logp_gen, adv, cfg.eps_low, cfg.eps_high)
+        clipped = ((rho > 1 + cfg.eps_high) & (adv > 0)) | ((rho < 1 - cfg.eps_low) & (adv < 0))
+    return (weight * tl).sum(), clipped.float().sum().item()
+
+# --------------------------------------------------------------------------------------------------
+# 6. Train step: micro-batches with gradient accumulation, AdamW, clipping, warm-up
+# --------------------------------------------------------------------------------------------------
+
+
+def make_optimizer(model, cfg):
+    """AdamW with a linear warm-up to a constant learning rate [Sec. 3.2 / Appendix]."""
+    import torch
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=cfg.adam_eps,
+                            weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
+    return opt, sched
+
+
+def micro_batches(samples, budget):
+    """Split samples (sorted by length, to waste little padding) so each micro-batch holds at most `budget`
+    padded tokens; a sample longer than the budget gets a micro-batch of its own."""
+    order = sorted(range(len(samples)), key=lambda i: len(samples[i]["prompt"]) + len(samples[i]["tokens"]))
+    out, cur, width = [], [], 0
+    for i in order:
+        w = len(samples[i]["prompt"]) + len(samples[i]["tokens"])
+        if cur and max(width, w) * (len(cur) + 1) > budget:
+            out.append(cur)
+            cur, width = [], 0
+        cur.append(samples[i])
+        width = max(width, w)
+    return out + [cur] if cur else out
+
+
+def sequence_logprobs(model, samples, cfg, pad_id):
+    """Trainer log-probs of every completion token of `samples`, concatenated in sample order."""
+    import torch
+    device = next(model.parameters()).device
+    seqs = [s["prompt"] + s["tokens"] for s in samples]
+    width = max(map(len, seqs))
+    ids = torch.tensor([q + [pad_id] * (width - len(q)) for q in seqs], device=device)  # right padding
+    attn = torch.tensor([[1] * len(q) + [0] * (width - len(q)) for q in seqs], device=device)
+    # position p predicts token p+1: mark the positions whose next token is a completion token
+    pred = torch.zeros(len(seqs), width - 1, dtype=torch.bool, device=device)
+    for r, s in enumerate(samples):
+        pred[r, len(s["prompt"]) - 1:len(s["prompt"]) - 1 + len(s["tokens"])] = True
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
+    return token_logprobs(hidden[:, :-1][pred], model.get_output_embeddings(), ids[:, 1:][pred],
+                          cfg.temperature, cfg.lm_head_fp32, cfg.logprob_chunk)
+
+
+def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None):
+    """One optimiser step on the batch: loss and backward per micro-batch (gradients accumulate; the
+    aggregation weights already hold the global normalisers), clip, AdamW step."""
+    import torch
+    device = next(model.parameters()).device
+    model.train()
+    loss_sum, clipped, n_tok = 0.0, 0.0, 0
+    for mb in micro_batches(samples, cfg.micro_batch_tokens):
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            logp = sequence_logprobs(model, mb, cfg, pad_id)
+        per_tok = lambda key: torch.tensor([s[key] for s in mb for _ in s["tokens"]], device=device)  # noqa: E731
+        logp_gen = torch.tensor([x for s in mb for x in s["gen_logprobs"]], device=device)
+        loss, c = policy_loss(logp, logp_gen, per_tok("advantage"), per_tok("weight"), cfg)
+        loss.backward()
+        loss_sum, clipped, n_tok = loss_sum + loss.item(), clipped + c, n_tok + len(logp)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
+    opt.step()
+    sched.step()
+    opt.zero_grad(set_to_none=True)
+    return {"loss": loss_sum, "grad_norm": grad_norm, "clip_frac": clipped / max(n_tok, 1), "trained_tokens": n_tok}
+
+# --------------------------------------------------------------------------------------------------
+# 7. Evaluation and logging
+# --------------------------------------------------------------------------------------------------
+
+
+def evaluate(cfg, engine, tok, val_ids, val_answers, seed):
+    """Held-out mean pass rate with k = --eval-samples samples per prompt (the paper's mean@16) [Sec. 2]."""
+    groups = generate(cfg, engine, tok, val_ids, cfg.eval_samples, seed)
+    return float(score(tok, groups, val_answers).mean())
+
+
+def step_seed(seed, kind, step):
+    """Independent, reproducible seed for each (run seed, purpose, step)."""
+    return int(np.random.SeedSequence([seed, kind, step]).generate_state(1)[0])
+
+
+def progress_line(row, steps):
+    val = f" | val {row['val_pass_rate']:.3f}" if "val_pass_rate" in row else ""
+    return (f"step {row['step']:>4}/{steps} | reward {row['reward_mean']:.3f}{val} | zero-var "
+            f"{row['zero_variance_frac']:.2f} | active {row['active_prompts']:>3} | npr {row['npr_removed']:>4} | "
+            f"trunc {row['truncated_frac']:.2f} | loss {row['loss']:+.4f} | gnorm {row['grad_norm']:.3f} | "
+            f"{row['step_seconds']:.2f}s (gen {row['gen_seconds']:.2f} train {row['train_seconds']:.2f})")
+
+# --------------------------------------------------------------------------------------------------
+# 8. Main: the loop
+# --------------------------------------------------------------------------------------------------
+
+
+def run(cfg):
+    """Train for cfg.steps steps; write config.json and metrics.jsonl to cfg.out. Returns the metric rows."""
+    import torch
+    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if cfg.device == "auto" else cfg.device)
+    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32}.get(cfg.dtype) or getattr(torch, cfg.dtype)
+    autocast = None if dtype == getattr(torch, cfg.param_dtype) else dtype
+    out = cfg.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+
+    model, tok = load_model(cfg, device)
+    n_params = sum(p.numel() for p in model.parameters())
+    train, val = make_task(cfg.train_size, cfg.val_size, cfg.seed)
+    encode = lambda items: [tok(p).input_ids for p, _ in items]  # noqa: E731
+    train_ids, val_ids = encode(train), encode(val)
+    const, const_rate = best_constant_pass_rate([a for _, a in val])
+    opt, sched = make_optimizer(model, cfg)
+    engine = {"model": model, "autocast": autocast}
+    cur = Curriculum(len(train), cfg.seed)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump({**dataclasses.asdict(cfg), "out": out, "n_params": n_params, "device": str(device),
+                   "best_constant_answer": const, "best_constant_pass_rate": const_rate}, f, indent=2)
+    print(f"scalerl: {n_params / 1e6:.2f}M parameters on {device} | {len(train)} train / {len(val)} val prompts "
+          f"| best constant answer '{const}' scores {const_rate:.3f} | writing {out}", flush=True)
+
+    totals = {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0}
+    rows = []
+    metrics = open(os.path.join(out, "metrics.jsonl"), "w")
+
+    def log(row):
+        rows.append(row)
+        metrics.write(json.dumps(row) + "\n")
+        metrics.flush()
+
+    r0 = evaluate(cfg, engine, tok, val_ids, [a for _, a in val], step_seed(cfg.seed, 1, 0))
+    log({"step": 0, **totals, "val_pass_rate": r0})
+    print(f"step    0/{cfg.steps} | val {r0:.3f}", flush=True)
+    try:
+        for step in range(1, cfg.steps + 1):
+            t0 = time.time()
+            idx = next_prompts(cur, cfg.prompts_per_step)
+            if not idx:
+                print("every training prompt has been removed by No-Positive-Resampling; stopping")
+                break
+            groups = generate(cfg, engine, tok, [train_ids[i] for i in idx], cfg.generations_per_prompt,
+                              step_seed(cfg.seed, 0, step))
+            t_gen = time.time() - t0
+            rewards = score(tok, groups, [train[i][1] for i in idx])
+            samples, stats = build_batch([train_ids[i] for i in idx], groups, rewards, cfg)
+            update_curriculum(cur, idx, rewards.mean(axis=1), cfg.npr_threshold)
+            t1 = time.time()
+            tr = (train_step(model, opt, sched, samples, cfg, tok.pad_token_id, autocast) if samples else
+                  {"loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0, "trained_tokens": 0})
+            t_train = time.time() - t1
+            step_s = time.time() - t0
+            comps = [c for g in groups for c in g]
+            n_gen = sum(len(c.tokens) for c in comps)
+            n_prompt_tok = sum(len(train_ids[i]) for i in idx)
+            n_train_fwd = sum(len(s["prompt"]) + len(s["tokens"]) for s in samples)
+            totals["device_hours"] += step_s / 3600
+            totals["flops"] += 2 * n_params * (n_prompt_tok + n_gen) + 6 * n_params * n_train_fwd
+            totals["gen_tokens"] += n_gen
+            totals["train_tokens"] += tr["trained_tokens"]
+            row = {"step": step, **totals, "reward_mean": float(rewards.mean()), **stats,
+                   "npr_removed": len(cur.removed), "pool_size": len(train) - len(cur.removed), "epoch": cur.epoch,
+                   "truncated_frac": float(np.mean([not c.finished for c in comps])),
+                   "mean_completion_tokens": n_gen / len(comps), "loss": tr["loss"], "grad_norm": tr["grad_norm"],
+                   "clip_frac": tr["clip_frac"], "lr": sched.get_last_lr()[0], "step_seconds": step_s,
+                   "gen_seconds": t_gen, "train_seconds": t_train}
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                row["val_pass_rate"] = evaluate(cfg, engine, tok, val_ids, [a for _, a in val],
+                                                step_seed(cfg.seed, 1, step))
+            log(row)
+            print(progress_line(row, cfg.steps), flush=True)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: {len(rows) - 1} steps are in {out}/metrics.jsonl", file=sys.stderr)
+        metrics.close()
+        sys.exit(130)
+    metrics.close()
+    model.save_pretrained(os.path.join(out, "final"))
+    tok.save_pretrained(os.path.join(out, "final"))
+    print(f"done: final model in {out}/final, metrics in {out}/metrics.jsonl")
+    return rows
+
+
+if __name__ == "__main__":
+    run(parse_args())
