@@ -131,6 +131,10 @@ def check_config(cfg):
         die(f"--model {cfg.model}: no such model directory (a local model needs config.json)")
     if cfg.model and cfg.tie_word_embeddings:
         die("--tie-word-embeddings applies to the embedded model only; a --model brings its own head")
+    if not cfg.model and cfg.train_size + cfg.val_size > MAX_TASK_PROMPTS:
+        die(f"--train-size + --val-size must be <= {MAX_TASK_PROMPTS} for the built-in task")
+    if not cfg.model and cfg.max_new_tokens > 240:
+        die("--max-new-tokens must be <= 240 for the embedded model (its context is 256 tokens)")
     if not cfg.model and cfg.prompts_per_step > cfg.train_size:
         die(f"--prompts-per-step {cfg.prompts_per_step} exceeds --train-size {cfg.train_size}")
     if cfg.device.startswith("cuda"):
@@ -147,19 +151,22 @@ def check_config(cfg):
 # --------------------------------------------------------------------------------------------------
 # 2. Data and reward: the built-in task, and the embedded tiny model and tokenizer.
 # --------------------------------------------------------------------------------------------------
-# Task: "what is the largest digit of this list?"  Prompt "3941:", answer "9". The list is built so that its
-# largest digit is uniform over 0-9: the best constant answer scores ~0.1 (RECIPE Sec. 7: a skewed answer
-# distribution lets a policy look good by always answering the most common digit).
+# Task: "what is the largest digit of this list?"  Prompt "3941:", answer "9". Answers cycle through 2-9, so
+# they are exactly uniform and the best constant answer scores 1/8 (RECIPE Sec. 7: with a skewed answer
+# distribution a policy looks good by always answering the most common digit). 0 and 1 are left out
+# because too few distinct lists have them as their largest digit.
 CHARS = "0123456789: "
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<think>", "</think>"]
+MAX_TASK_PROMPTS = 20_000  # 8 answers x 3,019 distinct lists of length 3-7 whose largest digit is 2
 
 
 def make_task(n_train, n_val, seed):
-    """Return (train, val): lists of (prompt_text, answer) with no prompt shared between them."""
+    """Return (train, val): lists of (prompt_text, answer), all prompts distinct, none shared between them."""
     rng = np.random.default_rng([seed, 1])
     seen, items = set(), []
     while len(items) < n_train + n_val:
-        top, length = int(rng.integers(0, 10)), int(rng.integers(3, 7))
+        top = 2 + len(items) % 8
+        length = int(rng.integers(3, 8))
         digits = rng.integers(0, top + 1, size=length)
         digits[rng.integers(0, length)] = top
         prompt = "".join(map(str, digits)) + ":"
@@ -182,36 +189,47 @@ def best_constant_pass_rate(answers):
     return values[counts.argmax()], counts.max() / len(answers)
 
 
-def build_tiny_model(cache_dir, seed, tied):
-    """Build (once) the embedded default: a 2-layer Llama with head size 32 and a character tokenizer made
-    with the `tokenizers` library, saved to a cache directory and then loaded like any --model."""
-    import torch
+def make_char_tokenizer():
+    """A character-level tokenizer (one token per character of CHARS, plus SPECIALS), made with `tokenizers`."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-    path = os.path.join(cache_dir, f"tiny-llama-v1-seed{seed}-{'tied' if tied else 'untied'}")
-    if os.path.isfile(os.path.join(path, "config.json")):
-        return path
+    from transformers import PreTrainedTokenizerFast
     vocab = {t: i for i, t in enumerate(SPECIALS + list(CHARS))}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one token per character
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tk.decoder = decoders.Fuse()
     tk.add_special_tokens(SPECIALS)
     tk.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                  unk_token="<unk>")
-    conf = LlamaConfig(vocab_size=len(vocab), hidden_size=128, intermediate_size=512, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=4, head_dim=32, max_position_embeddings=64,
-                       tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(conf)
+    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="<unk>")
+
+
+def save_atomically(model, tok, path):
+    """Write model and tokenizer to a temporary directory, then rename it into place: a crash or a concurrent
+    writer never leaves half a model at `path`."""
+    import shutil
     tmp = f"{path}.tmp{os.getpid()}"
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     try:
-        os.replace(tmp, path)  # atomic: a concurrent builder or a crash never leaves half a model
-    except OSError:
-        import shutil
-        shutil.rmtree(tmp, ignore_errors=True)  # another process won the race; its copy is identical
+        os.replace(tmp, path)
+    except OSError:  # another process won the race; its copy is the same
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def build_tiny_model(cache_dir, seed, tied):
+    """Build (once) the embedded default: a 2-layer Llama with head size 32 (vLLM's CPU backend needs 32 or
+    more) and the character tokenizer, saved to a cache directory and then loaded like any --model."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    path = os.path.join(cache_dir, f"tiny-llama-v1-seed{seed}-{'tied' if tied else 'untied'}")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        conf = LlamaConfig(vocab_size=len(SPECIALS) + len(CHARS), hidden_size=128, intermediate_size=512,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, head_dim=32,
+                           max_position_embeddings=256, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2,
+                           pad_token_id=0)
+        torch.manual_seed(seed)
+        os.makedirs(cache_dir, exist_ok=True)
+        save_atomically(LlamaForCausalLM(conf), make_char_tokenizer(), path)
     return path
 
 
@@ -634,6 +652,8 @@ def run(cfg):
                    "mean_completion_tokens": n_gen / len(comps), "loss": tr["loss"], "grad_norm": tr["grad_norm"],
                    "clip_frac": tr["clip_frac"], "lr": sched.get_last_lr()[0], "step_seconds": step_s,
                    "gen_seconds": t_gen, "train_seconds": t_train}
+            if device.type == "cuda":
+                row["gpu_peak_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 row["val_pass_rate"] = evaluate(cfg, engine, tok, val_ids, [a for _, a in val],
                                                 step_seed(cfg.seed, 1, step))

@@ -1,0 +1,353 @@
+"""Tests of scalerl.py: every recipe component against values computed by hand or by a slow, obviously
+correct reference; then the whole loop end to end on the CPU. Run: python -m pytest -q"""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import scalerl as S
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    """Keep the embedded model's cache inside pytest's temporary directory."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def small_cfg(tmp_path, **kw):
+    base = dict(steps=3, prompts_per_step=8, generations_per_prompt=4, val_size=16, train_size=256,
+                eval_every=2, eval_samples=2, out=str(tmp_path / "run"))
+    base.update(kw)
+    return S.Config(**base)
+
+
+def tiny_model(tied, vocab=50, dtype=torch.float32, seed=0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(seed)
+    conf = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
+                       tie_word_embeddings=tied)
+    return LlamaForCausalLM(conf).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------- losses
+def test_cispo_loss_and_gradient_by_hand():
+    p_train, p_gen, adv, eps_max = [0.5, 0.2, 0.9, 0.3], [0.05, 0.4, 0.1, 0.3], [1.0, -1.0, 2.0, -0.5], 5.0
+    logp = torch.tensor([math.log(p) for p in p_train], dtype=torch.float64, requires_grad=True)
+    logp_gen = torch.tensor([math.log(p) for p in p_gen], dtype=torch.float64)
+    loss = S.cispo_loss(logp, logp_gen, torch.tensor(adv, dtype=torch.float64), eps_max)
+    # ratios 10 (truncated to 5), 0.5, 9 (truncated to 5), 1
+    w = [min(pt / pg, eps_max) for pt, pg in zip(p_train, p_gen)]
+    assert w == [5.0, 0.5, 5.0, 1.0]
+    expected = [-wi * a * math.log(pt) for wi, a, pt in zip(w, adv, p_train)]
+    assert loss.detach().tolist() == pytest.approx(expected, abs=1e-12)
+    loss.sum().backward()
+    # the weight is a constant: d loss / d logp = -w * A, and every token, truncated or not, keeps a gradient
+    assert logp.grad.tolist() == pytest.approx([-wi * a for wi, a in zip(w, adv)], abs=1e-12)
+    assert all(g != 0 for g in logp.grad.tolist())
+
+
+def test_dapo_clipping_by_hand():
+    eps_low, eps_high = 0.2, 0.28
+    rho = [1.5, 1.5, 0.5, 0.5, 1.1]
+    adv = [1.0, -1.0, -1.0, 1.0, 1.0]
+    logp_gen = torch.zeros(5, dtype=torch.float64)
+    logp = torch.tensor([math.log(r) for r in rho], dtype=torch.float64, requires_grad=True)
+    loss = S.dapo_loss(logp, logp_gen, torch.tensor(adv, dtype=torch.float64), eps_low, eps_high)
+    # -min(rho*A, clip(rho, 0.8, 1.28)*A) for each token, by hand
+    expected = [-1.28, 1.5, 0.8, -0.5, -1.1]
+    assert loss.detach().tolist() == pytest.approx(expected, abs=1e-12)
+    loss.sum().backward()
+    # clipped tokens (1: rho above 1+eps_high with A>0; 3: rho below 1-eps_low with A<0) have no gradient;
+    # the others have d(-rho A)/d logp = -rho A
+    assert logp.grad.tolist() == pytest.approx([0.0, 1.5, 0.0, -0.5, -1.1], abs=1e-12)
+
+
+def test_policy_loss_reports_truncated_fraction():
+    cfg = S.Config(eps_max=2.0)
+    logp = torch.log(torch.tensor([0.9, 0.5, 0.1]))
+    logp_gen = torch.log(torch.tensor([0.3, 0.5, 0.1]))  # ratios 3, 1, 1
+    _, clipped = S.policy_loss(logp, logp_gen, torch.ones(3), torch.ones(3), cfg)
+    assert clipped == 1
+
+
+# ---------------------------------------------------------------------------------------------- aggregation
+def reference_aggregate(token_losses, agg):
+    """Slow, literal reading of the paper's three aggregations over nested lists [prompt][sample][token]."""
+    if agg == "prompt":
+        per_prompt = [sum(sum(s) for s in g) / sum(len(s) for s in g) for g in token_losses]
+        return sum(per_prompt) / len(per_prompt)
+    if agg == "sample":
+        per_sample = [sum(s) / len(s) for g in token_losses for s in g]
+        return sum(per_sample) / len(per_sample)
+    flat = [t for g in token_losses for s in g for t in s]
+    return sum(flat) / len(flat)
+
+
+@pytest.mark.parametrize("agg", ["prompt", "sample", "token"])
+def test_aggregations_on_unequal_lengths(agg):
+    rng = np.random.default_rng(0)
+    lengths = [[1, 5], [2, 2, 9], [3]]
+    token_losses = [[rng.normal(size=L).tolist() for L in g] for g in lengths]
+    weights = S.completion_weights(lengths, agg)
+    got = sum(w * t for gw, gl in zip(weights, token_losses) for w, s in zip(gw, gl) for t in s)
+    assert got == pytest.approx(reference_aggregate(token_losses, agg), rel=1e-12)
+
+
+def test_aggregations_differ():
+    """The three modes are really different on unequal lengths (so the tests above can tell them apart)."""
+    lengths = [[1, 5], [2, 2, 9]]
+    losses = [[[1.0] * 1, [0.0] * 5], [[0.0] * 2, [0.0] * 2, [1.0] * 9]]
+    vals = {a: reference_aggregate(losses, a) for a in ["prompt", "sample", "token"]}
+    assert len(set(round(v, 9) for v in vals.values())) == 3
+
+
+# ---------------------------------------------------------------------------------------------- advantages
+def test_advantage_normalisations_by_hand():
+    rewards = np.array([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
+    centred = [[0.5, -0.5, -0.5, 0.5], [0.25, 0.25, 0.25, -0.75]]
+    assert S.compute_advantages(rewards, "none").tolist() == centred
+    batch_std = math.sqrt((4 * 0.25 + 3 * 0.0625 + 0.5625) / 8)  # mean of the 8 advantages is 0
+    np.testing.assert_allclose(S.compute_advantages(rewards, "batch"), np.array(centred) / (batch_std + 1e-6))
+    group_std = [0.5, math.sqrt(0.1875)]
+    np.testing.assert_allclose(S.compute_advantages(rewards, "prompt"),
+                               np.array(centred) / (np.array(group_std)[:, None] + 1e-6))
+
+
+def test_zero_variance_filter_drops_exactly_flat_groups():
+    rewards = np.array([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    assert S.zero_variance_keep(rewards).tolist() == [False, False, True, True]
+    groups = [[S.Completion([5, 2], [-1.0, -1.0], True)] * 3 for _ in range(4)]
+    prompts = [[1, 10 + i] for i in range(4)]
+    samples, stats = S.build_batch(prompts, groups, rewards, S.Config())
+    assert sorted({tuple(s["prompt"]) for s in samples}) == [(1, 12), (1, 13)]
+    assert stats == {"zero_variance_frac": 0.5, "active_prompts": 2}
+    samples, stats = S.build_batch(prompts, groups, rewards, S.Config(zero_variance_filter=False))
+    assert len(samples) == 12 and stats["active_prompts"] == 4
+    # flat groups kept without the filter carry zero advantage
+    assert all(s["advantage"] == 0 for s in samples if s["prompt"][1] in (10, 11))
+
+
+# ---------------------------------------------------------------------------------------------- curriculum
+def test_npr_removes_prompt_from_next_epoch_only():
+    cur = S.Curriculum(n_prompts=6, seed=3)
+    first = S.next_prompts(cur, 4)
+    epoch1 = list(cur.order)
+    assert first == epoch1[:4] and sorted(epoch1) == list(range(6))
+    solved, half = first[0], first[1]
+    S.update_curriculum(cur, [solved, half], [0.9, 0.5], threshold=0.9)
+    assert cur.removed == {solved} and cur.pass_rate[half] == 0.5
+    second = S.next_prompts(cur, 4)
+    assert second[:2] == epoch1[4:]          # the current epoch finishes as it was drawn
+    assert cur.epoch == 2 and solved not in cur.order and sorted(cur.order) == sorted(set(range(6)) - {solved})
+    assert second[2:] == cur.order[:2]
+
+
+def test_npr_disabled_at_threshold_one():
+    cur = S.Curriculum(n_prompts=3, seed=0)
+    S.update_curriculum(cur, [0, 1], [1.0, 1.0], threshold=1.0)
+    assert cur.removed == set()
+    S.update_curriculum(cur, [0, 1, 2], [1.0, 1.0, 1.0], threshold=0.9)
+    assert S.next_prompts(cur, 2) == []
+
+
+# ---------------------------------------------------------------------------------------------- FP32 head
+@pytest.mark.parametrize("tied", [False, True])
+def test_chunked_fp32_logprobs_match_float64_reference(tied):
+    model = tiny_model(tied)
+    assert (model.get_output_embeddings().weight is model.get_input_embeddings().weight) == tied
+    ids = torch.randint(0, 50, (3, 11))
+    hidden = model.get_decoder()(input_ids=ids).last_hidden_state.reshape(-1, 64)
+    targets = torch.randint(0, 50, (hidden.shape[0],))
+    head = model.get_output_embeddings()
+    got = S.token_logprobs(hidden, head, targets, temperature=0.7, fp32=True, chunk=4)  # 33 rows, ragged chunks
+    ref = torch.log_softmax(hidden.double() @ head.weight.double().T / 0.7, -1).gather(1, targets[:, None])[:, 0]
+    assert torch.allclose(got.double(), ref, atol=1e-5)
+    # the gradient through the checkpointed chunks equals the float64 reference's
+    coef = torch.randn(len(targets), dtype=torch.float64)
+    g_got = torch.autograd.grad((got.double() * coef).sum(), head.weight, retain_graph=True)[0]
+    g_ref = torch.autograd.grad((ref * coef).sum(), head.weight)[0]
+    assert torch.allclose(g_got.double(), g_ref.double(), atol=1e-5)
+
+
+def test_fp32_head_is_more_accurate_than_bf16_head():
+    model = tiny_model(False, vocab=500, dtype=torch.bfloat16)
+    hidden = torch.randn(64, 64, dtype=torch.bfloat16)
+    targets = torch.randint(0, 500, (64,))
+    head = model.get_output_embeddings()
+    ref = torch.log_softmax(hidden.double() @ head.weight.double().T, -1).gather(1, targets[:, None])[:, 0]
+    err32 = (S.token_logprobs(hidden, head, targets, 1.0, fp32=True).double() - ref).abs().max().item()
+    err16 = (S.token_logprobs(hidden, head, targets, 1.0, fp32=False).double() - ref).abs().max().item()
+    assert err32 < 1e-5 < err16 and err16 > 100 * err32
+
+
+# ---------------------------------------------------------------------------------------------- engine
+@pytest.fixture(scope="module")
+def default_model(tmp_path_factory):
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.getbasetemp() / "cache")
+    return S.load_model(S.Config(), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_hf_engine_logprobs_equal_trainer_logprobs(default_model, temperature):
+    model, tok = default_model
+    prompts = [tok("3941:").input_ids, tok("12:").input_ids]
+    groups = S.hf_generate(model, tok, prompts, 5, 6, temperature, seed=1, lm_head_fp32=True)
+    assert [len(g) for g in groups] == [5, 5]
+    samples = [{"prompt": p, "tokens": c.tokens} for p, g in zip(prompts, groups) for c in g]
+    for s, c in zip(samples, [c for g in groups for c in g]):
+        assert c.finished == (c.tokens[-1] == tok.eos_token_id) and (c.finished or len(c.tokens) == 6)
+        assert tok.eos_token_id not in c.tokens[:-1]
+    with torch.no_grad():
+        lp = S.sequence_logprobs(model, samples, S.Config(temperature=temperature), tok.pad_token_id)
+    gen = torch.tensor([x for g in groups for c in g for x in c.logprobs])
+    assert lp.shape == gen.shape and torch.allclose(lp, gen, atol=1e-5)
+
+
+def test_hf_engine_samples_from_the_full_distribution(default_model):
+    """No hidden top-k / top-p: first-token frequencies match softmax(logits / T)."""
+    model, tok = default_model
+    prompt = tok("5:").input_ids
+    n = 3000
+    (group,) = S.hf_generate(model, tok, [prompt], n, 1, 1.3, seed=2, lm_head_fp32=True)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0, -1].double()
+    probs = torch.softmax(logits / 1.3, -1).numpy()
+    freq = np.bincount([c.tokens[0] for c in group], minlength=len(probs)) / n
+    assert np.abs(freq - probs).max() < 4 * math.sqrt(0.25 / n)
+    assert (freq > 0).sum() >= 12  # the tail of the vocabulary is sampled too
+
+
+# ---------------------------------------------------------------------------------------------- train step
+def test_gradient_accumulation_is_exact(default_model, tmp_path):
+    """One step with tiny micro-batches gives the same update as one big micro-batch."""
+    import copy
+    model, tok = default_model
+    rng = np.random.default_rng(0)
+    samples = [{"prompt": tok("1234:").input_ids[: 2 + i % 4], "tokens": rng.integers(6, 18, 1 + i % 5).tolist(),
+                "advantage": float(rng.normal()), "weight": 0.05} for i in range(10)]
+    for s in samples:
+        s["gen_logprobs"] = (-2.0 + 0.1 * rng.normal(size=len(s["tokens"]))).tolist()
+    deltas = []
+    for budget in (10, 10_000):
+        m = copy.deepcopy(model)
+        before = torch.nn.utils.parameters_to_vector(m.parameters()).detach().clone()
+        opt = torch.optim.SGD(m.parameters(), lr=1.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        cfg = S.Config(micro_batch_tokens=budget, grad_clip=1e9)
+        S.train_step(m, opt, sched, samples, cfg, tok.pad_token_id)
+        deltas.append(torch.nn.utils.parameters_to_vector(m.parameters()).detach() - before)
+    assert len(S.micro_batches(samples, 10)) > 3 and len(S.micro_batches(samples, 10_000)) == 1
+    assert deltas[0].abs().max() > 0
+    assert torch.allclose(deltas[0], deltas[1], atol=1e-6)
+
+
+def test_micro_batches_respect_budget():
+    samples = [{"prompt": [1] * 3, "tokens": [2] * L} for L in [1, 7, 2, 9, 4, 4, 30]]
+    mbs = S.micro_batches(samples, 24)
+    assert sorted(id(s) for mb in mbs for s in mb) == sorted(id(s) for s in samples)
+    for mb in mbs:
+        width = max(len(s["prompt"]) + len(s["tokens"]) for s in mb)
+        assert width * len(mb) <= 24 or len(mb) == 1
+
+
+# ---------------------------------------------------------------------------------------------- task
+def test_task_is_verifiable_uniform_and_held_out():
+    train, val = S.make_task(3000, 500, seed=0)
+    assert not {p for p, _ in train} & {p for p, _ in val}
+    for p, a in train[:200]:
+        assert p.endswith(":") and a == max(p[:-1]) and 3 <= len(p) - 1 <= 7
+    for split in (train, val):
+        counts = np.unique([a for _, a in split], return_counts=True)[1]
+        assert len(counts) == 8 and counts.max() - counts.min() <= 1  # answers 2-9, uniform
+        assert S.best_constant_pass_rate([a for _, a in split])[1] <= 1 / 8 + 1 / len(split)
+    assert S.reward_last_digit("x7 9", "9", True) == 1.0
+    assert S.reward_last_digit("9", "9", False) == 0.0  # truncated: no final answer
+    assert S.reward_last_digit("", "9", True) == 0.0
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+METRIC_KEYS = ["step", "device_hours", "flops", "gen_tokens", "train_tokens", "reward_mean", "zero_variance_frac",
+               "active_prompts", "npr_removed", "truncated_frac", "loss", "grad_norm", "step_seconds",
+               "gen_seconds", "train_seconds"]
+
+
+def read_metrics(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_end_to_end_metrics_and_determinism(tmp_path):
+    rows_a = S.run(small_cfg(tmp_path / "a"))
+    rows_b = S.run(small_cfg(tmp_path / "b"))
+    on_disk = read_metrics(str(tmp_path / "a" / "run"))
+    assert on_disk == rows_a and [r["step"] for r in rows_a] == [0, 1, 2, 3]
+    assert "val_pass_rate" in rows_a[0] and "val_pass_rate" in rows_a[2] and "val_pass_rate" in rows_a[3]
+    assert "val_pass_rate" not in rows_a[1]
+    for r in rows_a[1:]:
+        assert all(k in r for k in METRIC_KEYS)
+    for prev, r in zip(rows_a[1:], rows_a[2:]):
+        for k in ["device_hours", "flops", "gen_tokens", "train_tokens"]:
+            assert r[k] >= prev[k]
+    cfg = json.load(open(tmp_path / "a" / "run" / "config.json"))
+    assert cfg["prompts_per_step"] == 8 and cfg["n_params"] > 0
+    # 8 prompts x 4 samples of at most 8 tokens per step
+    assert 0 < rows_a[1]["gen_tokens"] <= 8 * 4 * 8
+    timing = {"device_hours", "step_seconds", "gen_seconds", "train_seconds"}
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in timing} for r in rows]  # noqa: E731
+    assert strip(rows_a) == strip(rows_b)
+    assert os.path.isfile(tmp_path / "a" / "run" / "final" / "config.json")
+
+
+def test_short_run_lifts_training_reward(tmp_path):
+    rows = S.run(small_cfg(tmp_path, steps=25, prompts_per_step=32, generations_per_prompt=16, eval_every=25))
+    early = np.mean([r["reward_mean"] for r in rows[1:4]])
+    late = np.mean([r["reward_mean"] for r in rows[-3:]])
+    assert late > early + 0.15, (early, late)
+
+
+def test_tied_embeddings_run(tmp_path):
+    rows = S.run(small_cfg(tmp_path, steps=2, tie_word_embeddings=True))
+    assert len(rows) == 3 and all(math.isfinite(r.get("loss", 0.0)) for r in rows)
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+@pytest.mark.parametrize("args, message", [
+    (["--model", "/no/such/model/dir"], "no such model directory"),
+    (["--model", "./missing-model"], "no such model directory"),
+    (["--prompts-per-step", "0"], "--prompts-per-step must be > 0"),
+    (["--generations-per-prompt", "1"], "--generations-per-prompt must be >= 2"),
+    (["--temperature", "0"], "--temperature must be > 0"),
+    (["--micro-batch-tokens", "0"], "--micro-batch-tokens must be > 0"),
+    (["--eps-low", "1.5"], "--eps-low must be in [0, 1)"),
+    (["--prompts-per-step", "5000", "--train-size", "100"], "exceeds --train-size"),
+    (["--train-size", "30000"], "must be <= 20000"),
+    (["--engine", "nope"], "invalid choice"),
+    (["--steps", "ten"], "invalid int value"),
+    (["--no-such-flag"], "unrecognized arguments"),
+    (["--model", "org/name", "--tie-word-embeddings"], "embedded model only"),
+])
+def test_cli_bad_input(args, message, tmp_path):
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    p = subprocess.run([sys.executable, os.path.join(HERE, "scalerl.py"), "--out", str(tmp_path / "o"), *args],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("scalerl.py: error:") and message in lines[0], p.stderr
+    assert "Traceback" not in p.stderr and p.stdout == ""
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "o").exists()  # nothing built, nothing written
+
+
+def test_cli_refuses_to_overwrite_a_run(tmp_path):
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "metrics.jsonl").write_text("{}\n")
+    p = subprocess.run([sys.executable, os.path.join(HERE, "scalerl.py"), "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "already holds a run" in p.stderr and "Traceback" not in p.stderr
