@@ -1,4 +1,4 @@
-"""Fit, compare and extrapolate sigmoidal compute-performance curves (paper Sec. 4, RECIPE Sec. 1).
+"""Fit, compare and extrapolate sigmoidal compute-performance curves (Khatri et al. 2025, arXiv 2510.13786).
 
 The ScaleRL paper (Khatri et al. 2025) summarises an RL run by fitting
 
@@ -11,8 +11,12 @@ can go), B the scaling exponent and C_mid the compute at which half of the gain 
 Fitting procedure (as in the paper, generalised to any data): A runs over a grid (step 0.005, from
 the best observed y up to 1.0), C_mid over a log-spaced grid reaching well beyond the data, and B
 is fitted by least squares for every (A, C_mid) pair; the pair with the lowest squared error wins and
-is then refined locally with scipy. The grid search is vectorised (see `grid_fit`), so one fit of
+is then refined locally with scipy (there A may end a little below the best observed y, which noise
+pushes above the true asymptote). The grid search is vectorised (see `grid_fit`), so one fit of
 200 points takes milliseconds and a bootstrap over the evaluation points is practical.
+
+The first part of a run, where the pass rate rises almost linearly, is left out of the fit: by
+default the first 1.5% of the fitted x-range, as the paper left out ~1.5k of 100k GPU-hours.
 
 Usage:
     python fit_curve.py runs/baseline                       # a run directory holding metrics.jsonl
@@ -27,6 +31,12 @@ import json
 import os
 import sys
 import time
+
+if __name__ == "__main__":
+    # The fit's matrix-vector products are small, so BLAS threads only add overhead (a bootstrap ran
+    # 3-4x slower with them on a busy 2-core machine). Must precede the numpy import; script use only.
+    for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -103,8 +113,8 @@ def load_points(path, x_col, y_col):
         for col in (x_col, y_col):
             if col not in (reader.fieldnames or []):
                 raise InputError(f"{path}: no column {col!r} (columns: {', '.join(reader.fieldnames or [])})")
-        rows = [(f"{path} line {n}", {k: v for k, v in r.items() if v not in ("", None)})
-                for n, r in enumerate(reader, 2)]
+        rows = [(f"{path} line {reader.line_num}", {k: v for k, v in r.items() if v not in ("", None)})
+                for r in reader]
     xs, ys = [], []
     for where, row in rows:
         if row.get(y_col) is None:
@@ -125,7 +135,7 @@ def load_points(path, x_col, y_col):
 
 
 def make_grids(x, y):
-    """The search grids for points x, y (paper Sec. 4): A from the best y to 1.0 in steps of 0.005,
+    """The search grids for points x, y : A from the best y to 1.0 in steps of 0.005,
     C_mid log-spaced from x_min/10 to x_max*100, B log-spaced over B_RANGE."""
     a_lo = min(np.floor(y.max() / A_STEP) * A_STEP, 1.0)
     a_grid = np.arange(a_lo, 1.0 + A_STEP / 2, A_STEP)
@@ -353,7 +363,7 @@ def plot_runs(results, path, log_x=False):
         inside, beyond = space(lo, hi, 200), space(hi, x_max, 100)
         params = (r["R0"], r["A"], r["B"], r["C_mid"])
         ax.plot(inside, curve(inside, *params), "-", color=colour,
-                label=f"{r['run']}: A={r['A']:.3f}, B={r['B']:.2f}, C_mid={r['C_mid']:.4g}")
+                label=f"{r['run']}: A={r['A']:.3f}, B={r['B']:.2f}, C_mid={_fmt(r['C_mid'], spec=None)}")
         ax.plot(pre, curve(pre, *params), "--", color=colour)
         ax.plot(beyond, curve(beyond, *params), "--", color=colour)
         ax.axhline(r["A"], color=colour, ls=":", lw=1)
@@ -365,12 +375,18 @@ def plot_runs(results, path, log_x=False):
     ax.set_title("R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B); dotted: A and C_mid")
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as e:
+        raise InputError(f"cannot write {path}: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
 
 
 def parse_args(argv):
+    """Command-line flags; see the module docstring for examples."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                epilog="Usage" + __doc__.split("Usage")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", metavar="RUN", help="metrics.jsonl, a run directory holding one, or a CSV")
     p.add_argument("--x", default="device_hours", help="compute column (default: device_hours; "
@@ -381,7 +397,8 @@ def parse_args(argv):
                    "fit (default: the first 1.5%% of the fitted x-range, as the paper's 1.5k of 100k GPU-h)")
     p.add_argument("--fit-until", type=float, metavar="X",
                    help="fit only points with x <= X and report the prediction error on the later ones")
-    p.add_argument("--bootstrap", type=int, default=1000, metavar="N", help="bootstrap resamples (default 1000; 0: none)")
+    p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
+                   help="bootstrap resamples (default 1000; 0: none)")
     p.add_argument("--ci", type=float, default=0.95, help="interval coverage (default 0.95)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--shared-a", action="store_true", help="refit all runs with A fixed to their mean; compare B")
@@ -399,9 +416,10 @@ def parse_args(argv):
 
 
 def main(argv=None):
+    """Fit every run, print the table (or JSON lines), draw the plot; return the exit status."""
     args = parse_args(argv)
     try:
-        if args.shared_a:   # paper Sec. 4: compare B at a common A when the A differ by < 0.02
+        if args.shared_a:   # the paper: compare B at a common A when the A differ by < 0.02
             first = [analyse_run(path, args, n_boot=0) for path in args.runs]
             a_values = [r["A"] for r in first]
             if max(a_values) - min(a_values) > NOISE_MARGIN_A:
