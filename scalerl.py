@@ -15,14 +15,13 @@ Components (paper section in brackets), each switchable to the alternative the p
 
 `python scalerl.py` with no arguments trains an embedded tiny Llama (random weights, character tokenizer)
 on a built-in task on the CPU; `python scalerl.py --model DIR_OR_HUB_ID` trains a real model.
-The file reads top to bottom in the order of the recipe:
+Section numbers [Sec. N] refer to arXiv 2510.13786v1. The file reads top to bottom in the order of the recipe:
 config -> data and reward -> rollout engine -> advantages and curriculum -> loss -> train step
 -> evaluation and logging -> main.
 """
 import argparse
 import dataclasses
 import json
-import math
 import os
 import re
 import sys
@@ -75,7 +74,7 @@ class Config:
     lm_head_fp32: bool = _f(True, "compute the LM head (hidden -> logits) in float32, trainer and generator")
     logprob_chunk: int = _f(1024, "tokens per chunk when computing log-probs (memory ~ chunk x vocab)")
     # optimiser [Sec. 3.2, Appendix]
-    lr: float = _f(2e-3, "learning rate, constant after warm-up (the paper: 5e-7 for an 8B model)")
+    lr: float = _f(1e-3, "learning rate, constant after warm-up (the paper: 5e-7 for an 8B model)")
     warmup_steps: int = _f(10, "linear learning-rate warm-up steps (the paper: 100)")
     weight_decay: float = _f(0.01, "AdamW weight decay")
     adam_eps: float = _f(1e-15, "AdamW epsilon (the paper: 1e-15)")
@@ -152,7 +151,7 @@ def check_config(cfg):
 # 2. Data and reward: the built-in task, and the embedded tiny model and tokenizer.
 # --------------------------------------------------------------------------------------------------
 # Task: "what is the largest digit of this list?"  Prompt "3941:", answer "9". Answers cycle through 2-9, so
-# they are exactly uniform and the best constant answer scores 1/8 (RECIPE Sec. 7: with a skewed answer
+# they are exactly uniform and the best constant answer scores 1/8 (with a skewed answer
 # distribution a policy looks good by always answering the most common digit). 0 and 1 are left out
 # because too few distinct lists have them as their largest digit.
 CHARS = "0123456789: "
@@ -177,7 +176,7 @@ def make_task(n_train, n_val, seed):
 
 
 def reward_last_digit(completion_text, answer, finished):
-    """Verifiable reward, binary [RECIPE Sec. 3]: 1 if the completion ended by itself (EOS) and the last digit
+    """Verifiable reward, binary [Sec. 2]: 1 if the completion ended by itself (EOS) and the last digit
     it wrote is the answer. A completion cut off by the length limit has no final answer: 0."""
     digits = re.findall(r"\d", completion_text.split("</think>")[-1])
     return float(finished and bool(digits) and digits[-1] == answer)
@@ -389,7 +388,8 @@ def next_prompts(cur, k):
 
 def update_curriculum(cur, indices, pass_rates, threshold):
     """No-Positive-Resampling: record each prompt's pass rate; one that reaches the threshold (0.9) is
-    removed permanently from later epochs. History = the last observed pass rate (RECIPE Sec. 3)."""
+    removed permanently from later epochs. The paper does not define the history; here it is
+    the last observed pass rate."""
     for i, r in zip(indices, pass_rates):
         cur.pass_rate[i] = float(r)
         if threshold < 1.0 and r >= threshold:

@@ -103,8 +103,7 @@ def test_aggregations_on_unequal_lengths(agg):
 
 def test_aggregations_differ():
     """The three modes are really different on unequal lengths (so the tests above can tell them apart)."""
-    lengths = [[1, 5], [2, 2, 9]]
-    losses = [[[1.0] * 1, [0.0] * 5], [[0.0] * 2, [0.0] * 2, [1.0] * 9]]
+    losses = [[[1.0] * 1, [0.0] * 5], [[0.0] * 2, [0.0] * 2, [1.0] * 9]]  # lengths [[1, 5], [2, 2, 9]]
     vals = {a: reference_aggregate(losses, a) for a in ["prompt", "sample", "token"]}
     assert len(set(round(v, 9) for v in vals.values())) == 3
 
