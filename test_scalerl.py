@@ -211,11 +211,19 @@ def test_hf_engine_logprobs_equal_trainer_logprobs(default_model, temperature):
 
 
 def test_hf_engine_samples_from_the_full_distribution(default_model):
-    """No hidden top-k / top-p: first-token frequencies match softmax(logits / T)."""
+    """No hidden top-k / top-p: first-token frequencies match softmax(logits / T), even when the model ships a
+    generation config with other sampling settings (as real models do)."""
+    from transformers import GenerationConfig
     model, tok = default_model
     prompt = tok("5:").input_ids
     n = 3000
-    (group,) = S.hf_generate(model, tok, [prompt], n, 1, 1.3, seed=2, lm_head_fp32=True)
+    saved = model.generation_config
+    model.generation_config = GenerationConfig(do_sample=True, top_k=3, top_p=0.5, temperature=0.3,
+                                               repetition_penalty=1.5, eos_token_id=2, pad_token_id=0)
+    try:
+        (group,) = S.hf_generate(model, tok, [prompt], n, 1, 1.3, seed=2, lm_head_fp32=True)
+    finally:
+        model.generation_config = saved
     with torch.no_grad():
         logits = model(torch.tensor([prompt])).logits[0, -1].double()
     probs = torch.softmax(logits / 1.3, -1).numpy()
