@@ -51,9 +51,10 @@ def main():
     base = rows[0] if len(rows) > 1 else {"gen_tokens": 0, "train_tokens": 0, "flops": 0.0}
     tot = lambda k: sum(r[k] for r in timed)  # noqa: E731
     diff = lambda k: timed[-1][k] - base[k]  # noqa: E731  (cumulative counters)
-    summary = {"shape": args.shape, "params_m": n / 1e6, "steps_timed": len(timed),
+    summary = {"shape": args.shape, "engine": cfg.engine, "params_m": n / 1e6, "steps_timed": len(timed),
                "step_s": tot("step_seconds") / len(timed), "gen_s": tot("gen_seconds") / len(timed),
-               "train_s": tot("train_seconds") / len(timed),
+               "train_s": tot("train_seconds") / len(timed), "sync_s": tot("sync_seconds") / len(timed),
+               "sync_frac_of_step": tot("sync_seconds") / tot("step_seconds"),
                "gen_tokens_per_s": diff("gen_tokens") / tot("gen_seconds"),
                "train_tokens_per_s": diff("train_tokens") / tot("train_seconds"),
                "model_tflops_per_s": diff("flops") / 1e12 / tot("step_seconds"),

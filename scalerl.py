@@ -21,7 +21,10 @@ config -> data and reward -> rollout engine -> advantages and curriculum -> loss
 """
 import argparse
 import dataclasses
+import importlib.util
 import json
+import logging
+import math
 import os
 import re
 import sys
@@ -43,7 +46,8 @@ def _f(default, help, choices=None):
 class Config:
     # model and run
     model: str = _f("", "HF hub id or local directory; empty = the embedded tiny Llama (CPU default)")
-    engine: str = _f("hf", "rollout engine", ["hf"])
+    engine: str = _f("auto", "rollout engine: vllm (in-process) or hf (Hugging Face generate); auto = vllm "
+                             "when it is installed", ["auto", "vllm", "hf"])
     out: str = _f("", "run directory (default runs/<timestamp>)")
     seed: int = _f(0, "random seed (data order, sampling, the embedded model's initial weights)")
     device: str = _f("auto", "auto | cpu | cuda | cuda:N")
@@ -52,6 +56,13 @@ class Config:
     param_dtype: str = _f("float32", "dtype of the trained weights and optimiser state",
                           ["float32", "bfloat16"])
     tie_word_embeddings: bool = _f(False, "embedded model only: tie the input embedding and the LM head")
+    # vLLM engine
+    vllm_gpu_memory_utilization: float = _f(0.3, "vLLM on CUDA: fraction of GPU memory for the engine (weights + "
+                                                 "KV cache); the trainer uses the rest")
+    vllm_max_model_len: int = _f(0, "vLLM: context length (0: longest prompt + --max-new-tokens)")
+    vllm_sleep: bool = _f(None, "vLLM on CUDA: free the KV cache while training, wake before the next generation "
+                                "(default: on with CUDA; refused on CPU)")
+    vllm_kv_cache_mb: int = _f(256, "vLLM on CPU: KV cache size in MiB")
     # task
     train_size: int = _f(4096, "built-in task: number of training prompts")
     val_size: int = _f(200, "built-in task: number of held-out validation prompts")
@@ -97,13 +108,18 @@ def parse_args(argv=None):
     p.error = die  # argparse's own errors also end in one line, status 2
     for f in dataclasses.fields(Config):
         flag, kw = "--" + f.name.replace("_", "-"), {"default": f.default, "help": f.metadata["help"]}
-        if f.type is bool or isinstance(f.default, bool):
+        if f.type is bool:
             p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
         else:
             p.add_argument(flag, type=type(f.default), choices=f.metadata["choices"], **kw)
     cfg = Config(**vars(p.parse_args(argv)))
     check_config(cfg)
     return cfg
+
+
+def _cuda_available():
+    import torch
+    return torch.cuda.is_available()
 
 
 def is_hub_id(name):
@@ -115,11 +131,11 @@ def check_config(cfg):
     """Refuse impossible settings before any model is loaded."""
     positive = ["prompts_per_step", "max_new_tokens", "eval_every", "eval_samples", "micro_batch_tokens",
                 "logprob_chunk", "train_size", "val_size", "temperature", "lr", "eps_max", "eps_high",
-                "grad_clip", "npr_threshold"]
+                "grad_clip", "npr_threshold", "vllm_kv_cache_mb"]
     for name in positive:
         if getattr(cfg, name) <= 0:
             die(f"--{name.replace('_', '-')} must be > 0 (got {getattr(cfg, name)})")
-    for name in ["steps", "warmup_steps", "weight_decay", "adam_eps"]:
+    for name in ["steps", "warmup_steps", "weight_decay", "adam_eps", "vllm_max_model_len"]:
         if getattr(cfg, name) < 0:
             die(f"--{name.replace('_', '-')} must be >= 0 (got {getattr(cfg, name)})")
     if cfg.generations_per_prompt < 2:
@@ -136,12 +152,24 @@ def check_config(cfg):
         die("--max-new-tokens must be <= 240 for the embedded model (its context is 256 tokens)")
     if not cfg.model and cfg.prompts_per_step > cfg.train_size:
         die(f"--prompts-per-step {cfg.prompts_per_step} exceeds --train-size {cfg.train_size}")
+    if not 0 < cfg.vllm_gpu_memory_utilization < 1:
+        die(f"--vllm-gpu-memory-utilization must be in (0, 1) (got {cfg.vllm_gpu_memory_utilization})")
     if cfg.device.startswith("cuda"):
         import torch
         if not torch.cuda.is_available():
             die(f"--device {cfg.device}: CUDA is not available on this machine")
     elif cfg.device not in ("auto", "cpu"):
         die(f"--device must be auto, cpu, cuda or cuda:N (got {cfg.device})")
+    vllm_installed = importlib.util.find_spec("vllm") is not None
+    if cfg.engine == "auto":
+        cfg.engine = "vllm" if vllm_installed else "hf"
+    elif cfg.engine == "vllm" and not vllm_installed:
+        die("--engine vllm: vllm is not installed (pip install -r requirements.txt; on CPU see the README), "
+            "or use --engine hf")
+    if cfg.vllm_sleep and cfg.engine != "vllm":
+        die("--vllm-sleep needs --engine vllm")
+    if cfg.vllm_sleep and (cfg.device == "cpu" or cfg.device == "auto" and not _cuda_available()):
+        die("--vllm-sleep: vLLM's sleep mode needs CUDA; it is refused on CPU")
     if cfg.out and os.path.exists(os.path.join(cfg.out, "metrics.jsonl")):
         die(f"--out {cfg.out} already holds a run (metrics.jsonl); choose another directory")
 
@@ -233,7 +261,8 @@ def build_tiny_model(cache_dir, seed, tied):
 
 
 def load_model(cfg, device):
-    """Load the model and tokenizer through from_pretrained (the embedded default too)."""
+    """Load the model and tokenizer through from_pretrained (the embedded default too). Returns (model,
+    tokenizer, path), the path (or hub id) being what the vLLM engine loads too."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -249,7 +278,7 @@ def load_model(cfg, device):
         die(f"cannot load --model {path}: {str(e).splitlines()[0]}")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    return model.to(device), tok
+    return model.to(device), tok, path
 
 # --------------------------------------------------------------------------------------------------
 # 3. Rollout engine: for each prompt, G completions with the generator's log-prob of every sampled token.
@@ -320,12 +349,61 @@ def hf_generate(model, tok, prompts, n, max_new_tokens, temperature, seed, lm_he
     return out
 
 
+def make_vllm_engine(cfg, path, device, dtype, max_model_len):
+    """Engine 'vllm': one vllm.LLM inside this process, loaded from the same weights as the trainer. It reports
+    log-probs after temperature scaling ("processed"), the ones the importance ratio needs; with --lm-head-fp32
+    its LM head computes in float32 like the trainer's [Sec. 3.2]."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    import vllm
+    kw = dict(model=path, tokenizer=path, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
+              max_model_len=max_model_len, logprobs_mode="processed_logprobs")
+    if cfg.lm_head_fp32:
+        kw["hf_overrides"] = {"head_dtype": "float32"}
+    sleep = cfg.vllm_sleep if cfg.vllm_sleep is not None else device.type == "cuda"
+    if device.type == "cpu":  # eager: compiling took 49 s for a 10% faster 135M model on 2 cores
+        kw.update(enforce_eager=True, kv_cache_memory_bytes=cfg.vllm_kv_cache_mb * 2**20)
+    else:
+        kw.update(gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=sleep)
+    llm = vllm.LLM(**kw)
+    # each weight push logs that rotary embeddings got no weights: they have none to get (their cache is computed)
+    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
+        lambda r: not r.getMessage().startswith("RotaryEmbedding: Failed to load weights"))
+    return {"kind": "vllm", "llm": llm, "sleep": sleep, "asleep": False, "device": device}
+
+
+def vllm_generate(engine, prompts, n, max_new_tokens, temperature, seed):
+    """Sample with the vLLM engine: no top-k / top-p, one derived seed per prompt (so that prompts do not share
+    random streams), the log-prob of each sampled token."""
+    from vllm import SamplingParams
+    engine_wake(engine)
+    seeds = np.random.SeedSequence(seed).generate_state(len(prompts), dtype=np.uint64) % (2**63 - 1)
+    params = [SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=0, max_tokens=max_new_tokens,
+                             logprobs=0, seed=int(s), detokenize=False) for s in seeds]
+    outs = engine["llm"].generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+    return [[Completion(list(c.token_ids), [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)],
+                        c.finish_reason == "stop") for c in o.outputs] for o in outs]
+
+
+def engine_sleep(engine):
+    """vLLM sleep mode (CUDA): free the KV cache and offload the weights while the trainer runs."""
+    if engine.get("sleep") and not engine["asleep"]:
+        engine["llm"].sleep(level=1)
+        engine["asleep"] = True
+
+
+def engine_wake(engine):
+    if engine.get("asleep"):
+        engine["llm"].wake_up()
+        engine["asleep"] = False
+
+
 def generate(cfg, engine, tok, prompts, n, seed):
     """Sample n completions for each prompt (a list of token-id lists) with the configured engine."""
-    if cfg.engine == "hf":
+    if engine["kind"] == "hf":
         return hf_generate(engine["model"], tok, prompts, n, cfg.max_new_tokens, cfg.temperature, seed,
                            cfg.lm_head_fp32, engine["autocast"])
-    raise ValueError(cfg.engine)
+    return vllm_generate(engine, prompts, n, cfg.max_new_tokens, cfg.temperature, seed)
 
 
 def score(tok, groups, answers, reward_fn=reward_last_digit):
@@ -539,7 +617,7 @@ def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None):
     import torch
     device = next(model.parameters()).device
     model.train()
-    loss_sum, clipped, n_tok = 0.0, 0.0, 0
+    loss_sum, clipped, n_tok, mismatch = 0.0, 0.0, 0, np.zeros(3)
     for mb in micro_batches(samples, cfg.micro_batch_tokens):
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
             logp = sequence_logprobs(model, mb, cfg, pad_id)
@@ -548,14 +626,54 @@ def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None):
         loss, c = policy_loss(logp, logp_gen, per_tok("advantage"), per_tok("weight"), cfg)
         loss.backward()
         loss_sum, clipped, n_tok = loss_sum + loss.item(), clipped + c, n_tok + len(logp)
+        mismatch += mismatch_sums(logp, logp_gen, cfg.eps_max)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
     opt.step()
     sched.step()
     opt.zero_grad(set_to_none=True)
-    return {"loss": loss_sum, "grad_norm": grad_norm, "clip_frac": clipped / max(n_tok, 1), "trained_tokens": n_tok}
+    m = mismatch / max(n_tok, 1)
+    return {"loss": loss_sum, "grad_norm": grad_norm, "clip_frac": clipped / max(n_tok, 1), "trained_tokens": n_tok,
+            "mismatch_abs_logprob": m[0], "mismatch_kl_k3": m[1], "mismatch_trunc_frac": m[2]}
+
+
+def mismatch_sums(logp, logp_gen, eps_max):
+    """Train/inference mismatch on tokens sampled by the generator, before the update: sums over tokens of
+    |log pi_train - log pi_gen|, of the k3 estimate of KL(pi_gen || pi_train) (r - 1 - log r with
+    r = pi_train / pi_gen), and of the indicator r > eps_max (the ratio CISPO would truncate). With the same
+    weights on both sides all three are ~0; bf16 logits or a stale engine make them grow [Sec. 3.2, FP32 head]."""
+    import torch
+    d = (logp.detach() - logp_gen).double()
+    return np.array([d.abs().sum().item(), (torch.exp(d) - 1 - d).sum().item(), (d > math.log(eps_max)).sum().item()])
 
 # --------------------------------------------------------------------------------------------------
-# 7. Evaluation and logging
+# 7. Weight sync: the engine generates with the weights of the latest optimiser step
+# --------------------------------------------------------------------------------------------------
+
+
+def sync_weights(engine, model):
+    """Push the trainer's weights into the vLLM engine after every optimiser step [Sec. 3.1], then drop the
+    prefix cache (its KV was computed with the old weights). The weights go by their Hugging Face names; vLLM's
+    loaders map them to its own layout (fused projections, tied heads). The path is chosen by what the engine
+    offers: vLLM's CPU backend prepacks its linear layers, so only `reload_weights` (which rebuilds them) works
+    there; elsewhere the engine model's `load_weights` copies the tensors in place. The HF engine is the
+    trainer's own model: nothing to do."""
+    if engine["kind"] != "vllm":
+        return
+    import torch
+    llm = engine["llm"]
+    engine_wake(engine)
+    dtype = llm.llm_engine.model_config.dtype
+    weights = [(name, t.detach().to(dtype)) for name, t in model.state_dict().items()]
+    runner = getattr(getattr(llm.llm_engine, "model_executor", None), "driver_worker", None)
+    if engine["device"].type == "cpu" or runner is None:
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+    else:
+        with torch.no_grad():
+            runner.model_runner.model.load_weights(weights)
+    llm.reset_prefix_cache()
+
+# --------------------------------------------------------------------------------------------------
+# 8. Evaluation and logging
 # --------------------------------------------------------------------------------------------------
 
 
@@ -575,16 +693,18 @@ def progress_line(row, steps):
     return (f"step {row['step']:>4}/{steps} | reward {row['reward_mean']:.3f}{val} | zero-var "
             f"{row['zero_variance_frac']:.2f} | active {row['active_prompts']:>3} | npr {row['npr_removed']:>4} | "
             f"trunc {row['truncated_frac']:.2f} | loss {row['loss']:+.4f} | gnorm {row['grad_norm']:.3f} | "
-            f"{row['step_seconds']:.2f}s (gen {row['gen_seconds']:.2f} train {row['train_seconds']:.2f})")
+            f"mismatch {row.get('mismatch_abs_logprob', 0.0):.1e} | {row['step_seconds']:.2f}s (gen "
+            f"{row['gen_seconds']:.2f} train {row['train_seconds']:.2f} sync {row['sync_seconds']:.2f})")
 
 # --------------------------------------------------------------------------------------------------
-# 8. Main: the loop
+# 9. Main: the loop
 # --------------------------------------------------------------------------------------------------
 
 
 def run(cfg):
     """Train for cfg.steps steps; write config.json and metrics.jsonl to cfg.out. Returns the metric rows."""
     import torch
+    check_config(cfg)
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           "cpu" if cfg.device == "auto" else cfg.device)
     dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32}.get(cfg.dtype) or getattr(torch, cfg.dtype)
@@ -593,14 +713,22 @@ def run(cfg):
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(cfg.seed)
 
-    model, tok = load_model(cfg, device)
+    model, tok, path = load_model(cfg, device)
     n_params = sum(p.numel() for p in model.parameters())
     train, val = make_task(cfg.train_size, cfg.val_size, cfg.seed)
     encode = lambda items: [tok(p).input_ids for p, _ in items]  # noqa: E731
     train_ids, val_ids = encode(train), encode(val)
     const, const_rate = best_constant_pass_rate([a for _, a in val])
     opt, sched = make_optimizer(model, cfg)
-    engine = {"model": model, "autocast": autocast}
+    if cfg.engine == "vllm":
+        needed = max(map(len, train_ids + val_ids)) + cfg.max_new_tokens
+        if 0 < cfg.vllm_max_model_len < needed:
+            die(f"--vllm-max-model-len {cfg.vllm_max_model_len} is shorter than the longest prompt + "
+                f"--max-new-tokens ({needed})")
+        engine = make_vllm_engine(cfg, path, device, dtype, cfg.vllm_max_model_len or needed)
+        sync_weights(engine, model)  # the engine starts from exactly the trainer's weights
+    else:
+        engine = {"kind": "hf", "model": model, "autocast": autocast}
     cur = Curriculum(len(train), cfg.seed)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump({**dataclasses.asdict(cfg), "out": out, "n_params": n_params, "device": str(device),
@@ -629,14 +757,18 @@ def run(cfg):
                 break
             groups = generate(cfg, engine, tok, [train_ids[i] for i in idx], cfg.generations_per_prompt,
                               step_seed(cfg.seed, 0, step))
+            engine_sleep(engine)
             t_gen = time.time() - t0
             rewards = score(tok, groups, [train[i][1] for i in idx])
             samples, stats = build_batch([train_ids[i] for i in idx], groups, rewards, cfg)
             update_curriculum(cur, idx, rewards.mean(axis=1), cfg.npr_threshold)
             t1 = time.time()
-            tr = (train_step(model, opt, sched, samples, cfg, tok.pad_token_id, autocast) if samples else
-                  {"loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0, "trained_tokens": 0})
-            t_train = time.time() - t1
+            tr = train_step(model, opt, sched, samples, cfg, tok.pad_token_id, autocast) if samples else {}
+            t2 = time.time()
+            if samples:
+                sync_weights(engine, model)
+            t_sync = time.time() - t2
+            t_train = t2 - t1
             step_s = time.time() - t0
             comps = [c for g in groups for c in g]
             n_gen = sum(len(c.tokens) for c in comps)
@@ -645,13 +777,15 @@ def run(cfg):
             totals["device_hours"] += step_s / 3600
             totals["flops"] += 2 * n_params * (n_prompt_tok + n_gen) + 6 * n_params * n_train_fwd
             totals["gen_tokens"] += n_gen
-            totals["train_tokens"] += tr["trained_tokens"]
+            totals["train_tokens"] += tr.get("trained_tokens", 0)
             row = {"step": step, **totals, "reward_mean": float(rewards.mean()), **stats,
                    "npr_removed": len(cur.removed), "pool_size": len(train) - len(cur.removed), "epoch": cur.epoch,
                    "truncated_frac": float(np.mean([not c.finished for c in comps])),
-                   "mean_completion_tokens": n_gen / len(comps), "loss": tr["loss"], "grad_norm": tr["grad_norm"],
-                   "clip_frac": tr["clip_frac"], "lr": sched.get_last_lr()[0], "step_seconds": step_s,
-                   "gen_seconds": t_gen, "train_seconds": t_train}
+                   "mean_completion_tokens": n_gen / len(comps), "loss": tr.get("loss", 0.0),
+                   "grad_norm": tr.get("grad_norm", 0.0), "clip_frac": tr.get("clip_frac", 0.0),
+                   "lr": sched.get_last_lr()[0], "step_seconds": step_s, "gen_seconds": t_gen,
+                   "train_seconds": t_train, "sync_seconds": t_sync,
+                   **{k: v for k, v in tr.items() if k.startswith("mismatch_")}}
             if device.type == "cuda":
                 row["gpu_peak_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
             if step % cfg.eval_every == 0 or step == cfg.steps:

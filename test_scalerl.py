@@ -1,5 +1,7 @@
 """Tests of scalerl.py: every recipe component against values computed by hand or by a slow, obviously
 correct reference; then the whole loop end to end on the CPU. Run: python -m pytest -q"""
+import copy
+import importlib.util
 import json
 import math
 import os
@@ -191,7 +193,8 @@ def test_fp32_head_is_more_accurate_than_bf16_head():
 @pytest.fixture(scope="module")
 def default_model(tmp_path_factory):
     os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.getbasetemp() / "cache")
-    return S.load_model(S.Config(), torch.device("cpu"))
+    model, tok, _ = S.load_model(S.Config(), torch.device("cpu"))
+    return model, tok
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -235,7 +238,6 @@ def test_hf_engine_samples_from_the_full_distribution(default_model):
 # ---------------------------------------------------------------------------------------------- train step
 def test_gradient_accumulation_is_exact(default_model, tmp_path):
     """One step with tiny micro-batches gives the same update as one big micro-batch."""
-    import copy
     model, tok = default_model
     rng = np.random.default_rng(0)
     samples = [{"prompt": tok("1234:").input_ids[: 2 + i % 4], "tokens": rng.integers(6, 18, 1 + i % 5).tolist(),
@@ -292,8 +294,8 @@ def read_metrics(out):
 
 
 def test_end_to_end_metrics_and_determinism(tmp_path):
-    rows_a = S.run(small_cfg(tmp_path / "a"))
-    rows_b = S.run(small_cfg(tmp_path / "b"))
+    rows_a = S.run(small_cfg(tmp_path / "a", engine="hf"))
+    rows_b = S.run(small_cfg(tmp_path / "b", engine="hf"))
     on_disk = read_metrics(str(tmp_path / "a" / "run"))
     assert on_disk == rows_a and [r["step"] for r in rows_a] == [0, 1, 2, 3]
     assert "val_pass_rate" in rows_a[0] and "val_pass_rate" in rows_a[2] and "val_pass_rate" in rows_a[3]
@@ -307,22 +309,134 @@ def test_end_to_end_metrics_and_determinism(tmp_path):
     assert cfg["prompts_per_step"] == 8 and cfg["n_params"] > 0
     # 8 prompts x 4 samples of at most 8 tokens per step
     assert 0 < rows_a[1]["gen_tokens"] <= 8 * 4 * 8
-    timing = {"device_hours", "step_seconds", "gen_seconds", "train_seconds"}
+    timing = {"device_hours", "step_seconds", "gen_seconds", "train_seconds", "sync_seconds"}
     strip = lambda rows: [{k: v for k, v in r.items() if k not in timing} for r in rows]  # noqa: E731
     assert strip(rows_a) == strip(rows_b)
     assert os.path.isfile(tmp_path / "a" / "run" / "final" / "config.json")
 
 
 def test_short_run_lifts_training_reward(tmp_path):
-    rows = S.run(small_cfg(tmp_path, steps=25, prompts_per_step=32, generations_per_prompt=16, eval_every=25))
+    rows = S.run(small_cfg(tmp_path, steps=25, prompts_per_step=32, generations_per_prompt=16, eval_every=25,
+                           engine="hf"))
     early = np.mean([r["reward_mean"] for r in rows[1:4]])
     late = np.mean([r["reward_mean"] for r in rows[-3:]])
     assert late > early + 0.15, (early, late)
 
 
 def test_tied_embeddings_run(tmp_path):
-    rows = S.run(small_cfg(tmp_path, steps=2, tie_word_embeddings=True))
+    rows = S.run(small_cfg(tmp_path, steps=2, tie_word_embeddings=True, engine="hf"))
     assert len(rows) == 3 and all(math.isfinite(r.get("loss", 0.0)) for r in rows)
+
+
+# ---------------------------------------------------------------------------------------------- vLLM engine
+def need_vllm():
+    """vLLM tests skip where vllm is not installed, except where SCALERL_REQUIRE_VLLM=1 (CI): there they fail."""
+    if importlib.util.find_spec("vllm") is None:
+        if os.environ.get("SCALERL_REQUIRE_VLLM") == "1":
+            pytest.fail("vllm is not installed, and SCALERL_REQUIRE_VLLM=1 requires it")
+        pytest.skip("vllm is not installed")
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
+def vllm_engine(request, tmp_path_factory):
+    """A tiny model (untied or tied head) and a vLLM engine made from the same weights, shared by a module."""
+    need_vllm()
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.getbasetemp() / "cache")
+    cfg = S.Config(tie_word_embeddings=request.param, engine="vllm")
+    model, tok, path = S.load_model(cfg, torch.device("cpu"))
+    threads = torch.get_num_threads()
+    engine = S.make_vllm_engine(cfg, path, torch.device("cpu"), torch.float32, 64)
+    assert torch.get_num_threads() == threads  # the trainer, in the same process, keeps its threads
+    return cfg, model, tok, engine
+
+
+def engine_logprobs(engine, seq):
+    """The engine's log-probs of every token of seq after the first (prompt log-probs, temperature 1)."""
+    from vllm import SamplingParams
+    out = engine["llm"].generate([{"prompt_token_ids": seq}], SamplingParams(max_tokens=1, prompt_logprobs=0,
+                                 detokenize=False), use_tqdm=False)[0]
+    return torch.tensor([d[t].logprob for t, d in zip(seq[1:], out.prompt_logprobs[1:])])
+
+
+def trainer_logprobs(model, seq, pad_id):
+    with torch.no_grad():
+        return S.sequence_logprobs(model, [{"prompt": seq[:1], "tokens": seq[1:]}], S.Config(), pad_id)
+
+
+def greedy(model, prompt, eos, n):
+    """Slow, obvious greedy decoding with the trainer's model: argmax of the full forward pass, token by token."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+            if ids[-1] == eos:
+                break
+    return ids[len(prompt):]
+
+
+def test_vllm_sync_after_a_training_step(vllm_engine):
+    from vllm import SamplingParams
+    cfg, model0, tok, engine = vllm_engine
+    model = copy.deepcopy(model0)
+    seq = tok("5729:").input_ids + [tok.convert_tokens_to_ids(c) for c in "9 71"]
+    assert torch.allclose(engine_logprobs(engine, seq), trainer_logprobs(model, seq, tok.pad_token_id), atol=1e-4)
+    # one real training step on the engine's own samples
+    prompts = [tok("3941:").input_ids, tok("27:").input_ids]
+    groups = S.vllm_generate(engine, prompts, 4, 6, 1.0, seed=0)
+    samples = [{"prompt": p, "tokens": c.tokens, "gen_logprobs": c.logprobs, "advantage": (-1.0) ** j,
+                "weight": 0.1} for p, g in zip(prompts, groups) for j, c in enumerate(g)]
+    opt, sched = S.make_optimizer(model, S.Config(lr=1e-2, warmup_steps=0))
+    S.train_step(model, opt, sched, samples, cfg, tok.pad_token_id)
+    want = trainer_logprobs(model, seq, tok.pad_token_id)
+    try:
+        assert (engine_logprobs(engine, seq) - want).abs().max() > 1e-3  # before the sync: the old weights
+        S.sync_weights(engine, model)
+        assert torch.allclose(engine_logprobs(engine, seq), want, atol=1e-4)
+        params = SamplingParams(temperature=0.0, max_tokens=8, detokenize=False)
+        for p in prompts + [seq]:
+            out = engine["llm"].generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0]
+            assert list(out.outputs[0].token_ids) == greedy(model, p, tok.eos_token_id, 8)
+    finally:
+        S.sync_weights(engine, model0)  # leave the shared engine as it was
+    assert torch.allclose(engine_logprobs(engine, seq), trainer_logprobs(model0, seq, tok.pad_token_id), atol=1e-4)
+
+
+def test_vllm_samples_differ_within_and_across_prompts(vllm_engine):
+    _, model, tok, engine = vllm_engine
+    p = tok("3941:").input_ids
+    g1, g2 = S.vllm_generate(engine, [p, p], 8, 6, 1.0, seed=5)
+    assert len({tuple(c.tokens) for c in g1}) > 1
+    assert [c.tokens for c in g1] != [c.tokens for c in g2]  # each prompt gets its own random stream
+    again = S.vllm_generate(engine, [p, p], 8, 6, 1.0, seed=5)
+    assert [[c.tokens for c in g] for g in again] == [[c.tokens for c in g1], [c.tokens for c in g2]]
+    for c in g1 + g2:  # the recorded log-probs are the trainer's log-probs of the same tokens (same weights)
+        assert c.finished == (c.tokens[-1] == tok.eos_token_id)
+        lp = trainer_logprobs(model, p + c.tokens, tok.pad_token_id)[len(p) - 1:]
+        assert torch.allclose(lp, torch.tensor(c.logprobs), atol=1e-4)
+
+
+def test_vllm_run_reproducible_with_tiny_mismatch(tmp_path):
+    need_vllm()
+    rows_a = S.run(small_cfg(tmp_path / "a", engine="vllm"))
+    rows_b = S.run(small_cfg(tmp_path / "b", engine="vllm"))
+    assert [r.get("reward_mean") for r in rows_a] == [r.get("reward_mean") for r in rows_b]
+    assert [r.get("val_pass_rate") for r in rows_a] == [r.get("val_pass_rate") for r in rows_b]
+    trained = [r for r in rows_a[1:] if r["active_prompts"] > 0]
+    assert trained, "no step trained"
+    for r in trained:  # FP32 head on both sides, float32: trainer and engine agree
+        assert r["mismatch_abs_logprob"] < 1e-4 and r["mismatch_trunc_frac"] == 0 and r["sync_seconds"] > 0
+
+
+def test_vllm_default_run_from_the_command_line(tmp_path):
+    need_vllm()
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    p = subprocess.run([sys.executable, os.path.join(HERE, "scalerl.py"), "--engine", "vllm", "--steps", "20",
+                        "--out", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = read_metrics(str(tmp_path / "run"))
+    assert [r["step"] for r in rows] == list(range(21))
+    assert json.load(open(tmp_path / "run" / "config.json"))["engine"] == "vllm"
+    assert np.mean([r["reward_mean"] for r in rows[-3:]]) > np.mean([r["reward_mean"] for r in rows[1:4]]) + 0.1
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -340,6 +454,8 @@ def test_tied_embeddings_run(tmp_path):
     (["--steps", "ten"], "invalid int value"),
     (["--no-such-flag"], "unrecognized arguments"),
     (["--model", "org/name", "--tie-word-embeddings"], "embedded model only"),
+    (["--engine", "hf", "--vllm-sleep"], "--vllm-sleep needs --engine vllm"),
+    (["--vllm-gpu-memory-utilization", "1.5"], "must be in (0, 1)"),
 ])
 def test_cli_bad_input(args, message, tmp_path):
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
@@ -358,3 +474,10 @@ def test_cli_refuses_to_overwrite_a_run(tmp_path):
     p = subprocess.run([sys.executable, os.path.join(HERE, "scalerl.py"), "--out", str(tmp_path / "o")],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "already holds a run" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_cli_refuses_vllm_sleep_on_cpu(tmp_path):
+    need_vllm()
+    p = subprocess.run([sys.executable, os.path.join(HERE, "scalerl.py"), "--engine", "vllm", "--device", "cpu",
+                        "--vllm-sleep", "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "refused on CPU" in p.stderr and len(p.stderr.strip().splitlines()) == 1
