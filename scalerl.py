@@ -38,8 +38,8 @@ import numpy as np
 # --------------------------------------------------------------------------------------------------
 
 
-def _f(default, help, choices=None):
-    return field(default=default, metadata={"help": help, "choices": choices})
+def _f(default, help, choices=None, nargs=None):
+    return field(default=default, metadata={"help": help, "choices": choices, "nargs": nargs})
 
 
 @dataclass
@@ -72,6 +72,20 @@ class Config:
     generations_per_prompt: int = _f(16, "completions sampled per prompt, G (the paper: 16)")
     max_new_tokens: int = _f(8, "generation limit per completion")
     temperature: float = _f(1.0, "sampling temperature (generator and trainer log-probs use it)")
+    # length control [Sec. 3.2 / 4]
+    length_control: str = _f("interrupt", "interrupt: forced interruption at a thinking budget (ScaleRL); penalty: "
+                                          "DAPO overlong penalty; truncate: plain cut at --max-new-tokens",
+                             ["interrupt", "penalty", "truncate"])
+    think_budget: tuple = _f((0, 0), "interrupt: thinking budget drawn per completion in [LO, HI] (0 0: HI = "
+                                     "--max-new-tokens - --answer-budget, LO = 5/6 HI, as the paper's 10k-12k)",
+                             nargs=2)
+    answer_budget: int = _f(0, "interrupt: tokens allowed after the interruption (0: --max-new-tokens / 8, "
+                               "at least 2)")
+    interruption_phrase: str = _f("Okay, time is up. Let me stop thinking and formulate a final answer now. "
+                                  "</think>", "interrupt: text appended to an interrupted completion")
+    think_end: str = _f("</think>", "interrupt: the marker that closes the reasoning")
+    max_len: int = _f(0, "penalty: L_max, longer correct answers get -1 (0: --max-new-tokens)")
+    cache_len: int = _f(0, "penalty: L_cache, the linear penalty zone before L_max (0: L_max / 5)")
     # loss [Sec. 3.2]
     loss: str = _f("cispo", "policy loss", ["cispo", "dapo"])
     eps_max: float = _f(5.0, "CISPO: truncation of the importance weight from above")
@@ -85,7 +99,7 @@ class Config:
     lm_head_fp32: bool = _f(True, "compute the LM head (hidden -> logits) in float32, trainer and generator")
     logprob_chunk: int = _f(1024, "tokens per chunk when computing log-probs (memory ~ chunk x vocab)")
     # optimiser [Sec. 3.2, Appendix]
-    lr: float = _f(1e-3, "learning rate, constant after warm-up (the paper: 5e-7 for an 8B model)")
+    lr: float = _f(5e-4, "learning rate, constant after warm-up (the paper: 5e-7 for an 8B model)")
     warmup_steps: int = _f(10, "linear learning-rate warm-up steps (the paper: 100)")
     weight_decay: float = _f(0.01, "AdamW weight decay")
     adam_eps: float = _f(1e-15, "AdamW epsilon (the paper: 1e-15)")
@@ -110,11 +124,25 @@ def parse_args(argv=None):
         flag, kw = "--" + f.name.replace("_", "-"), {"default": f.default, "help": f.metadata["help"]}
         if f.type is bool:
             p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+        elif f.metadata["nargs"]:
+            p.add_argument(flag, type=type(f.default[0]), nargs=f.metadata["nargs"], metavar=("LO", "HI"), **kw)
         else:
             p.add_argument(flag, type=type(f.default), choices=f.metadata["choices"], **kw)
     cfg = Config(**vars(p.parse_args(argv)))
     check_config(cfg)
     return cfg
+
+
+def resolve_length_budgets(cfg):
+    """Fill in the length-control defaults that depend on --max-new-tokens (0 means 'derive it')."""
+    if cfg.answer_budget == 0:
+        cfg.answer_budget = max(2, cfg.max_new_tokens // 8)
+    if tuple(cfg.think_budget) == (0, 0):
+        hi = max(1, cfg.max_new_tokens - cfg.answer_budget)
+        cfg.think_budget = (max(1, hi - hi // 6), hi)
+    cfg.think_budget = tuple(cfg.think_budget)
+    cfg.max_len = cfg.max_len or cfg.max_new_tokens
+    cfg.cache_len = cfg.cache_len or max(1, cfg.max_len // 5)
 
 
 def _cuda_available():
@@ -140,6 +168,14 @@ def check_config(cfg):
             die(f"--{name.replace('_', '-')} must be >= 0 (got {getattr(cfg, name)})")
     if cfg.generations_per_prompt < 2:
         die("--generations-per-prompt must be >= 2: advantages are centred within each prompt's group")
+    resolve_length_budgets(cfg)
+    lo, hi = cfg.think_budget
+    if cfg.length_control == "interrupt" and not 1 <= lo <= hi < cfg.max_new_tokens:
+        die(f"--think-budget {lo} {hi}: need 1 <= LO <= HI < --max-new-tokens ({cfg.max_new_tokens})")
+    if cfg.length_control == "interrupt" and cfg.answer_budget < 1:
+        die("--answer-budget must be >= 1")
+    if cfg.length_control == "penalty" and not 0 < cfg.cache_len < cfg.max_len <= cfg.max_new_tokens:
+        die(f"--cache-len {cfg.cache_len} --max-len {cfg.max_len}: need 0 < L_cache < L_max <= --max-new-tokens")
     if not 0 <= cfg.eps_low < 1:
         die(f"--eps-low must be in [0, 1) (got {cfg.eps_low})")
     if cfg.model and not is_hub_id(cfg.model) and not os.path.isfile(os.path.join(cfg.model, "config.json")):
@@ -148,8 +184,6 @@ def check_config(cfg):
         die("--tie-word-embeddings applies to the embedded model only; a --model brings its own head")
     if not cfg.model and cfg.train_size + cfg.val_size > MAX_TASK_PROMPTS:
         die(f"--train-size + --val-size must be <= {MAX_TASK_PROMPTS} for the built-in task")
-    if not cfg.model and cfg.max_new_tokens > 240:
-        die("--max-new-tokens must be <= 240 for the embedded model (its context is 256 tokens)")
     if not cfg.model and cfg.prompts_per_step > cfg.train_size:
         die(f"--prompts-per-step {cfg.prompts_per_step} exceeds --train-size {cfg.train_size}")
     if not 0 < cfg.vllm_gpu_memory_utilization < 1:
@@ -182,7 +216,7 @@ def check_config(cfg):
 # they are exactly uniform and the best constant answer scores 1/8 (with a skewed answer
 # distribution a policy looks good by always answering the most common digit). 0 and 1 are left out
 # because too few distinct lists have them as their largest digit.
-CHARS = "0123456789: "
+CHARS = "0123456789: " + "".join(sorted(set(Config.interruption_phrase.replace("</think>", "")) - set("0123456789: ")))
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<think>", "</think>"]
 MAX_TASK_PROMPTS = 20_000  # 8 answers x 3,019 distinct lists of length 3-7 whose largest digit is 2
 
@@ -208,6 +242,16 @@ def reward_last_digit(completion_text, answer, finished):
     it wrote is the answer. A completion cut off by the length limit has no final answer: 0."""
     digits = re.findall(r"\d", completion_text.split("</think>")[-1])
     return float(finished and bool(digits) and digits[-1] == answer)
+
+
+def overlong_penalty(length, max_len, cache_len):
+    """DAPO's soft overlong punishment (the length-control alternative the paper ablated): 0 up to
+    L_max - L_cache tokens, then falling linearly to -1 at L_max, and -1 beyond."""
+    if length <= max_len - cache_len:
+        return 0.0
+    if length <= max_len:
+        return (max_len - cache_len - length) / cache_len
+    return -1.0
 
 
 def best_constant_pass_rate(answers):
@@ -248,7 +292,7 @@ def build_tiny_model(cache_dir, seed, tied):
     more) and the character tokenizer, saved to a cache directory and then loaded like any --model."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
-    path = os.path.join(cache_dir, f"tiny-llama-v1-seed{seed}-{'tied' if tied else 'untied'}")
+    path = os.path.join(cache_dir, f"tiny-llama-v2-seed{seed}-{'tied' if tied else 'untied'}")
     if not os.path.isfile(os.path.join(path, "config.json")):
         conf = LlamaConfig(vocab_size=len(SPECIALS) + len(CHARS), hidden_size=128, intermediate_size=512,
                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, head_dim=32,
@@ -291,6 +335,11 @@ class Completion:
     tokens: list          # generated token ids, EOS included when the completion stopped by itself
     logprobs: list        # generator's log pi_gen(token) of each, at the sampling temperature
     finished: bool        # stopped with EOS (False: hit the length limit, i.e. truncated)
+    mask: list = None     # 1 = sampled by the policy, 0 = injected (the interruption phrase); None = all 1
+    interrupted: bool = False
+
+    def loss_mask(self):
+        return self.mask if self.mask is not None else [1] * len(self.tokens)
 
 
 def fp32_head_hook(module, inputs, output):
@@ -362,7 +411,7 @@ def make_vllm_engine(cfg, path, device, dtype, max_model_len):
         kw["hf_overrides"] = {"head_dtype": "float32"}
     sleep = cfg.vllm_sleep if cfg.vllm_sleep is not None else device.type == "cuda"
     if device.type == "cpu":  # eager: compiling took 49 s for a 10% faster 135M model on 2 cores
-        kw.update(enforce_eager=True, kv_cache_memory_bytes=cfg.vllm_kv_cache_mb * 2**20)
+        kw.update(enforce_eager=True, kv_cache_memory_bytes=cfg.vllm_kv_cache_mb * 2**20, enable_chunked_prefill=False)
     else:
         kw.update(gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=sleep)
     llm = vllm.LLM(**kw)
@@ -398,18 +447,71 @@ def engine_wake(engine):
         engine["asleep"] = False
 
 
-def generate(cfg, engine, tok, prompts, n, seed):
+def generate(cfg, engine, tok, prompts, n, seed, max_tokens=None):
     """Sample n completions for each prompt (a list of token-id lists) with the configured engine."""
+    max_tokens = max_tokens or cfg.max_new_tokens
     if engine["kind"] == "hf":
-        return hf_generate(engine["model"], tok, prompts, n, cfg.max_new_tokens, cfg.temperature, seed,
+        return hf_generate(engine["model"], tok, prompts, n, max_tokens, cfg.temperature, seed,
                            cfg.lm_head_fp32, engine["autocast"])
-    return vllm_generate(engine, prompts, n, cfg.max_new_tokens, cfg.temperature, seed)
+    return vllm_generate(engine, prompts, n, max_tokens, cfg.temperature, seed)
 
 
-def score(tok, groups, answers, reward_fn=reward_last_digit):
-    """Rewards of every completion: an array [n_prompts, G]."""
-    return np.array([[reward_fn(tok.decode(c.tokens, skip_special_tokens=False).replace(tok.eos_token, ""),
-                                a, c.finished) for c in g] for g, a in zip(groups, answers)])
+def find_subsequence(seq, sub):
+    """Index of the first occurrence of sub in seq, or None."""
+    for i in range(len(seq) - len(sub) + 1):
+        if seq[i:i + len(sub)] == sub:
+            return i
+    return None
+
+
+def needs_interruption(c, budget, think_end_ids):
+    """A completion is left alone when it closed its reasoning (think_end) or ended (EOS) within its budget;
+    otherwise it is interrupted at the budget. A model without a thinking format never closes its reasoning,
+    so each of its completions that reaches the budget is interrupted."""
+    k = find_subsequence(c.tokens[:budget], think_end_ids)
+    return k is None and not (c.finished and len(c.tokens) <= budget)
+
+
+def rollout(cfg, engine, tok, prompts, n, seed):
+    """Generate n completions per prompt with the configured length control [Sec. 3.2, forced interruptions].
+    interrupt: each completion gets a thinking budget drawn in [LO, HI]; one that has not closed its reasoning
+    within it is cut there, the interruption phrase is appended (loss mask 0: the policy did not sample it) and
+    generation continues for at most --answer-budget tokens, all interrupted completions in one batched second
+    pass. The first pass runs to --max-new-tokens, so the tokens an interrupted completion sampled past its
+    budget are generated and dropped (at most HI - LO + answer budget each)."""
+    groups = generate(cfg, engine, tok, prompts, n, seed)
+    if cfg.length_control != "interrupt":
+        return groups
+    rng = np.random.default_rng([seed, 3])
+    phrase = tok(cfg.interruption_phrase, add_special_tokens=False).input_ids
+    think_end = tok(cfg.think_end, add_special_tokens=False).input_ids
+    pending = []
+    for i, g in enumerate(groups):
+        for j, c in enumerate(g):
+            b = int(rng.integers(cfg.think_budget[0], cfg.think_budget[1] + 1))
+            if needs_interruption(c, b, think_end):
+                g[j] = Completion(c.tokens[:b] + phrase, c.logprobs[:b] + [0.0] * len(phrase), False,
+                                  [1] * b + [0] * len(phrase), True)
+                pending.append((i, j))
+    if pending:
+        answers = generate(cfg, engine, tok, [prompts[i] + groups[i][j].tokens for i, j in pending], 1,
+                           step_seed(seed, 4, 0), cfg.answer_budget)
+        for (i, j), (a,) in zip(pending, answers):
+            c = groups[i][j]
+            groups[i][j] = Completion(c.tokens + a.tokens, c.logprobs + a.logprobs, a.finished,
+                                      c.mask + [1] * len(a.tokens), True)
+    return groups
+
+
+def score(tok, groups, answers, cfg=None, reward_fn=reward_last_digit):
+    """Correctness and reward of every completion: two arrays [n_prompts, G]. With --length-control penalty the
+    overlong penalty is added to the correct answers only (as the paper ablated it); otherwise reward = correct."""
+    correct = np.array([[reward_fn(tok.decode(c.tokens, skip_special_tokens=False).replace(tok.eos_token, ""),
+                                   a, c.finished) for c in g] for g, a in zip(groups, answers)])
+    if cfg is None or cfg.length_control != "penalty":
+        return correct, correct
+    pen = np.array([[overlong_penalty(len(c.tokens), cfg.max_len, cfg.cache_len) for c in g] for g in groups])
+    return correct, correct + correct * pen
 
 # --------------------------------------------------------------------------------------------------
 # 4. Advantages and curriculum
@@ -492,15 +594,16 @@ def completion_weights(groups_lengths, agg):
 
 def build_batch(prompt_ids, groups, rewards, cfg):
     """From one step's rollouts to the training batch: zero-variance filter, advantages, aggregation weights.
-    Returns (samples, stats); each sample is a plain dict (prompt ids, completion, advantage, weight)."""
+    Returns (samples, stats); each sample is a plain dict (prompt ids, completion, its loss mask, advantage,
+    weight). Tokens with mask 0 (injected, not sampled) count in no normaliser."""
     keep = zero_variance_keep(rewards) if cfg.zero_variance_filter else np.ones(len(groups), bool)
     kept = [i for i in range(len(groups)) if keep[i]]
     stats = {"zero_variance_frac": float(1 - zero_variance_keep(rewards).mean()), "active_prompts": len(kept)}
     if not kept:
         return [], stats
     adv = compute_advantages(rewards[kept], cfg.adv_norm)
-    weights = completion_weights([[len(c.tokens) for c in groups[i]] for i in kept], cfg.loss_agg)
-    samples = [{"prompt": prompt_ids[i], "tokens": c.tokens, "gen_logprobs": c.logprobs,
+    weights = completion_weights([[sum(c.loss_mask()) for c in groups[i]] for i in kept], cfg.loss_agg)
+    samples = [{"prompt": prompt_ids[i], "tokens": c.tokens, "gen_logprobs": c.logprobs, "mask": c.loss_mask(),
                 "advantage": float(adv[a, j]), "weight": weights[a][j]}
                for a, i in enumerate(kept) for j, c in enumerate(groups[i])]
     return samples, stats
@@ -621,8 +724,10 @@ def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None):
     for mb in micro_batches(samples, cfg.micro_batch_tokens):
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
             logp = sequence_logprobs(model, mb, cfg, pad_id)
-        per_tok = lambda key: torch.tensor([s[key] for s in mb for _ in s["tokens"]], device=device)  # noqa: E731
-        logp_gen = torch.tensor([x for s in mb for x in s["gen_logprobs"]], device=device)
+        keep = torch.tensor([m == 1 for s in mb for m in s.get("mask") or [1] * len(s["tokens"])], device=device)
+        per_tok = lambda key: torch.tensor([s[key] for s in mb for _ in s["tokens"]], device=device)[keep]  # noqa
+        logp_gen = torch.tensor([x for s in mb for x in s["gen_logprobs"]], device=device)[keep]
+        logp = logp[keep]  # injected tokens (mask 0) are context only: no ratio, no loss, no count
         loss, c = policy_loss(logp, logp_gen, per_tok("advantage"), per_tok("weight"), cfg)
         loss.backward()
         loss_sum, clipped, n_tok = loss_sum + loss.item(), clipped + c, n_tok + len(logp)
@@ -679,8 +784,8 @@ def sync_weights(engine, model):
 
 def evaluate(cfg, engine, tok, val_ids, val_answers, seed):
     """Held-out mean pass rate with k = --eval-samples samples per prompt (the paper's mean@16) [Sec. 2]."""
-    groups = generate(cfg, engine, tok, val_ids, cfg.eval_samples, seed)
-    return float(score(tok, groups, val_answers).mean())
+    groups = rollout(cfg, engine, tok, val_ids, cfg.eval_samples, seed)
+    return float(score(tok, groups, val_answers)[0].mean())
 
 
 def step_seed(seed, kind, step):
@@ -692,7 +797,7 @@ def progress_line(row, steps):
     val = f" | val {row['val_pass_rate']:.3f}" if "val_pass_rate" in row else ""
     return (f"step {row['step']:>4}/{steps} | reward {row['reward_mean']:.3f}{val} | zero-var "
             f"{row['zero_variance_frac']:.2f} | active {row['active_prompts']:>3} | npr {row['npr_removed']:>4} | "
-            f"trunc {row['truncated_frac']:.2f} | loss {row['loss']:+.4f} | gnorm {row['grad_norm']:.3f} | "
+            f"intr {row['interrupted_frac']:.2f} | trunc {row['truncated_frac']:.2f} | len {row['mean_completion_tokens']:.1f} | loss {row['loss']:+.4f} | gnorm {row['grad_norm']:.3f} | "
             f"mismatch {row.get('mismatch_abs_logprob', 0.0):.1e} | {row['step_seconds']:.2f}s (gen "
             f"{row['gen_seconds']:.2f} train {row['train_seconds']:.2f} sync {row['sync_seconds']:.2f})")
 
@@ -720,8 +825,14 @@ def run(cfg):
     train_ids, val_ids = encode(train), encode(val)
     const, const_rate = best_constant_pass_rate([a for _, a in val])
     opt, sched = make_optimizer(model, cfg)
+    longest = max(map(len, train_ids + val_ids)) + cfg.max_new_tokens
+    if cfg.length_control == "interrupt":
+        phrase_len = len(tok(cfg.interruption_phrase, add_special_tokens=False).input_ids)
+        longest = max(longest, longest - cfg.max_new_tokens + cfg.think_budget[1] + phrase_len + cfg.answer_budget)
+    if longest > getattr(model.config, "max_position_embeddings", longest):
+        die(f"prompts + completions need {longest} positions; the model has {model.config.max_position_embeddings}")
     if cfg.engine == "vllm":
-        needed = max(map(len, train_ids + val_ids)) + cfg.max_new_tokens
+        needed = longest
         if 0 < cfg.vllm_max_model_len < needed:
             die(f"--vllm-max-model-len {cfg.vllm_max_model_len} is shorter than the longest prompt + "
                 f"--max-new-tokens ({needed})")
@@ -755,13 +866,13 @@ def run(cfg):
             if not idx:
                 print("every training prompt has been removed by No-Positive-Resampling; stopping")
                 break
-            groups = generate(cfg, engine, tok, [train_ids[i] for i in idx], cfg.generations_per_prompt,
-                              step_seed(cfg.seed, 0, step))
+            groups = rollout(cfg, engine, tok, [train_ids[i] for i in idx], cfg.generations_per_prompt,
+                             step_seed(cfg.seed, 0, step))
             engine_sleep(engine)
             t_gen = time.time() - t0
-            rewards = score(tok, groups, [train[i][1] for i in idx])
+            correct, rewards = score(tok, groups, [train[i][1] for i in idx], cfg)
             samples, stats = build_batch([train_ids[i] for i in idx], groups, rewards, cfg)
-            update_curriculum(cur, idx, rewards.mean(axis=1), cfg.npr_threshold)
+            update_curriculum(cur, idx, correct.mean(axis=1), cfg.npr_threshold)
             t1 = time.time()
             tr = train_step(model, opt, sched, samples, cfg, tok.pad_token_id, autocast) if samples else {}
             t2 = time.time()
@@ -771,16 +882,17 @@ def run(cfg):
             t_train = t2 - t1
             step_s = time.time() - t0
             comps = [c for g in groups for c in g]
-            n_gen = sum(len(c.tokens) for c in comps)
+            n_gen = sum(len(c.tokens) for c in comps)  # sampled + injected tokens, all in the context
             n_prompt_tok = sum(len(train_ids[i]) for i in idx)
             n_train_fwd = sum(len(s["prompt"]) + len(s["tokens"]) for s in samples)
             totals["device_hours"] += step_s / 3600
             totals["flops"] += 2 * n_params * (n_prompt_tok + n_gen) + 6 * n_params * n_train_fwd
-            totals["gen_tokens"] += n_gen
+            totals["gen_tokens"] += sum(sum(c.loss_mask()) for c in comps)
             totals["train_tokens"] += tr.get("trained_tokens", 0)
             row = {"step": step, **totals, "reward_mean": float(rewards.mean()), **stats,
                    "npr_removed": len(cur.removed), "pool_size": len(train) - len(cur.removed), "epoch": cur.epoch,
                    "truncated_frac": float(np.mean([not c.finished for c in comps])),
+                   "interrupted_frac": float(np.mean([c.interrupted for c in comps])),
                    "mean_completion_tokens": n_gen / len(comps), "loss": tr.get("loss", 0.0),
                    "grad_norm": tr.get("grad_norm", 0.0), "clip_frac": tr.get("clip_frac", 0.0),
                    "lr": sched.get_last_lr()[0], "step_seconds": step_s, "gen_seconds": t_gen,
