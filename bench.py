@@ -1,7 +1,7 @@
 """bench.py -- time scalerl.py on random-weight models of real shapes, built from a config (no download).
 
     python bench.py --shape qwen2-0.5b -- --steps 3 --prompts-per-step 8 --generations-per-prompt 8 \\
-        --max-new-tokens 512 --no-zero-variance-filter
+        --max-new-tokens 512 --length-control truncate --no-zero-variance-filter
 Everything after `--` is passed to scalerl.py. The model gets random weights and scalerl's character tokenizer,
 so rewards are meaningless (use --no-zero-variance-filter, or every all-zero group is filtered out and nothing
 is trained); the numbers to read are the times, the throughputs and the memory.

@@ -12,12 +12,13 @@ Components (paper section in brackets), each switchable to the alternative the p
   batch-level advantage normalisation        --adv-norm batch|prompt|none
   zero-variance filtering                    --zero-variance-filter / --no-zero-variance-filter
   No-Positive-Resampling                     --npr-threshold 0.9   (>= 1 disables it)
+  forced length interruptions                --length-control interrupt|penalty|truncate
 
 `python scalerl.py` with no arguments trains an embedded tiny Llama (random weights, character tokenizer)
 on a built-in task on the CPU; `python scalerl.py --model DIR_OR_HUB_ID` trains a real model.
 Section numbers [Sec. N] refer to arXiv 2510.13786v1. The file reads top to bottom in the order of the recipe:
-config -> data and reward -> rollout engine -> advantages and curriculum -> loss -> train step
--> evaluation and logging -> main.
+config -> data and reward -> rollout engines and length control -> advantages and curriculum -> loss
+-> train step -> weight sync -> evaluation and logging -> main.
 """
 import argparse
 import dataclasses
@@ -72,7 +73,7 @@ class Config:
     generations_per_prompt: int = _f(16, "completions sampled per prompt, G (the paper: 16)")
     max_new_tokens: int = _f(8, "generation limit per completion")
     temperature: float = _f(1.0, "sampling temperature (generator and trainer log-probs use it)")
-    # length control [Sec. 3.2 / 4]
+    # length control (the paper's forced interruptions; DAPO's overlong penalty; plain truncation)
     length_control: str = _f("interrupt", "interrupt: forced interruption at a thinking budget (ScaleRL); penalty: "
                                           "DAPO overlong penalty; truncate: plain cut at --max-new-tokens",
                              ["interrupt", "penalty", "truncate"])
@@ -206,7 +207,6 @@ def check_config(cfg):
         die("--vllm-sleep: vLLM's sleep mode needs CUDA; it is refused on CPU")
     if cfg.out and os.path.exists(os.path.join(cfg.out, "metrics.jsonl")):
         die(f"--out {cfg.out} already holds a run (metrics.jsonl); choose another directory")
-
 
 
 # --------------------------------------------------------------------------------------------------
@@ -473,7 +473,7 @@ def needs_interruption(c, budget, think_end_ids):
 
 
 def rollout(cfg, engine, tok, prompts, n, seed):
-    """Generate n completions per prompt with the configured length control [Sec. 3.2, forced interruptions].
+    """Generate n completions per prompt with the configured length control (the paper's forced interruptions).
     interrupt: each completion gets a thinking budget drawn in [LO, HI]; one that has not closed its reasoning
     within it is cut there, the interruption phrase is appended (loss mask 0: the policy did not sample it) and
     generation continues for at most --answer-budget tokens, all interrupted completions in one batched second
