@@ -106,15 +106,21 @@ class Config:
     adam_eps: float = _f(1e-15, "AdamW epsilon (the paper: 1e-15)")
     grad_clip: float = _f(1.0, "clip the global gradient norm to this")
     micro_batch_tokens: int = _f(8192, "padded tokens per micro-batch (gradient accumulation)")
+    # checkpoints
+    save_every: int = _f(0, "save a checkpoint every N steps (0: only at the end and when stopped by a signal)")
+    keep_last: int = _f(2, "keep the newest K checkpoints")
+    resume: str = _f("", "continue a run from a checkpoint directory, or 'auto': the newest in --out. Every setting "
+                         "comes from the checkpoint except --steps (to extend a run), --save-every and --keep-last")
+    max_skipped_updates: int = _f(3, "stop after this many non-finite updates (loss or gradient) in a row")
     # evaluation
     eval_every: int = _f(10, "evaluate every this many steps (and at step 0 and the last step)")
     eval_samples: int = _f(8, "samples per held-out prompt: k of mean@k (the paper: 16)")
 
 
-def die(msg):
-    """One-line error and exit status 2: for bad input, before any compute is spent."""
+def die(msg, status=2):
+    """One-line error and exit status 2 (bad input, before any compute is spent) or 1 (a failure later)."""
     print(f"scalerl.py: error: {msg}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(status)
 
 
 def parse_args(argv=None):
@@ -160,11 +166,11 @@ def check_config(cfg):
     """Refuse impossible settings before any model is loaded."""
     positive = ["prompts_per_step", "max_new_tokens", "eval_every", "eval_samples", "micro_batch_tokens",
                 "logprob_chunk", "train_size", "val_size", "temperature", "lr", "eps_max", "eps_high",
-                "grad_clip", "npr_threshold", "vllm_kv_cache_mb"]
+                "grad_clip", "npr_threshold", "vllm_kv_cache_mb", "keep_last", "max_skipped_updates"]
     for name in positive:
         if getattr(cfg, name) <= 0:
             die(f"--{name.replace('_', '-')} must be > 0 (got {getattr(cfg, name)})")
-    for name in ["steps", "warmup_steps", "weight_decay", "adam_eps", "vllm_max_model_len"]:
+    for name in ["steps", "warmup_steps", "weight_decay", "adam_eps", "vllm_max_model_len", "save_every"]:
         if getattr(cfg, name) < 0:
             die(f"--{name.replace('_', '-')} must be >= 0 (got {getattr(cfg, name)})")
     if cfg.generations_per_prompt < 2:
@@ -205,8 +211,15 @@ def check_config(cfg):
         die("--vllm-sleep needs --engine vllm")
     if cfg.vllm_sleep and (cfg.device == "cpu" or cfg.device == "auto" and not _cuda_available()):
         die("--vllm-sleep: vLLM's sleep mode needs CUDA; it is refused on CPU")
-    if cfg.out and os.path.exists(os.path.join(cfg.out, "metrics.jsonl")):
-        die(f"--out {cfg.out} already holds a run (metrics.jsonl); choose another directory")
+    if cfg.resume == "auto":
+        found = list_checkpoints(cfg.out) if cfg.out else []
+        if not found:
+            die(f"--resume auto: no checkpoint in --out {cfg.out or '(not given)'}")
+        cfg.resume = found[-1]
+    elif cfg.resume and not os.path.isfile(os.path.join(cfg.resume, "trainer_state.pt")):
+        die(f"--resume {cfg.resume}: not a checkpoint directory (no trainer_state.pt)")
+    elif not cfg.resume and cfg.out and os.path.exists(os.path.join(cfg.out, "metrics.jsonl")):
+        die(f"--out {cfg.out} already holds a run (metrics.jsonl); choose another directory or --resume auto")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -304,13 +317,13 @@ def build_tiny_model(cache_dir, seed, tied):
     return path
 
 
-def load_model(cfg, device):
+def load_model(cfg, device, path=None):
     """Load the model and tokenizer through from_pretrained (the embedded default too). Returns (model,
     tokenizer, path), the path (or hub id) being what the vLLM engine loads too."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
-    path = cfg.model
+    path = path or cfg.model
     if not path:
         hf_logging.disable_progress_bar()
         cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "scalerl")
@@ -325,7 +338,8 @@ def load_model(cfg, device):
     return model.to(device), tok, path
 
 # --------------------------------------------------------------------------------------------------
-# 3. Rollout engine: for each prompt, G completions with the generator's log-prob of every sampled token.
+# 3. Rollout engines and length control: for each prompt, G completions with the generator's log-prob of
+#    every sampled token.
 #    An engine is one function with this contract; --engine picks it.
 # --------------------------------------------------------------------------------------------------
 
@@ -733,11 +747,14 @@ def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None):
         loss_sum, clipped, n_tok = loss_sum + loss.item(), clipped + c, n_tok + len(logp)
         mismatch += mismatch_sums(logp, logp_gen, cfg.eps_max)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
-    opt.step()
-    sched.step()
+    skipped = not (math.isfinite(loss_sum) and math.isfinite(grad_norm))
+    if not skipped:  # a non-finite loss or gradient would poison the weights and AdamW's moments: skip it
+        opt.step()
+        sched.step()
     opt.zero_grad(set_to_none=True)
     m = mismatch / max(n_tok, 1)
-    return {"loss": loss_sum, "grad_norm": grad_norm, "clip_frac": clipped / max(n_tok, 1), "trained_tokens": n_tok,
+    return {"loss": loss_sum, "grad_norm": grad_norm, "clip_frac": clipped / max(n_tok, 1), "skipped": skipped,
+            "trained_tokens": 0 if skipped else n_tok,
             "mismatch_abs_logprob": m[0], "mismatch_kl_k3": m[1], "mismatch_trunc_frac": m[2]}
 
 
@@ -778,7 +795,74 @@ def sync_weights(engine, model):
     llm.reset_prefix_cache()
 
 # --------------------------------------------------------------------------------------------------
-# 8. Evaluation and logging
+# 8. Checkpoints: written atomically, resumed exactly
+# --------------------------------------------------------------------------------------------------
+
+
+def list_checkpoints(out):
+    """Complete checkpoints in out/checkpoints, oldest first (a half-written one is still *.tmp*)."""
+    root = os.path.join(out, "checkpoints")
+    names = sorted(n for n in os.listdir(root) if re.fullmatch(r"step_\d+", n)) if os.path.isdir(root) else []
+    return [os.path.join(root, n) for n in names if os.path.isfile(os.path.join(root, n, "trainer_state.pt"))]
+
+
+def save_checkpoint(out, step, model, tok, opt, sched, cur, totals, cfg):
+    """Save everything a run needs to continue exactly: the model (safetensors, loadable with from_pretrained),
+    optimiser and scheduler state, the step, the compute counters, the curriculum, the RNG state and the
+    config. Written to a temporary directory and renamed into place, so a crash mid-write leaves the previous
+    checkpoint intact; then only the newest --keep-last are kept."""
+    import shutil
+    import torch
+    final = os.path.join(out, "checkpoints", f"step_{step:06d}")
+    tmp = f"{final}.tmp{os.getpid()}"
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        torch.save({"step": step, "totals": dict(totals), "curriculum": dataclasses.asdict(cur),
+                    "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                    "torch_rng": torch.get_rng_state(), "config": dataclasses.asdict(cfg)},
+                   os.path.join(tmp, "trainer_state.pt"))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        last = (list_checkpoints(out) or ["none"])[-1]
+        die(f"cannot write checkpoint {final} ({e.strerror or e}); the last good checkpoint is {last}", 1)
+    for old in list_checkpoints(out)[:-cfg.keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def resumed_config(cfg, ckpt):
+    """The checkpoint's config, except what may change between the parts of one run."""
+    import torch
+    state = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=False)
+    saved = {**state["config"], "think_budget": tuple(state["config"]["think_budget"])}
+    steps = cfg.steps if cfg.steps != Config.steps else saved["steps"]
+    return Config(**{**saved, "steps": steps, "save_every": cfg.save_every, "keep_last": cfg.keep_last,
+                     "resume": ckpt}), state
+
+
+def restore(state, opt, sched, cur, totals, out):
+    """Put a checkpoint's state back, and cut metrics.jsonl back to its step (rows logged after the checkpoint
+    are written again by the resumed run): no step is duplicated or missing."""
+    import torch
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    cur.__dict__.update({**state["curriculum"], "removed": set(state["curriculum"]["removed"])})
+    totals.update(state["totals"])
+    torch.set_rng_state(state["torch_rng"])
+    path = os.path.join(out, "metrics.jsonl")
+    with open(path) as f:
+        rows = [r for r in map(json.loads, f) if r["step"] <= state["step"]]
+    with open(path + ".tmp", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    os.replace(path + ".tmp", path)
+    return rows
+
+# --------------------------------------------------------------------------------------------------
+# 9. Evaluation and logging
 # --------------------------------------------------------------------------------------------------
 
 
@@ -802,23 +886,26 @@ def progress_line(row, steps):
             f"{row['gen_seconds']:.2f} train {row['train_seconds']:.2f} sync {row['sync_seconds']:.2f})")
 
 # --------------------------------------------------------------------------------------------------
-# 9. Main: the loop
+# 10. Main: the loop
 # --------------------------------------------------------------------------------------------------
 
 
 def run(cfg):
-    """Train for cfg.steps steps; write config.json and metrics.jsonl to cfg.out. Returns the metric rows."""
+    """Train for cfg.steps steps, or continue a run with --resume; write config.json, metrics.jsonl and the
+    checkpoints to the run directory. Returns the metric rows."""
+    import signal
     import torch
     check_config(cfg)
+    cfg, state = resumed_config(cfg, cfg.resume) if cfg.resume else (cfg, None)
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           "cpu" if cfg.device == "auto" else cfg.device)
     dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32}.get(cfg.dtype) or getattr(torch, cfg.dtype)
     autocast = None if dtype == getattr(torch, cfg.param_dtype) else dtype
-    out = cfg.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+    out = cfg.out = cfg.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(cfg.seed)
 
-    model, tok, path = load_model(cfg, device)
+    model, tok, path = load_model(cfg, device, cfg.resume or None)
     n_params = sum(p.numel() for p in model.parameters())
     train, val = make_task(cfg.train_size, cfg.val_size, cfg.seed)
     encode = lambda items: [tok(p).input_ids for p, _ in items]  # noqa: E731
@@ -832,35 +919,47 @@ def run(cfg):
     if longest > getattr(model.config, "max_position_embeddings", longest):
         die(f"prompts + completions need {longest} positions; the model has {model.config.max_position_embeddings}")
     if cfg.engine == "vllm":
-        needed = longest
-        if 0 < cfg.vllm_max_model_len < needed:
+        if 0 < cfg.vllm_max_model_len < longest:
             die(f"--vllm-max-model-len {cfg.vllm_max_model_len} is shorter than the longest prompt + "
-                f"--max-new-tokens ({needed})")
-        engine = make_vllm_engine(cfg, path, device, dtype, cfg.vllm_max_model_len or needed)
+                f"completion ({longest})")
+        engine = make_vllm_engine(cfg, path, device, dtype, cfg.vllm_max_model_len or longest)
         sync_weights(engine, model)  # the engine starts from exactly the trainer's weights
     else:
         engine = {"kind": "hf", "model": model, "autocast": autocast}
     cur = Curriculum(len(train), cfg.seed)
+    totals = {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0, "skipped_updates": 0}
+    rows = restore(state, opt, sched, cur, totals, out) if state else []
+    first = state["step"] + 1 if state else 1
     with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump({**dataclasses.asdict(cfg), "out": out, "n_params": n_params, "device": str(device),
+        json.dump({**dataclasses.asdict(cfg), "n_params": n_params, "device": str(device),
                    "best_constant_answer": const, "best_constant_pass_rate": const_rate}, f, indent=2)
     print(f"scalerl: {n_params / 1e6:.2f}M parameters on {device} | {len(train)} train / {len(val)} val prompts "
-          f"| best constant answer '{const}' scores {const_rate:.3f} | writing {out}", flush=True)
-
-    totals = {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0}
-    rows = []
-    metrics = open(os.path.join(out, "metrics.jsonl"), "w")
+          f"| best constant answer '{const}' scores {const_rate:.3f} | writing {out}"
+          + (f" | resuming after step {first - 1}" if state else ""), flush=True)
+    metrics = open(os.path.join(out, "metrics.jsonl"), "a" if state else "w")
 
     def log(row):
         rows.append(row)
         metrics.write(json.dumps(row) + "\n")
         metrics.flush()
 
-    r0 = evaluate(cfg, engine, tok, val_ids, [a for _, a in val], step_seed(cfg.seed, 1, 0))
-    log({"step": 0, **totals, "val_pass_rate": r0})
-    print(f"step    0/{cfg.steps} | val {r0:.3f}", flush=True)
+    if not state:
+        r0 = evaluate(cfg, engine, tok, val_ids, [a for _, a in val], step_seed(cfg.seed, 1, 0))
+        log({"step": 0, **totals, "val_pass_rate": r0})
+        print(f"step    0/{cfg.steps} | val {r0:.3f}", flush=True)
+    stop = []  # SIGINT / SIGTERM: finish the step, save a checkpoint, exit; a second signal abandons the step
+
+    def on_signal(signum, frame):
+        if stop:
+            raise KeyboardInterrupt
+        stop.append(signal.Signals(signum).name)
+        print(f"\n{stop[0]}: finishing this step, then saving a checkpoint (again to abandon the step)",
+              file=sys.stderr, flush=True)
+
+    handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    saved, done, in_a_row = first - 1, first - 1, 0
     try:
-        for step in range(1, cfg.steps + 1):
+        for step in range(first, cfg.steps + 1):
             t0 = time.time()
             idx = next_prompts(cur, cfg.prompts_per_step)
             if not idx:
@@ -876,11 +975,12 @@ def run(cfg):
             t1 = time.time()
             tr = train_step(model, opt, sched, samples, cfg, tok.pad_token_id, autocast) if samples else {}
             t2 = time.time()
-            if samples:
+            if samples and not tr["skipped"]:
                 sync_weights(engine, model)
             t_sync = time.time() - t2
             t_train = t2 - t1
             step_s = time.time() - t0
+            in_a_row = in_a_row + 1 if tr.get("skipped") else 0
             comps = [c for g in groups for c in g]
             n_gen = sum(len(c.tokens) for c in comps)  # sampled + injected tokens, all in the context
             n_prompt_tok = sum(len(train_ids[i]) for i in idx)
@@ -889,6 +989,7 @@ def run(cfg):
             totals["flops"] += 2 * n_params * (n_prompt_tok + n_gen) + 6 * n_params * n_train_fwd
             totals["gen_tokens"] += sum(sum(c.loss_mask()) for c in comps)
             totals["train_tokens"] += tr.get("trained_tokens", 0)
+            totals["skipped_updates"] += int(tr.get("skipped", False))
             row = {"step": step, **totals, "reward_mean": float(rewards.mean()), **stats,
                    "npr_removed": len(cur.removed), "pool_size": len(train) - len(cur.removed), "epoch": cur.epoch,
                    "truncated_frac": float(np.mean([not c.finished for c in comps])),
@@ -905,14 +1006,29 @@ def run(cfg):
                                                 step_seed(cfg.seed, 1, step))
             log(row)
             print(progress_line(row, cfg.steps), flush=True)
+            done = step
+            if in_a_row >= cfg.max_skipped_updates:
+                die(f"{in_a_row} updates in a row skipped for a non-finite loss or gradient norm (loss {tr['loss']}, "
+                    f"gradient norm {tr['grad_norm']}); stopping. Last checkpoint: "
+                    f"{(list_checkpoints(out) or ['none'])[-1]}", 1)
+            if stop or cfg.save_every and step % cfg.save_every == 0:
+                saved = step
+                ckpt = save_checkpoint(out, step, model, tok, opt, sched, cur, totals, cfg)
+            if stop:
+                print(f"{stop[0]}: stopped after step {step}; checkpoint {ckpt}; continue with: "
+                      f"python scalerl.py --resume auto --out {out}", flush=True)
+                return rows
     except KeyboardInterrupt:
-        print(f"\ninterrupted: {len(rows) - 1} steps are in {out}/metrics.jsonl", file=sys.stderr)
-        metrics.close()
+        print(f"\nstep {done + 1} abandoned; {done} steps are in {out}/metrics.jsonl; last checkpoint: "
+              f"{(list_checkpoints(out) or ['none'])[-1]}", file=sys.stderr)
         sys.exit(130)
-    metrics.close()
-    model.save_pretrained(os.path.join(out, "final"))
-    tok.save_pretrained(os.path.join(out, "final"))
-    print(f"done: final model in {out}/final, metrics in {out}/metrics.jsonl")
+    finally:
+        metrics.close()
+        for sig, h in handlers.items():
+            signal.signal(sig, h)
+    ckpt = save_checkpoint(out, done, model, tok, opt, sched, cur, totals, cfg) if done > saved else \
+        (list_checkpoints(out) or ["none"])[-1]
+    print(f"done: model and training state in {ckpt}, metrics in {out}/metrics.jsonl")
     return rows
 
 

@@ -414,7 +414,7 @@ def test_end_to_end_metrics_and_determinism(tmp_path):
     timing = {"device_hours", "step_seconds", "gen_seconds", "train_seconds", "sync_seconds"}
     strip = lambda rows: [{k: v for k, v in r.items() if k not in timing} for r in rows]  # noqa: E731
     assert strip(rows_a) == strip(rows_b)
-    assert os.path.isfile(tmp_path / "a" / "run" / "final" / "config.json")
+    assert [os.path.basename(p) for p in S.list_checkpoints(str(tmp_path / "a" / "run"))] == ["step_000003"]
 
 
 def test_short_run_lifts_training_reward(tmp_path):
@@ -564,6 +564,9 @@ def test_vllm_default_run_from_the_command_line(tmp_path):
     (["--think-budget", "2", "8"], "need 1 <= LO <= HI < --max-new-tokens"),
     (["--length-control", "penalty", "--max-len", "20"], "need 0 < L_cache < L_max <= --max-new-tokens"),
     (["--length-control", "sometimes"], "invalid choice"),
+    (["--resume", "auto"], "no checkpoint in --out"),
+    (["--resume", "/no/such/checkpoint"], "not a checkpoint directory"),
+    (["--keep-last", "0"], "--keep-last must be > 0"),
 ])
 def test_cli_bad_input(args, message, tmp_path):
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
@@ -589,3 +592,131 @@ def test_cli_refuses_vllm_sleep_on_cpu(tmp_path):
     p = subprocess.run([sys.executable, os.path.join(HERE, "scalerl.py"), "--engine", "vllm", "--device", "cpu",
                         "--vllm-sleep", "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "refused on CPU" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+TIMING = {"device_hours", "step_seconds", "gen_seconds", "train_seconds", "sync_seconds"}
+
+
+def untimed(rows):
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+def ckpt_cfg(out, **kw):
+    base = dict(engine="hf", steps=6, prompts_per_step=16, generations_per_prompt=8, val_size=16, train_size=256,
+                eval_every=3, eval_samples=2, lr=2e-3, out=str(out))
+    return S.Config(**{**base, **kw})
+
+
+def load_params(ckpt):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(ckpt).state_dict()
+
+
+def test_resume_is_exact(tmp_path):
+    whole = S.run(ckpt_cfg(tmp_path / "whole"))
+    S.run(ckpt_cfg(tmp_path / "parts", steps=3))
+    S.run(ckpt_cfg(tmp_path / "parts", steps=6, resume="auto"))
+    parts = read_metrics(str(tmp_path / "parts"))
+    assert [r["step"] for r in parts] == list(range(7))  # no step duplicated or missing
+    assert sum(r["active_prompts"] for r in whole[1:]) > 0  # the run really trained
+    assert untimed(parts) == untimed(whole)  # rewards, losses, counters, curriculum, evaluations
+    assert parts[4]["device_hours"] > parts[3]["device_hours"]  # the compute axis continues
+    a, b = (load_params(S.list_checkpoints(str(tmp_path / d))[-1]) for d in ("whole", "parts"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    first = load_params(S.list_checkpoints(str(tmp_path / "parts"))[0])
+    assert any(not torch.equal(first[k], b[k]) for k in b)  # and the weights moved between the two parts
+
+
+def test_resume_with_vllm_continues_counters_and_curriculum(tmp_path):
+    need_vllm()
+    S.run(ckpt_cfg(tmp_path, engine="vllm", steps=2, prompts_per_step=8))
+    state2 = torch.load(S.list_checkpoints(str(tmp_path))[-1] + "/trainer_state.pt", weights_only=False)
+    S.run(ckpt_cfg(tmp_path, engine="vllm", steps=4, prompts_per_step=8, resume="auto"))
+    rows = read_metrics(str(tmp_path))
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    for k in ["flops", "gen_tokens", "device_hours"]:
+        assert rows[2][k] < rows[3][k] < rows[4][k]
+    state4 = torch.load(S.list_checkpoints(str(tmp_path))[-1] + "/trainer_state.pt", weights_only=False)
+    c2, c4 = state2["curriculum"], state4["curriculum"]
+    assert (c2["epoch"], c2["pos"], c4["epoch"], c4["pos"]) == (1, 16, 1, 32)
+    assert c4["order"] == c2["order"]  # the same epoch goes on where it stopped
+    assert set(c2["pass_rate"]) < set(c4["pass_rate"]) and len(c4["pass_rate"]) == 32
+    assert state4["totals"]["gen_tokens"] == rows[4]["gen_tokens"] and state4["step"] == 4
+
+
+def cli(*args, **kw):
+    return subprocess.Popen([sys.executable, os.path.join(HERE, "scalerl.py"), "--engine", "hf", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_sigkill_while_writing_a_checkpoint_leaves_the_previous_one(tmp_path):
+    out = tmp_path / "run"
+    p = cli("--out", str(out), "--steps", "60", "--save-every", "1", "--keep-last", "3", "--eval-every", "100")
+    caught = False
+    while p.poll() is None and not caught:
+        root = out / "checkpoints"
+        caught = root.is_dir() and any(".tmp" in n for n in os.listdir(root)) and len(S.list_checkpoints(str(out)))
+        if caught:
+            p.kill()
+    p.communicate()
+    assert caught, "the run ended before a checkpoint was seen being written"
+    last = S.list_checkpoints(str(out))[-1]
+    step = int(last.rsplit("_", 1)[1])
+    state = torch.load(last + "/trainer_state.pt", weights_only=False)
+    assert state["step"] == step and load_params(last)  # complete and loadable
+    q = cli("--out", str(out), "--resume", "auto", "--steps", str(step + 2), "--eval-every", "100")
+    stdout, stderr = q.communicate(timeout=300)
+    assert q.returncode == 0, stderr[-2000:]
+    assert f"resuming after step {step}" in stdout
+    assert [r["step"] for r in read_metrics(str(out))] == list(range(step + 3))
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+    import signal
+    import time
+    out = tmp_path / "run"
+    p = cli("--out", str(out), "--steps", "500", "--eval-every", "100")
+    while p.poll() is None and not ((out / "metrics.jsonl").exists() and len(read_metrics(str(out))) >= 3):
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    stdout, stderr = p.communicate(timeout=120)
+    assert p.returncode == 0, stderr[-2000:]
+    rows = read_metrics(str(out))
+    last = rows[-1]["step"]
+    assert 2 <= last < 500 and [r["step"] for r in rows] == list(range(last + 1))
+    assert f"SIGTERM: stopped after step {last}" in stdout and "Traceback" not in stderr
+    assert [os.path.basename(c) for c in S.list_checkpoints(str(out))] == [f"step_{last:06d}"]
+
+
+def test_nan_skips_the_update_then_stops(tmp_path, monkeypatch):
+    real = S.policy_loss
+    monkeypatch.setattr(S, "policy_loss", lambda *a: (lambda loss, c: (loss * float("nan"), c))(*real(*a)))
+    cfg = ckpt_cfg(tmp_path, steps=10, max_skipped_updates=2, zero_variance_filter=False)
+    model0, _, _ = S.load_model(cfg, torch.device("cpu"))
+    with pytest.raises(SystemExit) as e:
+        S.run(cfg)
+    assert e.value.code == 1
+    rows = read_metrics(str(tmp_path))
+    assert [r["step"] for r in rows] == [0, 1, 2] and [r["skipped_updates"] for r in rows[1:]] == [1, 2]
+    assert all(r["train_tokens"] == 0 for r in rows)
+    assert not S.list_checkpoints(str(tmp_path))  # nothing saved from a run that went wrong
+
+
+def test_a_failing_checkpoint_write_keeps_the_last_good_one(tmp_path, monkeypatch, capsys):
+    real, calls = torch.save, []
+
+    def flaky_save(obj, path, *a, **kw):
+        calls.append(path)
+        if len(calls) > 1:
+            raise OSError(28, "No space left on device")
+        return real(obj, path, *a, **kw)
+
+    monkeypatch.setattr(torch, "save", flaky_save)
+    with pytest.raises(SystemExit) as e:
+        S.run(ckpt_cfg(tmp_path, steps=4, save_every=1))
+    assert e.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "No space left on device" in err and "step_000001" in err
+    assert [os.path.basename(c) for c in S.list_checkpoints(str(tmp_path))] == ["step_000001"]
+    assert os.listdir(tmp_path / "checkpoints") == ["step_000001"]  # no half-written directory left
