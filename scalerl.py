@@ -18,7 +18,7 @@ Components (paper section in brackets), each switchable to the alternative the p
 on a built-in task on the CPU; `python scalerl.py --model DIR_OR_HUB_ID` trains a real model.
 Section numbers [Sec. N] refer to arXiv 2510.13786v1. The file reads top to bottom in the order of the recipe:
 config -> data and reward -> rollout engines and length control -> advantages and curriculum -> loss
--> train step -> weight sync -> evaluation and logging -> main.
+-> train step -> weight sync -> checkpoints -> evaluation and logging -> main.
 """
 import argparse
 import dataclasses
@@ -60,7 +60,7 @@ class Config:
     # vLLM engine
     vllm_gpu_memory_utilization: float = _f(0.3, "vLLM on CUDA: fraction of GPU memory for the engine (weights + "
                                                  "KV cache); the trainer uses the rest")
-    vllm_max_model_len: int = _f(0, "vLLM: context length (0: longest prompt + --max-new-tokens)")
+    vllm_max_model_len: int = _f(0, "vLLM: context length (0: the longest prompt + completion)")
     vllm_sleep: bool = _f(None, "vLLM on CUDA: free the KV cache while training, wake before the next generation "
                                 "(default: on with CUDA; refused on CPU)")
     vllm_kv_cache_mb: int = _f(256, "vLLM on CPU: KV cache size in MiB")
