@@ -821,7 +821,8 @@ def save_checkpoint(out, step, model, tok, opt, sched, cur, totals, cfg):
         tok.save_pretrained(tmp)
         torch.save({"step": step, "totals": dict(totals), "curriculum": dataclasses.asdict(cur),
                     "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                    "torch_rng": torch.get_rng_state(), "config": dataclasses.asdict(cfg)},
+                    "torch_rng": torch.get_rng_state(), "config": dataclasses.asdict(cfg),
+                    "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
                    os.path.join(tmp, "trainer_state.pt"))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
@@ -853,6 +854,8 @@ def restore(state, opt, sched, cur, totals, out):
     cur.__dict__.update({**state["curriculum"], "removed": set(state["curriculum"]["removed"])})
     totals.update(state["totals"])
     torch.set_rng_state(state["torch_rng"])
+    if state["cuda_rng"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
     path = os.path.join(out, "metrics.jsonl")
     with open(path) as f:
         rows = [r for r in map(json.loads, f) if r["step"] <= state["step"]]
