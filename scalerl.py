@@ -400,16 +400,10 @@ def hf_generate(model, tok, prompts, n, max_new_tokens, temperature, seed, lm_he
         if hook:
             hook.remove()
     recorded.append(last["lp"].gather(1, seqs[:, -1:]).squeeze(1))
-    gen, lps = seqs[:, width:].tolist(), torch.stack(recorded, 1).tolist()
-    out = []
-    for i in range(len(prompts)):
-        group = []
-        for j in range(i * n, (i + 1) * n):  # generate() repeats each prompt n times in a row
-            toks = gen[j]
-            stop = toks.index(tok.eos_token_id) + 1 if tok.eos_token_id in toks else len(toks)
-            group.append(Completion(toks[:stop], lps[j][:stop], tok.eos_token_id in toks[:stop]))
-        out.append(group)
-    return out
+    eos, gen, lps = tok.eos_token_id, seqs[:, width:].tolist(), torch.stack(recorded, 1).tolist()
+    ends = [t.index(eos) + 1 if eos in t else len(t) for t in gen]  # after EOS come pad tokens: drop them
+    comps = [Completion(t[:k], lp[:k], eos in t) for t, lp, k in zip(gen, lps, ends)]
+    return [comps[i * n:(i + 1) * n] for i in range(len(prompts))]  # generate() repeats each prompt n times
 
 
 def make_vllm_engine(cfg, path, device, dtype, max_model_len):
@@ -806,6 +800,11 @@ def list_checkpoints(out):
     return [os.path.join(root, n) for n in names if os.path.isfile(os.path.join(root, n, "trainer_state.pt"))]
 
 
+def last_checkpoint(out):
+    """The newest complete checkpoint in out, or 'none'."""
+    return (list_checkpoints(out) or ["none"])[-1]
+
+
 def save_checkpoint(out, step, model, tok, opt, sched, cur, totals, cfg):
     """Save everything a run needs to continue exactly: the model (safetensors, loadable with from_pretrained),
     optimiser and scheduler state, the step, the compute counters, the curriculum, the RNG state and the
@@ -828,8 +827,8 @@ def save_checkpoint(out, step, model, tok, opt, sched, cur, totals, cfg):
         os.replace(tmp, final)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        last = (list_checkpoints(out) or ["none"])[-1]
-        die(f"cannot write checkpoint {final} ({e.strerror or e}); the last good checkpoint is {last}", 1)
+        die(f"cannot write checkpoint {final} ({e.strerror or e}); the last good checkpoint is "
+            f"{last_checkpoint(out)}", 1)
     for old in list_checkpoints(out)[:-cfg.keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -884,7 +883,8 @@ def progress_line(row, steps):
     val = f" | val {row['val_pass_rate']:.3f}" if "val_pass_rate" in row else ""
     return (f"step {row['step']:>4}/{steps} | reward {row['reward_mean']:.3f}{val} | zero-var "
             f"{row['zero_variance_frac']:.2f} | active {row['active_prompts']:>3} | npr {row['npr_removed']:>4} | "
-            f"intr {row['interrupted_frac']:.2f} | trunc {row['truncated_frac']:.2f} | len {row['mean_completion_tokens']:.1f} | loss {row['loss']:+.4f} | gnorm {row['grad_norm']:.3f} | "
+            f"intr {row['interrupted_frac']:.2f} | trunc {row['truncated_frac']:.2f} | len "
+            f"{row['mean_completion_tokens']:.1f} | loss {row['loss']:+.4f} | gnorm {row['grad_norm']:.3f} | "
             f"mismatch {row.get('mismatch_abs_logprob', 0.0):.1e} | {row['step_seconds']:.2f}s (gen "
             f"{row['gen_seconds']:.2f} train {row['train_seconds']:.2f} sync {row['sync_seconds']:.2f})")
 
@@ -902,7 +902,8 @@ def run(cfg):
     cfg, state = resumed_config(cfg, cfg.resume) if cfg.resume else (cfg, None)
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           "cpu" if cfg.device == "auto" else cfg.device)
-    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32}.get(cfg.dtype) or getattr(torch, cfg.dtype)
+    dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else \
+        torch.bfloat16 if device.type == "cuda" else torch.float32
     autocast = None if dtype == getattr(torch, cfg.param_dtype) else dtype
     out = cfg.out = cfg.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(out, exist_ok=True)
@@ -913,7 +914,8 @@ def run(cfg):
     train, val = make_task(cfg.train_size, cfg.val_size, cfg.seed)
     encode = lambda items: [tok(p).input_ids for p, _ in items]  # noqa: E731
     train_ids, val_ids = encode(train), encode(val)
-    const, const_rate = best_constant_pass_rate([a for _, a in val])
+    val_answers = [a for _, a in val]
+    const, const_rate = best_constant_pass_rate(val_answers)
     opt, sched = make_optimizer(model, cfg)
     longest = max(map(len, train_ids + val_ids)) + cfg.max_new_tokens
     if cfg.length_control == "interrupt":
@@ -947,7 +949,7 @@ def run(cfg):
         metrics.flush()
 
     if not state:
-        r0 = evaluate(cfg, engine, tok, val_ids, [a for _, a in val], step_seed(cfg.seed, 1, 0))
+        r0 = evaluate(cfg, engine, tok, val_ids, val_answers, step_seed(cfg.seed, 1, 0))
         log({"step": 0, **totals, "val_pass_rate": r0})
         print(f"step    0/{cfg.steps} | val {r0:.3f}", flush=True)
     stop = []  # SIGINT / SIGTERM: finish the step, save a checkpoint, exit; a second signal abandons the step
@@ -1005,15 +1007,13 @@ def run(cfg):
             if device.type == "cuda":
                 row["gpu_peak_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                row["val_pass_rate"] = evaluate(cfg, engine, tok, val_ids, [a for _, a in val],
-                                                step_seed(cfg.seed, 1, step))
+                row["val_pass_rate"] = evaluate(cfg, engine, tok, val_ids, val_answers, step_seed(cfg.seed, 1, step))
             log(row)
             print(progress_line(row, cfg.steps), flush=True)
             done = step
             if in_a_row >= cfg.max_skipped_updates:
                 die(f"{in_a_row} updates in a row skipped for a non-finite loss or gradient norm (loss {tr['loss']}, "
-                    f"gradient norm {tr['grad_norm']}); stopping. Last checkpoint: "
-                    f"{(list_checkpoints(out) or ['none'])[-1]}", 1)
+                    f"gradient norm {tr['grad_norm']}); stopping. Last checkpoint: {last_checkpoint(out)}", 1)
             if stop or cfg.save_every and step % cfg.save_every == 0:
                 saved = step
                 ckpt = save_checkpoint(out, step, model, tok, opt, sched, cur, totals, cfg)
@@ -1023,14 +1023,14 @@ def run(cfg):
                 return rows
     except KeyboardInterrupt:
         print(f"\nstep {done + 1} abandoned; {done} steps are in {out}/metrics.jsonl; last checkpoint: "
-              f"{(list_checkpoints(out) or ['none'])[-1]}", file=sys.stderr)
+              f"{last_checkpoint(out)}", file=sys.stderr)
         sys.exit(130)
     finally:
         metrics.close()
         for sig, h in handlers.items():
             signal.signal(sig, h)
     ckpt = save_checkpoint(out, done, model, tok, opt, sched, cur, totals, cfg) if done > saved else \
-        (list_checkpoints(out) or ["none"])[-1]
+        last_checkpoint(out)
     print(f"done: model and training state in {ckpt}, metrics in {out}/metrics.jsonl")
     return rows
 
