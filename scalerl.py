@@ -64,9 +64,26 @@ class Config:
     vllm_sleep: bool = _f(None, "vLLM on CUDA: free the KV cache while training, wake before the next generation "
                                 "(default: on with CUDA; refused on CPU)")
     vllm_kv_cache_mb: int = _f(256, "vLLM on CPU: KV cache size in MiB")
-    # task
-    train_size: int = _f(4096, "built-in task: number of training prompts")
-    val_size: int = _f(200, "built-in task: number of held-out validation prompts")
+    # data and reward
+    data: str = _f("", "training prompts: a .jsonl/.json/.parquet file, a datasets.save_to_disk directory or a hub "
+                       "dataset NAME[:SPLIT] (needs `datasets` and network); empty = the built-in task")
+    val_data: str = _f("", "held-out prompts, same formats (default: --val-size prompts split off --data)")
+    prompt_key: str = _f("", "prompt field (default: the first of prompt, problem, question)")
+    answer_key: str = _f("", "answer field (default: the first of answer, final_answer, ground_truth, solution)")
+    skip_bad_rows: bool = _f(False, "drop malformed rows with a count instead of stopping")
+    train_size: int = _f(0, "training prompts (0: all of --data; 4096 for the built-in task)")
+    val_size: int = _f(0, "held-out validation prompts, never trained on (0: 200, or all of --val-data; the paper: "
+                          "1,000)")
+    system_prompt: str = _f("", "--data: system message put before each prompt")
+    instruction: str = _f(" Please reason step by step, and put your final answer within \\boxed{}.",
+                          "--data: appended to each prompt ('' for none)")
+    chat_template: bool = _f(True, "--data: format prompts with the model's chat template when it has one "
+                                   "(--no-chat-template for base models)")
+    reward: str = _f("auto", "math: the final answer checked with math-verify; exact: string match; largest-digit: "
+                             "the built-in task (auto: math with --data)", ["auto", "math", "exact", "largest-digit"])
+    reward_workers: int = _f(-1, "grading processes (-1: min(16, CPUs) for math/exact, 0 for the built-in task; "
+                                 "0: grade in this process, without a time limit)")
+    reward_timeout: float = _f(10.0, "seconds allowed to grade one completion; over it, reward 0 and an error")
     # sampling
     steps: int = _f(150, "number of training steps")
     prompts_per_step: int = _f(32, "prompts per step (the paper: 48)")
@@ -165,12 +182,13 @@ def is_hub_id(name):
 def check_config(cfg):
     """Refuse impossible settings before any model is loaded."""
     positive = ["prompts_per_step", "max_new_tokens", "eval_every", "eval_samples", "micro_batch_tokens",
-                "logprob_chunk", "train_size", "val_size", "temperature", "lr", "eps_max", "eps_high",
+                "logprob_chunk", "reward_timeout", "temperature", "lr", "eps_max", "eps_high",
                 "grad_clip", "npr_threshold", "vllm_kv_cache_mb", "keep_last", "max_skipped_updates"]
     for name in positive:
         if getattr(cfg, name) <= 0:
             die(f"--{name.replace('_', '-')} must be > 0 (got {getattr(cfg, name)})")
-    for name in ["steps", "warmup_steps", "weight_decay", "adam_eps", "vllm_max_model_len", "save_every"]:
+    for name in ["steps", "warmup_steps", "weight_decay", "adam_eps", "vllm_max_model_len", "save_every",
+                 "train_size", "val_size"]:
         if getattr(cfg, name) < 0:
             die(f"--{name.replace('_', '-')} must be >= 0 (got {getattr(cfg, name)})")
     if cfg.generations_per_prompt < 2:
@@ -189,10 +207,24 @@ def check_config(cfg):
         die(f"--model {cfg.model}: no such model directory (a local model needs config.json)")
     if cfg.model and cfg.tie_word_embeddings:
         die("--tie-word-embeddings applies to the embedded model only; a --model brings its own head")
-    if not cfg.model and cfg.train_size + cfg.val_size > MAX_TASK_PROMPTS:
-        die(f"--train-size + --val-size must be <= {MAX_TASK_PROMPTS} for the built-in task")
-    if not cfg.model and cfg.prompts_per_step > cfg.train_size:
-        die(f"--prompts-per-step {cfg.prompts_per_step} exceeds --train-size {cfg.train_size}")
+    if cfg.data and not cfg.model:
+        die("--data needs --model: the embedded model's character tokenizer covers only the built-in task")
+    if cfg.val_data and not cfg.data:
+        die("--val-data needs --data")
+    if not cfg.data:
+        cfg.train_size, cfg.val_size = cfg.train_size or 4096, cfg.val_size or 200
+        if cfg.train_size + cfg.val_size > MAX_TASK_PROMPTS:
+            die(f"--train-size + --val-size must be <= {MAX_TASK_PROMPTS} for the built-in task")
+        if cfg.prompts_per_step > cfg.train_size:
+            die(f"--prompts-per-step {cfg.prompts_per_step} exceeds --train-size {cfg.train_size}")
+    if cfg.reward == "auto":
+        cfg.reward = "math" if cfg.data else "largest-digit"
+    if cfg.reward == "math" and importlib.util.find_spec("math_verify") is None:
+        die("--reward math needs math-verify: pip install math-verify (it is in requirements.txt)")
+    if cfg.reward_workers < -1:
+        die(f"--reward-workers must be >= -1 (got {cfg.reward_workers})")
+    if cfg.reward_workers == -1:
+        cfg.reward_workers = 0 if cfg.reward == "largest-digit" else min(16, os.cpu_count() or 1)
     if not 0 < cfg.vllm_gpu_memory_utilization < 1:
         die(f"--vllm-gpu-memory-utilization must be in (0, 1) (got {cfg.vllm_gpu_memory_utilization})")
     if cfg.device.startswith("cuda"):
@@ -250,11 +282,312 @@ def make_task(n_train, n_val, seed):
     return items[n_val:], items[:n_val]
 
 
-def reward_last_digit(completion_text, answer, finished):
-    """Verifiable reward, binary [Sec. 2]: 1 if the completion ended by itself (EOS) and the last digit
-    it wrote is the answer. A completion cut off by the length limit has no final answer: 0."""
+# Datasets: --data FILE|DIR|NAME. Rows become (prompt, answer) pairs; a prompt is a string or a list of chat
+# messages, an answer a string. Every check runs before a model is loaded.
+PROMPT_KEYS, ANSWER_KEYS = ("prompt", "problem", "question"), ("answer", "final_answer", "ground_truth", "solution")
+
+
+def read_records(path):
+    """Rows of a .jsonl/.json/.parquet file, a datasets.save_to_disk directory or a hub dataset NAME[:SPLIT], as
+    (where, row) pairs; `where` names the line or row for error messages, `row` is a dict or an error string."""
+    if os.path.isfile(path) and path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+        try:
+            return [(f"row {i + 1}", r) for i, r in enumerate(pq.read_table(path).to_pylist())]
+        except Exception as e:  # noqa: BLE001  (pyarrow raises several types for a damaged file)
+            die(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})")
+    if os.path.isfile(path) and path.endswith((".jsonl", ".json")):
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            die(f"{path}: cannot read ({e})")
+        if text.lstrip().startswith("["):  # a JSON array of objects; otherwise JSON Lines (also datasets' .json)
+            try:
+                return [(f"item {i + 1}", r) for i, r in enumerate(json.loads(text))]
+            except json.JSONDecodeError as e:
+                die(f"{path}: invalid JSON at line {e.lineno} ({e.msg})")
+        records = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    records.append((f"line {n}", json.loads(line)))
+                except json.JSONDecodeError as e:
+                    records.append((f"line {n}", f"invalid JSON ({e.msg})"))
+        return records
+    if os.path.isfile(path) or not os.path.isdir(path) and path.endswith((".jsonl", ".json", ".parquet", ".csv")):
+        die(f"{path}: {'no such file' if not os.path.exists(path) else 'unsupported format'}; --data takes a .jsonl, "
+            ".json or .parquet file, a datasets.save_to_disk directory or a hub dataset name")
+    try:
+        import datasets
+    except ImportError:
+        die(f"{path}: a datasets directory or hub name needs the `datasets` package (pip install datasets)")
+    name, _, split = path.partition(":")  # a hub dataset may name its split: org/name:test
+    try:
+        ds = datasets.load_from_disk(path) if os.path.isdir(path) else datasets.load_dataset(name, split=split or "train")
+    except Exception as e:  # noqa: BLE001  (datasets raises many types: missing files, no network, bad names)
+        die(f"{path}: cannot load with datasets ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
+    if isinstance(ds, datasets.DatasetDict):
+        if "train" not in ds and len(ds) != 1:
+            die(f"{path}: holds the splits {sorted(ds)}; point --data at one of them (DIR/SPLIT)")
+        ds = ds["train"] if "train" in ds else next(iter(ds.values()))
+    return [(f"row {i + 1}", r) for i, r in enumerate(ds)]
+
+
+def gold_answer(answer):
+    """A reference answer as a string: a number is written out, a worked solution (MATH's `solution`) is cut to
+    its last \\boxed{}, and a GSM8K answer to the part after '####'."""
+    if not isinstance(answer, str):
+        return str(int(answer)) if float(answer).is_integer() else repr(answer)
+    return (last_boxed(answer) if "\\boxed" in answer else answer.rpartition("####")[2]).strip()
+
+
+def row_problem(row, pk, ak):
+    """Why a row cannot be used, or None."""
+    if not isinstance(row, dict):
+        return row if isinstance(row, str) else f"not an object but {type(row).__name__}"
+    p, a = row.get(pk), row.get(ak)
+    if p is None:
+        return f"no '{pk}' field (choose another with --prompt-key)"
+    if isinstance(p, list) and p and all(isinstance(m, dict) and isinstance(m.get("role"), str) and
+                                         isinstance(m.get("content"), str) for m in p):
+        p = p[-1]["content"]
+    if not isinstance(p, str):
+        return f"'{pk}' is {type(p).__name__}, not a string or a list of {{role, content}} messages"
+    if not p.strip():
+        return f"empty prompt '{pk}'"
+    if a is None:
+        return f"no '{ak}' field (choose another with --answer-key)"
+    if isinstance(a, bool) or not isinstance(a, (str, int, float)):
+        return f"'{ak}' is {type(a).__name__}, not a string or a number"
+    if isinstance(a, float) and not math.isfinite(a) or not gold_answer(a):
+        return f"empty or non-finite answer '{ak}' ({a!r})"
+    return None
+
+
+def load_rows(path, cfg):
+    """(prompt, answer) pairs of one data source. Bad rows stop the run with their line numbers (exit 2), or
+    are dropped and counted with --skip-bad-rows."""
+    records = read_records(path)
+    keys = set().union(*(r for _, r in records if isinstance(r, dict)))
+    pk = cfg.prompt_key or next((k for k in PROMPT_KEYS if k in keys), PROMPT_KEYS[0])
+    ak = cfg.answer_key or next((k for k in ANSWER_KEYS if k in keys), ANSWER_KEYS[0])
+    for key, flag, known in ((pk, "--prompt-key", PROMPT_KEYS), (ak, "--answer-key", ANSWER_KEYS)):
+        if records and key not in keys:
+            die(f"{path}: no field '{key}' (looked for {', '.join(known) if key in known else key}; found: "
+                f"{', '.join(sorted(keys)) or 'no objects'}); name the field with {flag}")
+    rows, bad = [], []
+    for where, r in records:
+        problem = row_problem(r, pk, ak)
+        if problem:
+            bad.append(f"{where}: {problem}")
+        else:
+            rows.append((r[pk], gold_answer(r[ak])))
+    if bad and not cfg.skip_bad_rows:
+        die(f"{path}: {len(bad)} of {len(records)} rows are unusable; " + "; ".join(bad[:5])
+            + ("; ..." if len(bad) > 5 else "") + ". Fix them, or pass --skip-bad-rows to drop them")
+    if bad:
+        print(f"{path}: skipped {len(bad)} of {len(records)} rows (first: {bad[0]})", file=sys.stderr)
+    if not rows:
+        die(f"{path}: no usable rows (fields found: {sorted(keys)})")
+    return rows
+
+
+def load_data(cfg):
+    """Return (train, val) lists of (prompt, answer): the built-in task, or --data with its held-out part
+    (--val-data, or --val-size prompts split off by the seed [Sec. 2]). A training prompt equal to a held-out
+    one is dropped, so validation prompts are never trained on."""
+    if not cfg.data:
+        return make_task(cfg.train_size, cfg.val_size, cfg.seed)
+    rows = load_rows(cfg.data, cfg)
+    rows = [rows[i] for i in np.random.default_rng([cfg.seed, 2]).permutation(len(rows))]
+    if cfg.val_data:
+        val, train = load_rows(cfg.val_data, cfg), rows
+        val = val[:cfg.val_size or len(val)]
+    else:
+        n_val = cfg.val_size or 200
+        if n_val >= len(rows):
+            die(f"--val-size {n_val}: {cfg.data} has only {len(rows)} usable rows")
+        val, train = rows[:n_val], rows[n_val:]
+    held = {json.dumps(p, sort_keys=True) for p, _ in val}
+    train = [(p, a) for p, a in train if json.dumps(p, sort_keys=True) not in held]
+    train = train[:cfg.train_size or len(train)]
+    if len(train) < cfg.prompts_per_step:
+        die(f"--prompts-per-step {cfg.prompts_per_step} exceeds the {len(train)} training prompts left in {cfg.data}")
+    return train, val
+
+
+def encode_prompt(tok, prompt, cfg):
+    """Token ids of one prompt. A --data prompt (a string or chat messages) gets --instruction appended to its
+    last message and --system-prompt in front, and goes through the model's chat template when it has one
+    (plain text joined by blank lines otherwise). The built-in task's prompts are encoded as they are."""
+    if not cfg.data:
+        return tok(prompt).input_ids
+    msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+    msgs[-1]["content"] += cfg.instruction
+    if cfg.system_prompt and msgs[0]["role"] != "system":
+        msgs.insert(0, {"role": "system", "content": cfg.system_prompt})
+    if cfg.chat_template and tok.chat_template:
+        text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        return tok(text, add_special_tokens=False).input_ids
+    return tok("\n\n".join(m["content"] for m in msgs)).input_ids
+
+
+# Rewards: fn(completion_text, answer) -> float. score() gives 0 without grading to a completion that did not
+# end by itself (no final answer); a Grader runs the function with a time limit.
+def reward_last_digit(completion_text, answer):
+    """Built-in task's verifiable reward, binary [Sec. 2]: 1 if the last digit written after the reasoning is the
+    answer."""
     digits = re.findall(r"\d", completion_text.split("</think>")[-1])
-    return float(finished and bool(digits) and digits[-1] == answer)
+    return float(bool(digits) and digits[-1] == answer)
+
+
+def last_boxed(text):
+    """Content of the last \\boxed{...} (or \\fbox{...}), nested braces included; `\\boxed 5` gives '5'. None
+    when there is no box or the last one is not closed."""
+    found = list(re.finditer(r"\\(?:boxed|fbox)\s*(\{?)", text))
+    if not found:
+        return None
+    m = found[-1]
+    if not m.group(1):
+        rest = text[m.end():].replace("$", " ").split()
+        return rest[0] if rest else None
+    depth = 1
+    for k in range(m.end(), len(text)):
+        depth += {"{": 1, "}": -1}.get(text[k], 0)
+        if depth == 0:
+            return text[m.end():k].strip()
+    return None
+
+
+def extract_answer(text):
+    """The final answer of a completion [Sec. 2]: after the reasoning (up to the last </think>, when there is
+    one), the content of the last \\boxed{}, or else the rest of the last line with 'answer ...:' in it. None
+    when there is neither."""
+    text = text.rpartition("</think>")[2]
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed
+    lines = re.findall(r"(?im)\banswer\b[^:\n]{0,12}:(.*)$", text)
+    answer = lines[-1].strip(" \t*$.") if lines else ""
+    return answer or None
+
+
+def _plain(s):
+    """A text answer without LaTeX wrapping, whitespace and final period, lower-cased: '\\text{ Paris }.' -> 'paris'."""
+    s = re.sub(r"\\(?:text|textbf|mathrm)\{([^{}]*)\}", r"\1", s).strip(" \t$.")
+    return re.sub(r"\s+", " ", s).lower()
+
+
+def reward_math(completion_text, answer):
+    """Math reward, binary [Sec. 2]: the extracted final answer checked against the reference with math-verify
+    (the paper's verifier), so 1/2 = 0.5 = \\frac{1}{2} = \\dfrac12 and 1,000 = 1000. Word answers ('Paris',
+    'yes') are compared as words, case-insensitively: math-verify would read them as products of symbols."""
+    pred = extract_answer(completion_text)
+    if pred is None:
+        return 0.0
+    if re.fullmatch(r"[a-z]{2,}( [a-z]+)*", _plain(answer)):
+        return float(_plain(pred) == _plain(answer))
+    from math_verify import parse, verify
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns that its own timeouts are off: ours are on
+    gold, guess = (parse(f"${s}$", parsing_timeout=None, raise_on_error=True) for s in (answer, pred))
+    return float(verify(gold, guess, timeout_seconds=None, raise_on_error=True))
+
+
+def reward_exact(completion_text, answer):
+    """Exact-match reward: the extracted final answer equals the reference, ignoring whitespace."""
+    pred = extract_answer(completion_text)
+    return float(pred is not None and re.sub(r"\s+", "", pred) == re.sub(r"\s+", "", answer))
+
+
+REWARDS = {"largest-digit": reward_last_digit, "math": reward_math, "exact": reward_exact}
+
+
+def _grading_worker(conn, fn):
+    """A grading process: grades (text, answer) pairs from `conn` until it is closed or sent None."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
+    fn("", "0")  # import the grader's dependencies before reporting ready
+    conn.send("ready")
+    for text, answer in iter(conn.recv, None):
+        try:
+            conn.send((float(fn(text, answer)), None))
+        except Exception as e:  # noqa: BLE001  (a grader error costs its completion only)
+            conn.send((0.0, f"{type(e).__name__}: {e}"))
+
+
+class Grader:
+    """Grades completions so that grading never stalls or kills a run: each (text, answer) pair goes to one of
+    `workers` processes and gets `timeout` seconds; a process that overruns is killed and replaced. A timeout
+    or an exception gives reward 0 and is reported. workers=0 grades in this process, without a time limit."""
+
+    def __init__(self, fn, workers, timeout):
+        import multiprocessing
+        self.fn, self.timeout, self.ctx = fn, timeout, multiprocessing.get_context("spawn")
+        self.procs = [self._start() for _ in range(workers)]
+        for _, conn in self.procs:
+            self._ready(conn)
+
+    def _start(self):
+        conn, child = self.ctx.Pipe()
+        p = self.ctx.Process(target=_grading_worker, args=(child, self.fn), daemon=True)
+        p.start()
+        child.close()
+        return p, conn
+
+    def _ready(self, conn):
+        try:
+            assert conn.poll(120) and conn.recv() == "ready"
+        except (AssertionError, EOFError):
+            die("a grading process did not start (its error is above)", 1)
+
+    def _restart(self, w):
+        self.procs[w][0].kill()
+        self.procs[w][0].join()
+        self.procs[w] = self._start()
+        self._ready(self.procs[w][1])
+
+    def __call__(self, items):
+        """Rewards of (text, answer) pairs, and the error messages."""
+        from multiprocessing.connection import wait
+        out, errors = [0.0] * len(items), []
+        if not self.procs:
+            for i, (text, answer) in enumerate(items):
+                try:
+                    out[i] = float(self.fn(text, answer))
+                except Exception as e:  # noqa: BLE001
+                    errors.append(f"{type(e).__name__}: {e}")
+            return out, errors
+        todo, busy = list(range(len(items)))[::-1], {}  # busy: worker -> (item, start time)
+        while todo or busy:
+            for w, (_, conn) in enumerate(self.procs):
+                if w not in busy and todo:
+                    i = todo.pop()
+                    conn.send(items[i])
+                    busy[w] = (i, time.monotonic())
+            first_deadline = min(t for _, t in busy.values()) + self.timeout
+            ready = wait([self.procs[w][1] for w in busy], max(0.0, first_deadline - time.monotonic()))
+            for w in [w for w in busy if self.procs[w][1] in ready]:
+                i, _ = busy.pop(w)
+                try:
+                    out[i], err = self.procs[w][1].recv()
+                except (EOFError, OSError):
+                    err = "the grading process died"
+                    self._restart(w)
+                if err:
+                    errors.append(err)
+            for w in [w for w, (_, t) in busy.items() if time.monotonic() - t > self.timeout]:
+                busy.pop(w)
+                errors.append(f"grading took over {self.timeout:g} s")
+                self._restart(w)
+        return out, errors
+
+    def close(self):
+        for p, conn in self.procs:
+            p.kill()
+            p.join()
+            conn.close()
+        self.procs = []
 
 
 def overlong_penalty(length, max_len, cache_len):
@@ -511,15 +844,24 @@ def rollout(cfg, engine, tok, prompts, n, seed):
     return groups
 
 
-def score(tok, groups, answers, cfg=None, reward_fn=reward_last_digit):
-    """Correctness and reward of every completion: two arrays [n_prompts, G]. With --length-control penalty the
-    overlong penalty is added to the correct answers only (as the paper ablated it); otherwise reward = correct."""
-    correct = np.array([[reward_fn(tok.decode(c.tokens, skip_special_tokens=False).replace(tok.eos_token, ""),
-                                   a, c.finished) for c in g] for g, a in zip(groups, answers)])
+def score(tok, groups, answers, grader, cfg=None):
+    """Correctness and reward of every completion: two arrays [n_prompts, G], and the grading errors. A completion
+    that did not end by itself (EOS) has no final answer: 0, ungraded. With --length-control penalty the overlong
+    penalty is added to the correct answers only (as the paper ablated it); otherwise reward = correct."""
+    specials, items, where = set(tok.all_special_ids), [], []
+    for i, (g, a) in enumerate(zip(groups, answers)):
+        for j, c in enumerate(g):
+            if c.finished:  # the stop token that ends it is not part of the text graded
+                items.append((tok.decode(c.tokens[:-1] if c.tokens and c.tokens[-1] in specials else c.tokens), a))
+                where.append((i, j))
+    rewards, errors = grader(items)
+    correct = np.zeros((len(groups), len(groups[0]) if groups else 0))
+    for (i, j), r in zip(where, rewards):
+        correct[i, j] = r
     if cfg is None or cfg.length_control != "penalty":
-        return correct, correct
+        return correct, correct, errors
     pen = np.array([[overlong_penalty(len(c.tokens), cfg.max_len, cfg.cache_len) for c in g] for g in groups])
-    return correct, correct + correct * pen
+    return correct, correct + correct * pen, errors
 
 # --------------------------------------------------------------------------------------------------
 # 4. Advantages and curriculum
@@ -868,15 +1210,24 @@ def restore(state, opt, sched, cur, totals, out):
 # --------------------------------------------------------------------------------------------------
 
 
-def evaluate(cfg, engine, tok, val_ids, val_answers, seed):
-    """Held-out mean pass rate with k = --eval-samples samples per prompt (the paper's mean@16) [Sec. 2]."""
+def evaluate(cfg, engine, tok, val_ids, val_answers, grader, seed):
+    """Held-out mean pass rate with k = --eval-samples samples per prompt (the paper's mean@16) [Sec. 2], and the
+    grading errors."""
     groups = rollout(cfg, engine, tok, val_ids, cfg.eval_samples, seed)
-    return float(score(tok, groups, val_answers)[0].mean())
+    correct, _, errors = score(tok, groups, val_answers, grader)
+    return float(correct.mean()), errors
 
 
 def step_seed(seed, kind, step):
     """Independent, reproducible seed for each (run seed, purpose, step)."""
     return int(np.random.SeedSequence([seed, kind, step]).generate_state(1)[0])
+
+
+def report_grading_errors(step, errors):
+    """Grading errors cost their completions only (reward 0); say how many there were, and the first."""
+    if errors:
+        print(f"step {step}: {len(errors)} completions could not be graded (reward 0); first: {errors[0]}",
+              file=sys.stderr, flush=True)
 
 
 def progress_line(row, steps):
@@ -900,6 +1251,7 @@ def run(cfg):
     import torch
     check_config(cfg)
     cfg, state = resumed_config(cfg, cfg.resume) if cfg.resume else (cfg, None)
+    train, val = load_data(cfg)  # bad data stops the run here, before a model is loaded or a file written
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           "cpu" if cfg.device == "auto" else cfg.device)
     dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else \
@@ -909,11 +1261,10 @@ def run(cfg):
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(cfg.seed)
 
+    grader = Grader(REWARDS[cfg.reward], cfg.reward_workers, cfg.reward_timeout)
     model, tok, path = load_model(cfg, device, cfg.resume or None)
     n_params = sum(p.numel() for p in model.parameters())
-    train, val = make_task(cfg.train_size, cfg.val_size, cfg.seed)
-    encode = lambda items: [tok(p).input_ids for p, _ in items]  # noqa: E731
-    train_ids, val_ids = encode(train), encode(val)
+    train_ids, val_ids = ([encode_prompt(tok, p, cfg) for p, _ in items] for items in (train, val))
     val_answers = [a for _, a in val]
     const, const_rate = best_constant_pass_rate(val_answers)
     opt, sched = make_optimizer(model, cfg)
@@ -949,9 +1300,10 @@ def run(cfg):
         metrics.flush()
 
     if not state:
-        r0 = evaluate(cfg, engine, tok, val_ids, val_answers, step_seed(cfg.seed, 1, 0))
-        log({"step": 0, **totals, "val_pass_rate": r0})
+        r0, errors = evaluate(cfg, engine, tok, val_ids, val_answers, grader, step_seed(cfg.seed, 1, 0))
+        log({"step": 0, **totals, "val_pass_rate": r0, "reward_errors": len(errors)})
         print(f"step    0/{cfg.steps} | val {r0:.3f}", flush=True)
+        report_grading_errors(0, errors)
     stop = []  # SIGINT / SIGTERM: finish the step, save a checkpoint, exit; a second signal abandons the step
 
     def on_signal(signum, frame):
@@ -974,7 +1326,7 @@ def run(cfg):
                              step_seed(cfg.seed, 0, step))
             engine_sleep(engine)
             t_gen = time.time() - t0
-            correct, rewards = score(tok, groups, [train[i][1] for i in idx], cfg)
+            correct, rewards, errors = score(tok, groups, [train[i][1] for i in idx], grader, cfg)
             samples, stats = build_batch([train_ids[i] for i in idx], groups, rewards, cfg)
             update_curriculum(cur, idx, correct.mean(axis=1), cfg.npr_threshold)
             t1 = time.time()
@@ -1007,9 +1359,13 @@ def run(cfg):
             if device.type == "cuda":
                 row["gpu_peak_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                row["val_pass_rate"] = evaluate(cfg, engine, tok, val_ids, val_answers, step_seed(cfg.seed, 1, step))
+                row["val_pass_rate"], val_errors = evaluate(cfg, engine, tok, val_ids, val_answers, grader,
+                                                            step_seed(cfg.seed, 1, step))
+                errors += val_errors
+            row["reward_errors"] = len(errors)
             log(row)
             print(progress_line(row, cfg.steps), flush=True)
+            report_grading_errors(step, errors)
             done = step
             if in_a_row >= cfg.max_skipped_updates:
                 die(f"{in_a_row} updates in a row skipped for a non-finite loss or gradient norm (loss {tr['loss']}, "
@@ -1027,6 +1383,7 @@ def run(cfg):
         sys.exit(130)
     finally:
         metrics.close()
+        grader.close()
         for sig, h in handlers.items():
             signal.signal(sig, h)
     ckpt = save_checkpoint(out, done, model, tok, opt, sched, cur, totals, cfg) if done > saved else \

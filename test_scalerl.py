@@ -277,9 +277,9 @@ def test_task_is_verifiable_uniform_and_held_out():
         counts = np.unique([a for _, a in split], return_counts=True)[1]
         assert len(counts) == 8 and counts.max() - counts.min() <= 1  # answers 2-9, uniform
         assert S.best_constant_pass_rate([a for _, a in split])[1] <= 1 / 8 + 1 / len(split)
-    assert S.reward_last_digit("x7 9", "9", True) == 1.0
-    assert S.reward_last_digit("9", "9", False) == 0.0  # truncated: no final answer
-    assert S.reward_last_digit("", "9", True) == 0.0
+    assert S.reward_last_digit("x7 9", "9") == 1.0
+    assert S.reward_last_digit("9</think>", "9") == 0.0  # a digit in the reasoning is not the answer
+    assert S.reward_last_digit("", "9") == 0.0
 
 
 # ---------------------------------------------------------------------------------------------- length control
@@ -310,9 +310,10 @@ def test_penalty_is_added_to_correct_answers_only(default_model):
     digits = lambda text: [tok.convert_tokens_to_ids(ch) for ch in text]  # noqa: E731
     groups = [[S.Completion(digits("7") + [eos], [0.0] * 2, True),           # 2 tokens, right
                S.Completion(digits("1111117") + [eos], [0.0] * 8, True),     # 8 tokens, right: -0.5
-               S.Completion(digits("1111113") + [eos], [0.0] * 8, True)]]    # 8 tokens, wrong: 0, not -0.5
-    correct, reward = S.score(tok, groups, ["7"], cfg)
-    assert correct.tolist() == [[1, 1, 0]] and reward.tolist() == [[1, 0.5, 0]]
+               S.Completion(digits("1111113") + [eos], [0.0] * 8, True),     # 8 tokens, wrong: 0, not -0.5
+               S.Completion(digits("7"), [0.0], False)]]                     # cut off: no final answer, 0
+    correct, reward, errors = S.score(tok, groups, ["7"], S.Grader(S.reward_last_digit, 0, 1.0), cfg)
+    assert correct.tolist() == [[1, 1, 0, 0]] and reward.tolist() == [[1, 0.5, 0, 0]] and errors == []
 
 
 def interrupt_cfg(engine):

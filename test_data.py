@@ -1,0 +1,393 @@
+"""Tests of scalerl.py's data loading, prompting and rewards (--data, --reward math): a hand-written table of
+answers with their verdicts, a grader that hangs or crashes, every input format and every kind of bad row, and
+a tiny model trained end to end on generated arithmetic problems. Run: python -m pytest -q"""
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import scalerl as S
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+# ---------------------------------------------------------------------------------------------- math reward
+MATH_CASES = [  # (completion text, reference answer, verdict a careful human grader gives)
+    # fractions and decimals
+    ("so the answer is \\boxed{\\frac{1}{2}}", "1/2", 1),
+    ("\\boxed{0.5}", "\\frac{1}{2}", 1),
+    ("\\boxed{\\dfrac12}", "0.5", 1),
+    ("\\boxed{\\dfrac{2}{4}}", "1/2", 1),
+    ("\\boxed{-\\frac{1}{2}}", "-0.5", 1),
+    ("\\boxed{2.0}", "2", 1),
+    ("\\boxed{12.0001}", "12", 0),
+    ("\\boxed{\\pi}", "3.14", 0),
+    # nested braces
+    ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt3}{2}", 1),
+    ("\\boxed{\\frac{\\sqrt{3}}{3}}", "\\frac{\\sqrt3}{2}", 0),
+    ("\\boxed{\\sqrt{8}}", "2\\sqrt{2}", 1),
+    ("\\boxed{\\left(1,2\\right]}", "(1,2]", 1),
+    # several boxes: the last one counts
+    ("first \\boxed{3}, then on reflection \\boxed{4}", "4", 1),
+    ("first \\boxed{3}, then on reflection \\boxed{4}", "3", 0),
+    ("Answer: 3 is wrong, so \\boxed{4}", "4", 1),
+    # the reasoning is stripped up to </think>
+    ("<think>maybe \\boxed{7}</think> The answer is \\boxed{8}", "8", 1),
+    ("<think>maybe \\boxed{7}</think> The answer is \\boxed{8}", "7", 0),
+    ("<think>it is \\boxed{7}</think> I am not sure.", "7", 0),
+    ("<think>no closing tag, \\boxed{7}", "7", 1),
+    # no answer at all
+    ("the answer is \\boxed{12", "12", 0),
+    ("the answer is \\boxed{}", "12", 0),
+    ("I do not know.", "12", 0),
+    ("", "12", 0),
+    ("It costs 42 dollars.", "42", 0),
+    # an 'answer:' line as fallback
+    ("Answer: 42", "42", 1),
+    ("**Final Answer:** $\\dfrac{3}{4}$", "0.75", 1),
+    ("The final answer is: 19.", "19", 1),
+    ("Answer: 7\nWait, let me check again.\nAnswer: 8", "8", 1),
+    # thousands separators
+    ("\\boxed{1,000}", "1000", 1),
+    ("\\boxed{1000}", "1,000", 1),
+    ("\\boxed{1{,}000{,}000}", "1000000", 1),
+    # negative numbers
+    ("\\boxed{-5}", "-5", 1),
+    ("\\boxed{5}", "-5", 0),
+    # intervals and sets
+    ("\\boxed{(1, 2]}", "(1,2]", 1),
+    ("\\boxed{[1,2]}", "(1,2)", 0),
+    ("\\boxed{(-\\infty, 3)}", "(-\\infty,3)", 1),
+    ("\\boxed{2, 1}", "1,2", 1),
+    # units, degrees, percent
+    ("\\boxed{5\\text{ cm}}", "5", 1),
+    ("\\boxed{90^\\circ}", "90", 1),
+    ("\\boxed{10\\%}", "10", 1),
+    # text answers
+    ("\\boxed{\\text{Paris}}", "Paris", 1),
+    ("\\boxed{paris}", "Paris", 1),
+    ("\\boxed{Sirap}", "Paris", 0),  # math-verify alone reads both as products of symbols: equal
+    ("\\boxed{\\text{yes}}", "no", 0),
+    ("\\boxed{\\text{(B)}}", "B", 1),
+    ("\\boxed{C}", "B", 0),
+    # expressions and equations
+    ("\\boxed{(x+1)^2}", "x^2+2x+1", 1),
+    ("\\boxed{x = 3}", "3", 1),
+    ("\\boxed{\\infty}", "\\infty", 1),
+    # other box spellings and surroundings
+    ("\\boxed 5", "5", 1),
+    ("\\fbox{6}", "6", 1),
+    ("$\\boxed{3}$.", "3", 1),
+]
+
+
+@pytest.mark.parametrize("text,answer,verdict", MATH_CASES)
+def test_math_reward_table(text, answer, verdict):
+    assert S.reward_math(text, answer) == verdict
+
+
+def test_answer_extraction_by_hand():
+    assert S.last_boxed("a \\boxed{x^{2}} b \\boxed{\\frac{1}{\\sqrt{2}}} c") == "\\frac{1}{\\sqrt{2}}"
+    assert S.last_boxed("\\boxed{3} and \\boxed{4") is None  # the last box is not closed
+    assert S.extract_answer("<think>\\boxed{1}</think>Final answer: $-2$.") == "-2"
+    assert S.extract_answer("no answer here") is None
+
+
+def test_exact_reward():
+    assert S.reward_exact("\\boxed{ B }", "B") == 1
+    assert S.reward_exact("Answer: Paris", "Paris") == 1
+    assert S.reward_exact("\\boxed{b}", "B") == 0  # case matters
+    assert S.reward_exact("\\boxed{1/2}", "0.5") == 0  # no equivalence, only the string
+    assert S.reward_exact("B", "B") == 0  # no final answer marked
+
+
+def test_reference_answers_are_normalised():
+    assert [S.gold_answer(a) for a in (72, 0.5, 3.0, "  7 ")] == ["72", "0.5", "3", "7"]
+    assert S.gold_answer("She sold 48/2 = 24 clips in May.\n#### 72") == "72"  # GSM8K
+    assert S.gold_answer("so it is $\\boxed{\\frac{1}{2}}$.") == "\\frac{1}{2}"  # MATH's worked solution
+
+
+# ---------------------------------------------------------------------------------------------- grader
+def flaky_reward(text, answer):
+    """A reward function with the failures a real grader can have, for the grading processes to survive."""
+    if text == "hang":
+        time.sleep(600)
+    if text == "raise":
+        raise ValueError("bad input")
+    if text == "exit":
+        os._exit(3)
+    return float(text == answer)
+
+
+def test_a_hanging_or_failing_grader_costs_its_completion_only():
+    grader = S.Grader(flaky_reward, workers=2, timeout=1.0)
+    try:
+        items = [("a", "a"), ("hang", ""), ("b", "c"), ("raise", ""), ("exit", ""), ("d", "d"), ("e", "e")]
+        t0 = time.time()
+        rewards, errors = grader(items)
+        assert time.time() - t0 < 60
+        assert rewards == [1, 0, 0, 0, 0, 1, 1]
+        assert sorted(errors) == ["ValueError: bad input", "grading took over 1 s", "the grading process died"]
+        assert grader([("f", "f")] * 5) == ([1.0] * 5, [])  # the killed processes were replaced
+    finally:
+        grader.close()
+    in_process = S.Grader(flaky_reward, workers=0, timeout=1.0)
+    assert in_process([("raise", ""), ("a", "a")]) == ([0.0, 1.0], ["ValueError: bad input"])
+
+
+def test_math_grading_over_processes_agrees_with_the_table():
+    grader = S.Grader(S.reward_math, workers=2, timeout=10.0)
+    try:
+        rewards, errors = grader([(t, a) for t, a, _ in MATH_CASES])
+    finally:
+        grader.close()
+    assert rewards == [v for _, _, v in MATH_CASES] and errors == []
+
+
+# ---------------------------------------------------------------------------------------------- data files
+ARITH = [{"problem": f"What is {a} + {b}?", "answer": a + b, "level": a % 3} for a in range(6) for b in range(5)]
+CHAT = [{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Halve {2 * k + 1}."}],
+         "solution": f"Half of {2 * k + 1} is $\\boxed{{\\frac{{{2 * k + 1}}}{{2}}}}$."} for k in range(7)]
+GSM = [{"question": f"Tom has {k} apples and buys {k}. How many now?", "answer": f"{k}+{k}={2 * k}\n#### {2 * k}"}
+       for k in range(4)]
+
+
+def write_all_formats(records, root):
+    """The same records as JSON Lines, a JSON array, datasets' JSON, Parquet and a save_to_disk directory."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    os.makedirs(root, exist_ok=True)
+    paths = {k: os.path.join(root, n) for k, n in [("jsonl", "d.jsonl"), ("json", "d.json"), ("hf_json", "hf.json"),
+                                                    ("parquet", "d.parquet"), ("disk", "disk")]}
+    with open(paths["jsonl"], "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    with open(paths["json"], "w") as f:
+        json.dump(records, f, indent=1)
+    pq.write_table(pa.Table.from_pylist(records), paths["parquet"])
+    ds = datasets.Dataset.from_list(records)
+    ds.to_json(paths["hf_json"])  # JSON Lines under a .json name
+    datasets.DatasetDict({"train": ds}).save_to_disk(paths["disk"])
+    return paths
+
+
+@pytest.mark.parametrize("records,expected", [
+    (ARITH, [(f"What is {a} + {b}?", str(a + b)) for a in range(6) for b in range(5)]),
+    (CHAT, [(r["prompt"], f"\\frac{{{2 * k + 1}}}{{2}}") for k, r in enumerate(CHAT)]),
+    (GSM, [(r["question"], str(2 * k)) for k, r in enumerate(GSM)]),
+])
+def test_each_format_loads_the_same_prompts(records, expected, tmp_path):
+    cfg = S.Config()
+    for kind, path in write_all_formats(records, tmp_path).items():
+        assert S.load_rows(path, cfg) == expected, kind
+
+
+def write_jsonl(path, lines):
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return str(path)
+
+
+GOOD = '{"problem": "What is 1 + 1?", "answer": 2}'
+BAD_ROWS = [  # (line 2 of the file, what the error says)
+    ('{"problem": "  ", "answer": 1}', "empty prompt"),
+    ('{"answer": 1}', "no 'problem' field"),
+    ('{"problem": "q"}', "no 'answer' field"),
+    ('{"problem": "q", "answer": [1, 2]}', "'answer' is list, not a string or a number"),
+    ('{"problem": "q", "answer": true}', "'answer' is bool"),
+    ('{"problem": "q", "answer": NaN}', "empty or non-finite answer 'answer' (nan)"),
+    ('{"problem": "q", "answer": ""}', "empty or non-finite answer"),
+    ('{"problem": 5, "answer": 1}', "'problem' is int"),
+    ('{"problem": [{"role": "user"}], "answer": 1}', "'problem' is list, not a string or a list of {role, content}"),
+    ('{"problem": "q", "answer": 1', "invalid JSON"),
+    ('[1, 2]', "not an object but list"),
+]
+
+
+@pytest.mark.parametrize("line,message", BAD_ROWS)
+def test_each_kind_of_bad_row_is_named_with_its_line(line, message, tmp_path, capsys):
+    path = write_jsonl(tmp_path / "d.jsonl", [GOOD, line, GOOD])
+    with pytest.raises(SystemExit) as e:
+        S.load_rows(path, S.Config())
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and path in err and f"line 2: {message}" in err and "--skip-bad-rows" in err
+    rows = S.load_rows(path, S.Config(skip_bad_rows=True))
+    assert rows == [("What is 1 + 1?", "2")] * 2
+    assert "skipped 1 of 3 rows (first: line 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name,content,message", [
+    ("missing.jsonl", None, "no such file"),
+    ("d.csv", "problem,answer\nq,1\n", "unsupported format"),
+    ("d.parquet", "not parquet", "not a readable Parquet file"),
+    ("d.jsonl", b"\xff\xfe\x00", "cannot read"),
+    ("d.json", '[{"problem": "q", "answer": 1},', "invalid JSON at line 1"),
+    ("d.jsonl", "", "no usable rows"),
+    ("d.jsonl", '{"query": "q", "answer": 1}\n', "no field 'prompt' (looked for prompt, problem, question; found: "
+                                                  "answer, query); name the field with --prompt-key"),
+    ("d.jsonl", '{"problem": "q", "label": 1}\n', "no field 'answer'"),
+    ("empty_dir", "dir", "cannot load with datasets"),
+])
+def test_unreadable_data_gives_one_clear_error(name, content, message, tmp_path, capsys):
+    path = tmp_path / name
+    if content == "dir":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(SystemExit) as e:
+        S.load_rows(str(path), S.Config())
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_field_names_can_be_given(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", ['{"query": "q1", "label": 7, "answer": "x"}'])
+    assert S.load_rows(path, S.Config(prompt_key="query", answer_key="label")) == [("q1", "7")]
+
+
+def test_bad_data_stops_before_the_model_is_loaded(tmp_path):
+    model = tmp_path / "broken_model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")  # loading this model would fail with another message
+    data = write_jsonl(tmp_path / "d.jsonl", [GOOD, '{"problem": "q"}'])
+    r = subprocess.run([sys.executable, os.path.join(HERE, "scalerl.py"), "--model", str(model), "--data", data,
+                        "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and f"{data}: 1 of 2 rows are unusable; line 2: no 'answer' field" in r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_hub_name_without_network_is_a_clear_error(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    r = subprocess.run([sys.executable, os.path.join(HERE, "scalerl.py"), "--model", str(model), "--data",
+                        "no-such-org/no-such-dataset:test", "--out", str(tmp_path / "run")], capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert r.returncode == 2 and "no-such-org/no-such-dataset:test: cannot load with datasets" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------- splits
+def data_cfg(path, **kw):
+    return S.Config(**{"data": path, "model": "unused", "prompts_per_step": 4, **kw})
+
+
+def test_validation_split_is_seeded_disjoint_and_never_trained_on(tmp_path):
+    rows = [json.dumps({"problem": f"p{k % 25}", "answer": k % 25}) for k in range(50)]  # each prompt twice
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    train, val = S.load_data(data_cfg(path, val_size=10))
+    assert len(val) == 10 and not {p for p, _ in train} & {p for p, _ in val}
+    assert {p for p, _ in train} | {p for p, _ in val} == {f"p{k}" for k in range(25)}
+    assert len(train) == 50 - 2 * len({p for p, _ in val})  # the other copy of a held-out prompt goes too
+    assert S.load_data(data_cfg(path, val_size=10)) == (train, val)  # same seed, same split
+    assert S.load_data(data_cfg(path, val_size=10, seed=1))[1] != val
+    assert len(S.load_data(data_cfg(path, val_size=10, train_size=5))[0]) == 5
+
+
+def test_val_data_file_is_held_out(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [json.dumps({"problem": f"p{k}", "answer": k}) for k in range(20)])
+    val_path = write_jsonl(tmp_path / "v.jsonl", [json.dumps({"problem": f"p{k}", "answer": k}) for k in (3, 30)])
+    train, val = S.load_data(data_cfg(path, val_data=val_path))
+    assert val == [("p3", "3"), ("p30", "30")] and len(train) == 19 and ("p3", "3") not in train
+
+
+def test_too_little_data_is_refused(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "d.jsonl", [json.dumps({"problem": f"p{k}", "answer": k}) for k in range(8)])
+    for kw, message in [({"val_size": 8}, "--val-size 8: "), ({"val_size": 5}, "--prompts-per-step 4 exceeds the 3")]:
+        with pytest.raises(SystemExit):
+            S.load_data(data_cfg(path, **kw))
+        assert message in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- prompting
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+CHAT_SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>"]
+
+
+def chat_tokenizer():
+    """One token per printable character, the template's role markers as special tokens, and a chat template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    vocab = {t: i for i, t in enumerate(CHAT_SPECIALS + [chr(c) for c in range(32, 127)] + ["\n"])}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tk.add_special_tokens(CHAT_SPECIALS)
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                  unk_token="<unk>")
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def test_prompts_are_formatted_by_hand():
+    tok = chat_tokenizer()
+    cfg = S.Config(data="x", system_prompt="Be exact.", instruction=" Box it.")
+    text = lambda prompt, cfg: tok.decode(S.encode_prompt(tok, prompt, cfg))  # noqa: E731
+    assert text("What is 2 + 2?", cfg) == "<|system|>Be exact.\n<|user|>What is 2 + 2? Box it.\n<|assistant|>"
+    msgs = [{"role": "system", "content": "Own."}, {"role": "user", "content": "Hi?"}]
+    assert text(msgs, cfg) == "<|system|>Own.\n<|user|>Hi? Box it.\n<|assistant|>"  # its own system message stays
+    assert msgs[1]["content"] == "Hi?"  # the row itself is not changed
+    plain = S.Config(data="x", system_prompt="Be exact.", instruction=" Box it.", chat_template=False)
+    assert text("What is 2 + 2?", plain) == "Be exact.\n\nWhat is 2 + 2? Box it."
+    assert text("What is 2 + 2?", S.Config(data="x", instruction="")) == "<|user|>What is 2 + 2?\n<|assistant|>"
+    assert S.encode_prompt(tok, "3941:", S.Config()) == tok("3941:").input_ids  # the built-in task: as it is
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+def sft_arithmetic_model(path, steps=200):
+    """A tiny Llama with the chat tokenizer, taught by a few supervised steps to answer "\\boxed{N}": it then
+    gets some sums right and some wrong, so --reward math has something to grade and RL something to train."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    tok = chat_tokenizer()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, head_dim=32, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
+        pad_token_id=0))
+    cfg = S.Config(data="x")
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        batch = []
+        for a, b in torch.randint(0, 10, (32, 2), generator=gen).tolist():
+            prompt = S.encode_prompt(tok, f"What is {a} + {b}?", cfg)
+            batch.append((prompt, tok(f"\\boxed{{{a + b}}}", add_special_tokens=False).input_ids + [2]))
+        width = max(len(p) + len(c) for p, c in batch)
+        ids = torch.tensor([p + c + [0] * (width - len(p) - len(c)) for p, c in batch])
+        labels = torch.tensor([[-100] * len(p) + c + [-100] * (width - len(p) - len(c)) for p, c in batch])
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+
+
+def test_math_reward_end_to_end_on_generated_arithmetic(tmp_path):
+    model = str(tmp_path / "model")
+    sft_arithmetic_model(model)
+    rows = [json.dumps({"question": f"What is {a} + {b}?", "answer": a + b}) for a in range(10) for b in range(10)]
+    data = write_jsonl(tmp_path / "arith.jsonl", rows)
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, os.path.join(HERE, "scalerl.py"), "--model", model, "--data", data,
+                        "--reward", "math", "--steps", "2", "--prompts-per-step", "8", "--generations-per-prompt",
+                        "8", "--max-new-tokens", "16", "--val-size", "16", "--eval-samples", "2", "--eval-every", "1",
+                        "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    metrics = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    assert all(m["reward_errors"] == 0 for m in metrics)
+    assert all(0 < m["val_pass_rate"] < 1 for m in metrics)  # the verifier accepts the model's right sums only
+    assert all(0 < m["reward_mean"] < 1 and m["grad_norm"] > 0 for m in metrics[1:]) and metrics[2]["train_tokens"] > 0
+    config = json.load(open(out / "config.json"))
+    assert config["reward"] == "math" and config["val_size"] == 16 and config["train_size"] == 0
