@@ -1,7 +1,9 @@
-"""bench.py -- time scalerl.py on random-weight models of real shapes, built from a config (no download).
+"""bench.py -- time scalerl.py on random-weight models of real shapes, built from a config (no download);
+or time the math grader on a step's worth of long synthetic completions.
 
     python bench.py --shape qwen2-0.5b -- --steps 3 --prompts-per-step 8 --generations-per-prompt 8 \\
         --max-new-tokens 512 --length-control truncate --no-zero-variance-filter
+    python bench.py --grading 768 --workers 0 1 2
 Everything after `--` is passed to scalerl.py. The model gets random weights and scalerl's character tokenizer,
 so rewards are meaningless (use --no-zero-variance-filter, or every all-zero group is filtered out and nothing
 is trained); the numbers to read are the times, the throughputs and the memory.
@@ -9,8 +11,10 @@ is trained); the numbers to read are the times, the throughputs and the memory.
 import argparse
 import json
 import os
+import random
 import sys
 import tempfile
+import time
 
 import scalerl
 
@@ -35,12 +39,57 @@ def build(shape, path):
     return sum(p.numel() for p in model.parameters())
 
 
+def synthetic_completions(n, chars, seed=0):
+    """n (completion, reference) pairs: about `chars` characters of reasoning with LaTeX in it, then a boxed
+    answer that is right half of the time, written differently from the reference (0.5 for \\frac{1}{2})."""
+    rng = random.Random(seed)
+    forms = [lambda a, b: (f"\\frac{{{a}}}{{{b}}}", f"{a / b:g}" if b in (2, 4, 5, 8) else f"\\dfrac{a}{b}"),
+             lambda a, b: (str(1000 * a + b), f"{a},{b:03d}"),
+             lambda a, b: (f"({a}, {a + b}]", f"\\left({a},{a + b}\\right]"),
+             lambda a, b: (f"{a}\\sqrt{{2}}", f"\\sqrt{{{2 * a * a}}}")]
+    out = []
+    for i in range(n):
+        a, b = rng.randint(1, 9), rng.randint(2, 9)
+        ref, right = rng.choice(forms)(a, b)
+        answer = right if i % 2 == 0 else f"{a + b}"
+        steps = []
+        while sum(map(len, steps)) < chars:
+            x, y = rng.randint(2, 99), rng.randint(2, 99)
+            steps.append(f"Then $\\frac{{{x}}}{{{y}}} \\cdot {y} = {x}$, so the term is {x * y}. ")
+        out.append(("<think>" + "".join(steps) + f"</think>The answer is $\\boxed{{{answer}}}$.", ref))
+    return out
+
+
+def bench_grading(n, workers, chars):
+    items = synthetic_completions(n, chars)
+    expected = [float(i % 2 == 0) for i in range(n)]
+    print(f"bench: grading {n} completions of ~{chars} characters with --reward math", flush=True)
+    for w in workers:
+        t0 = time.time()
+        grader = scalerl.Grader(scalerl.reward_math, w, timeout=10.0)
+        t1 = time.time()
+        rewards, errors = grader(items)
+        t2 = time.time()
+        grader.close()
+        wrong = sum(r != e for r, e in zip(rewards, expected))
+        print("bench:", json.dumps({"workers": w, "start_s": round(t1 - t0, 2), "grade_s": round(t2 - t1, 2),
+                                    "completions_per_s": round(n / (t2 - t1), 1), "errors": len(errors),
+                                    "verdicts_unlike_expected": wrong}), flush=True)
+
+
 def main():
     argv = sys.argv[1:]
     rest = argv[argv.index("--") + 1:] if "--" in argv else []
     p = argparse.ArgumentParser(description="time scalerl.py on a random-weight model of a real shape")
-    p.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    p.add_argument("--shape", choices=sorted(SHAPES))
+    p.add_argument("--grading", type=int, metavar="N", help="time the math grader on N synthetic completions")
+    p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="--grading: process counts to try")
+    p.add_argument("--chars", type=int, default=16000, help="--grading: reasoning length per completion")
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    if args.grading:
+        return bench_grading(args.grading, args.workers, args.chars)
+    if not args.shape:
+        p.error("give --shape or --grading")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, args.shape)
         n = build(args.shape, path)

@@ -209,8 +209,9 @@ def check_config(cfg):
         die("--tie-word-embeddings applies to the embedded model only; a --model brings its own head")
     if cfg.data and not cfg.model:
         die("--data needs --model: the embedded model's character tokenizer covers only the built-in task")
-    if cfg.val_data and not cfg.data:
-        die("--val-data needs --data")
+    for name in ("val_data", "prompt_key", "answer_key", "system_prompt", "skip_bad_rows"):
+        if getattr(cfg, name) and not cfg.data:
+            die(f"--{name.replace('_', '-')} needs --data")
     if not cfg.data:
         cfg.train_size, cfg.val_size = cfg.train_size or 4096, cfg.val_size or 200
         if cfg.train_size + cfg.val_size > MAX_TASK_PROMPTS:
@@ -289,35 +290,26 @@ PROMPT_KEYS, ANSWER_KEYS = ("prompt", "problem", "question"), ("answer", "final_
 
 def read_records(path):
     """Rows of a .jsonl/.json/.parquet file, a datasets.save_to_disk directory or a hub dataset NAME[:SPLIT], as
-    (where, row) pairs; `where` names the line or row for error messages, `row` is a dict or an error string."""
-    if os.path.isfile(path) and path.endswith(".parquet"):
+    (where, row) pairs: `where` names the line or row for error messages, `row` is a dict or what is wrong."""
+    ext = os.path.splitext(path)[1]
+    if os.path.isfile(path) != (ext in (".jsonl", ".json", ".parquet")):  # a file of another kind, or none at all
+        die(f"{path}: {'no such file' if not os.path.exists(path) else 'unsupported format'}; --data takes a .jsonl, "
+            ".json or .parquet file, a datasets.save_to_disk directory or a hub dataset name")
+    if ext == ".parquet":
         import pyarrow.parquet as pq
         try:
             return [(f"row {i + 1}", r) for i, r in enumerate(pq.read_table(path).to_pylist())]
         except Exception as e:  # noqa: BLE001  (pyarrow raises several types for a damaged file)
             die(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})")
-    if os.path.isfile(path) and path.endswith((".jsonl", ".json")):
+    if ext in (".jsonl", ".json"):
         try:
             with open(path, encoding="utf-8") as f:
                 text = f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            die(f"{path}: cannot read ({e})")
-        if text.lstrip().startswith("["):  # a JSON array of objects; otherwise JSON Lines (also datasets' .json)
-            try:
+            if text.lstrip().startswith("["):  # a JSON array; else JSON Lines (datasets' to_json writes those too)
                 return [(f"item {i + 1}", r) for i, r in enumerate(json.loads(text))]
-            except json.JSONDecodeError as e:
-                die(f"{path}: invalid JSON at line {e.lineno} ({e.msg})")
-        records = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    records.append((f"line {n}", json.loads(line)))
-                except json.JSONDecodeError as e:
-                    records.append((f"line {n}", f"invalid JSON ({e.msg})"))
-        return records
-    if os.path.isfile(path) or not os.path.isdir(path) and path.endswith((".jsonl", ".json", ".parquet", ".csv")):
-        die(f"{path}: {'no such file' if not os.path.exists(path) else 'unsupported format'}; --data takes a .jsonl, "
-            ".json or .parquet file, a datasets.save_to_disk directory or a hub dataset name")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            die(f"{path}: cannot read ({e})")
+        return [(f"line {n}", json_or_error(line)) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     try:
         import datasets
     except ImportError:
@@ -332,6 +324,13 @@ def read_records(path):
             die(f"{path}: holds the splits {sorted(ds)}; point --data at one of them (DIR/SPLIT)")
         ds = ds["train"] if "train" in ds else next(iter(ds.values()))
     return [(f"row {i + 1}", r) for i, r in enumerate(ds)]
+
+
+def json_or_error(line):
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        return f"invalid JSON ({e.msg})"
 
 
 def gold_answer(answer):
@@ -503,90 +502,88 @@ def reward_exact(completion_text, answer):
 REWARDS = {"largest-digit": reward_last_digit, "math": reward_math, "exact": reward_exact}
 
 
+def grade_one(fn, text, answer):
+    """(reward, error message or None): an exception in the reward function costs its completion only."""
+    try:
+        return float(fn(text, answer)), None
+    except Exception as e:  # noqa: BLE001
+        return 0.0, f"{type(e).__name__}: {e}"
+
+
 def _grading_worker(conn, fn):
-    """A grading process: grades (text, answer) pairs from `conn` until it is closed or sent None."""
+    """A grading process: grades the (text, answer) pairs it receives until it is killed."""
     import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
-    fn("", "0")  # import the grader's dependencies before reporting ready
-    conn.send("ready")
+    conn.send(grade_one(fn, "\\boxed{0}", "0"))  # load the reward's dependencies, then report ready
     for text, answer in iter(conn.recv, None):
-        try:
-            conn.send((float(fn(text, answer)), None))
-        except Exception as e:  # noqa: BLE001  (a grader error costs its completion only)
-            conn.send((0.0, f"{type(e).__name__}: {e}"))
+        conn.send(grade_one(fn, text, answer))
 
 
 class Grader:
     """Grades completions so that grading never stalls or kills a run: each (text, answer) pair goes to one of
-    `workers` processes and gets `timeout` seconds; a process that overruns is killed and replaced. A timeout
-    or an exception gives reward 0 and is reported. workers=0 grades in this process, without a time limit."""
+    `workers` processes and gets `timeout` seconds; a process that overruns or dies is replaced, and that
+    completion gets reward 0 and an error message, like one whose grading raised. workers=0 grades in this
+    process, without a time limit."""
 
     def __init__(self, fn, workers, timeout):
         import multiprocessing
         self.fn, self.timeout, self.ctx = fn, timeout, multiprocessing.get_context("spawn")
-        self.procs = [self._start() for _ in range(workers)]
+        self.procs = [self._spawn() for _ in range(workers)]
         for _, conn in self.procs:
-            self._ready(conn)
+            self._wait_ready(conn)
 
-    def _start(self):
+    def _spawn(self):
         conn, child = self.ctx.Pipe()
         p = self.ctx.Process(target=_grading_worker, args=(child, self.fn), daemon=True)
         p.start()
-        child.close()
+        child.close()  # so that the worker's death reads as EOF here
         return p, conn
 
-    def _ready(self, conn):
+    def _wait_ready(self, conn):
         try:
-            assert conn.poll(120) and conn.recv() == "ready"
+            assert conn.poll(120)
+            conn.recv()
         except (AssertionError, EOFError):
             die("a grading process did not start (its error is above)", 1)
 
-    def _restart(self, w):
-        self.procs[w][0].kill()
-        self.procs[w][0].join()
-        self.procs[w] = self._start()
-        self._ready(self.procs[w][1])
-
     def __call__(self, items):
         """Rewards of (text, answer) pairs, and the error messages."""
+        out = self._in_workers(items) if self.procs else [grade_one(self.fn, t, a) for t, a in items]
+        return [r for r, _ in out], [e for _, e in out if e]
+
+    def _in_workers(self, items):
         from multiprocessing.connection import wait
-        out, errors = [0.0] * len(items), []
-        if not self.procs:
-            for i, (text, answer) in enumerate(items):
-                try:
-                    out[i] = float(self.fn(text, answer))
-                except Exception as e:  # noqa: BLE001
-                    errors.append(f"{type(e).__name__}: {e}")
-            return out, errors
-        todo, busy = list(range(len(items)))[::-1], {}  # busy: worker -> (item, start time)
+        out, todo, busy = [None] * len(items), list(range(len(items)))[::-1], {}  # busy: worker -> (item, start)
         while todo or busy:
             for w, (_, conn) in enumerate(self.procs):
                 if w not in busy and todo:
-                    i = todo.pop()
-                    conn.send(items[i])
-                    busy[w] = (i, time.monotonic())
+                    busy[w] = (todo.pop(), time.monotonic())
+                    conn.send(items[busy[w][0]])
             first_deadline = min(t for _, t in busy.values()) + self.timeout
             ready = wait([self.procs[w][1] for w in busy], max(0.0, first_deadline - time.monotonic()))
-            for w in [w for w in busy if self.procs[w][1] in ready]:
-                i, _ = busy.pop(w)
-                try:
-                    out[i], err = self.procs[w][1].recv()
-                except (EOFError, OSError):
-                    err = "the grading process died"
-                    self._restart(w)
-                if err:
-                    errors.append(err)
-            for w in [w for w, (_, t) in busy.items() if time.monotonic() - t > self.timeout]:
-                busy.pop(w)
-                errors.append(f"grading took over {self.timeout:g} s")
-                self._restart(w)
-        return out, errors
+            for w, (i, t) in list(busy.items()):
+                conn = self.procs[w][1]
+                if conn not in ready and time.monotonic() - t <= self.timeout:
+                    continue
+                del busy[w]
+                if conn in ready:
+                    try:
+                        out[i] = conn.recv()
+                        continue
+                    except EOFError:
+                        out[i] = (0.0, "the grading process died")
+                else:
+                    out[i] = (0.0, f"grading took over {self.timeout:g} s")
+                self.procs[w][0].kill()  # replace the process
+                self.procs[w][0].join()
+                conn.close()
+                self.procs[w] = self._spawn()
+                self._wait_ready(self.procs[w][1])
+        return out
 
     def close(self):
-        for p, conn in self.procs:
+        for p, _ in self.procs:
             p.kill()
-            p.join()
-            conn.close()
         self.procs = []
 
 

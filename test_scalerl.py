@@ -568,6 +568,12 @@ def test_vllm_default_run_from_the_command_line(tmp_path):
     (["--resume", "auto"], "no checkpoint in --out"),
     (["--resume", "/no/such/checkpoint"], "not a checkpoint directory"),
     (["--keep-last", "0"], "--keep-last must be > 0"),
+    (["--data", "d.jsonl"], "--data needs --model"),
+    (["--val-data", "v.jsonl"], "--val-data needs --data"),
+    (["--prompt-key", "query"], "--prompt-key needs --data"),
+    (["--reward", "verify"], "invalid choice"),
+    (["--reward-timeout", "0"], "--reward-timeout must be > 0"),
+    (["--reward-workers", "-2"], "--reward-workers must be >= -1"),
 ])
 def test_cli_bad_input(args, message, tmp_path):
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
