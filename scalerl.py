@@ -15,7 +15,8 @@ Components (paper section in brackets), each switchable to the alternative the p
   forced length interruptions                --length-control interrupt|penalty|truncate
 
 `python scalerl.py` with no arguments trains an embedded tiny Llama (random weights, character tokenizer)
-on a built-in task on the CPU; `python scalerl.py --model DIR_OR_HUB_ID` trains a real model.
+on a built-in task on the CPU; `python scalerl.py --model DIR_OR_HUB_ID --data FILE` trains a real model on a
+math dataset, rewarded by math-verify.
 Section numbers [Sec. N] refer to arXiv 2510.13786v1. The file reads top to bottom in the order of the recipe:
 config -> data and reward -> rollout engines and length control -> advantages and curriculum -> loss
 -> train step -> weight sync -> checkpoints -> evaluation and logging -> main.
