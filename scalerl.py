@@ -257,7 +257,8 @@ def check_config(cfg):
 
 
 # --------------------------------------------------------------------------------------------------
-# 2. Data and reward: the built-in task, and the embedded tiny model and tokenizer.
+# 2. Data and reward: the built-in task or a --data dataset, the rewards and the grader that runs them, and the
+#    embedded tiny model and tokenizer.
 # --------------------------------------------------------------------------------------------------
 # Task: "what is the largest digit of this list?"  Prompt "3941:", answer "9". Answers cycle through 2-9, so
 # they are exactly uniform and the best constant answer scores 1/8 (with a skewed answer
@@ -317,7 +318,8 @@ def read_records(path):
         die(f"{path}: a datasets directory or hub name needs the `datasets` package (pip install datasets)")
     name, _, split = path.partition(":")  # a hub dataset may name its split: org/name:test
     try:
-        ds = datasets.load_from_disk(path) if os.path.isdir(path) else datasets.load_dataset(name, split=split or "train")
+        ds = datasets.load_from_disk(path) if os.path.isdir(path) else \
+            datasets.load_dataset(name, split=split or "train")
     except Exception as e:  # noqa: BLE001  (datasets raises many types: missing files, no network, bad names)
         die(f"{path}: cannot load with datasets ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
     if isinstance(ds, datasets.DatasetDict):

@@ -2,7 +2,6 @@
 answers with their verdicts, a grader that hangs or crashes, every input format and every kind of bad row, and
 a tiny model trained end to end on generated arithmetic problems. Run: python -m pytest -q"""
 import json
-import math
 import os
 import subprocess
 import sys
