@@ -225,8 +225,6 @@ def check_config(cfg):
         die("--reward math needs math-verify: pip install math-verify (it is in requirements.txt)")
     if cfg.reward_workers < -1:
         die(f"--reward-workers must be >= -1 (got {cfg.reward_workers})")
-    if cfg.reward_workers == -1:
-        cfg.reward_workers = 0 if cfg.reward == "largest-digit" else min(16, os.cpu_count() or 1)
     if not 0 < cfg.vllm_gpu_memory_utilization < 1:
         die(f"--vllm-gpu-memory-utilization must be in (0, 1) (got {cfg.vllm_gpu_memory_utilization})")
     if cfg.device.startswith("cuda"):
@@ -1261,7 +1259,9 @@ def run(cfg):
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(cfg.seed)
 
-    grader = Grader(REWARDS[cfg.reward], cfg.reward_workers, cfg.reward_timeout)
+    workers = cfg.reward_workers if cfg.reward_workers >= 0 else 0 if cfg.reward == "largest-digit" else \
+        min(16, os.cpu_count() or 1)  # the built-in task's reward is one regex: not worth a process
+    grader = Grader(REWARDS[cfg.reward], workers, cfg.reward_timeout)
     model, tok, path = load_model(cfg, device, cfg.resume or None)
     n_params = sum(p.numel() for p in model.parameters())
     train_ids, val_ids = ([encode_prompt(tok, p, cfg) for p, _ in items] for items in (train, val))
