@@ -516,8 +516,11 @@ def _grading_worker(conn, fn):
     import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     conn.send(grade_one(fn, "\\boxed{0}", "0"))  # load the reward's dependencies, then report ready
-    for text, answer in iter(conn.recv, None):
-        conn.send(grade_one(fn, text, answer))
+    try:
+        for text, answer in iter(conn.recv, None):
+            conn.send(grade_one(fn, text, answer))
+    except EOFError:  # the trainer is gone
+        pass
 
 
 class Grader:
