@@ -30,6 +30,8 @@ MATH_CASES = [  # (completion text, reference answer, verdict a careful human gr
     ("\\boxed{2.0}", "2", 1),
     ("\\boxed{12.0001}", "12", 0),
     ("\\boxed{\\pi}", "3.14", 0),
+    ("\\boxed{0.333}", "1/3", 0),  # a rounded decimal is not the fraction
+    ("\\boxed{2^{10}}", "1024", 1),
     # nested braces
     ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt3}{2}", 1),
     ("\\boxed{\\frac{\\sqrt{3}}{3}}", "\\frac{\\sqrt3}{2}", 0),
@@ -71,6 +73,7 @@ MATH_CASES = [  # (completion text, reference answer, verdict a careful human gr
     ("\\boxed{5\\text{ cm}}", "5", 1),
     ("\\boxed{90^\\circ}", "90", 1),
     ("\\boxed{10\\%}", "10", 1),
+    ("\\boxed{\\$72}", "72", 1),
     # text answers
     ("\\boxed{\\text{Paris}}", "Paris", 1),
     ("\\boxed{paris}", "Paris", 1),
@@ -82,6 +85,7 @@ MATH_CASES = [  # (completion text, reference answer, verdict a careful human gr
     ("\\boxed{(x+1)^2}", "x^2+2x+1", 1),
     ("\\boxed{x = 3}", "3", 1),
     ("\\boxed{\\infty}", "\\infty", 1),
+    ("\\boxed{-\\infty}", "\\infty", 0),
     # other box spellings and surroundings
     ("\\boxed 5", "5", 1),
     ("\\fbox{6}", "6", 1),
