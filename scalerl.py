@@ -77,7 +77,7 @@ class Config:
                           "1,000)")
     system_prompt: str = _f("", "--data: system message put before each prompt")
     instruction: str = _f(" Please reason step by step, and put your final answer within \\boxed{}.",
-                          "--data: appended to each prompt ('' for none)")
+                          "--data: appended to each prompt (default: ask for the answer in \\boxed{}; '' for none)")
     chat_template: bool = _f(True, "--data: format prompts with the model's chat template when it has one "
                                    "(--no-chat-template for base models)")
     reward: str = _f("auto", "math: the final answer checked with math-verify; exact: string match; largest-digit: "
