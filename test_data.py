@@ -257,25 +257,30 @@ def test_field_names_can_be_given(tmp_path):
     assert S.load_rows(path, S.Config(prompt_key="query", answer_key="label")) == [("q1", "7")]
 
 
+def cli(*args, env=None, timeout=300):
+    """Run scalerl.py from the command line."""
+    return subprocess.run([sys.executable, os.path.join(HERE, "scalerl.py"), *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def broken_model(tmp_path):
+    """A model directory that passes the flag check but cannot be loaded: any error of ours must come first."""
+    (tmp_path / "broken_model").mkdir()
+    (tmp_path / "broken_model" / "config.json").write_text("{}")
+    return tmp_path / "broken_model"
+
+
 def test_bad_data_stops_before_the_model_is_loaded(tmp_path):
-    model = tmp_path / "broken_model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")  # loading this model would fail with another message
     data = write_jsonl(tmp_path / "d.jsonl", [GOOD, '{"problem": "q"}'])
-    r = subprocess.run([sys.executable, os.path.join(HERE, "scalerl.py"), "--model", str(model), "--data", data,
-                        "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
+    r = cli("--model", broken_model(tmp_path), "--data", data, "--out", tmp_path / "run")
     assert r.returncode == 2 and f"{data}: 1 of 2 rows are unusable; line 2: no 'answer' field" in r.stderr
     assert not (tmp_path / "run").exists()
 
 
 def test_hub_name_without_network_is_a_clear_error(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    model = tmp_path / "m"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    r = subprocess.run([sys.executable, os.path.join(HERE, "scalerl.py"), "--model", str(model), "--data",
-                        "no-such-org/no-such-dataset:test", "--out", str(tmp_path / "run")], capture_output=True,
-                       text=True, timeout=300, env=env)
+    r = cli("--model", broken_model(tmp_path), "--data", "no-such-org/no-such-dataset:test", "--out",
+            tmp_path / "run", env=env)
     assert r.returncode == 2 and "no-such-org/no-such-dataset:test: cannot load with datasets" in r.stderr
 
 
@@ -383,10 +388,9 @@ def test_math_reward_end_to_end_on_generated_arithmetic(tmp_path):
     rows = [json.dumps({"question": f"What is {a} + {b}?", "answer": a + b}) for a in range(10) for b in range(10)]
     data = write_jsonl(tmp_path / "arith.jsonl", rows)
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, os.path.join(HERE, "scalerl.py"), "--model", model, "--data", data,
-                        "--reward", "math", "--steps", "2", "--prompts-per-step", "8", "--generations-per-prompt",
-                        "8", "--max-new-tokens", "16", "--val-size", "16", "--eval-samples", "2", "--eval-every", "1",
-                        "--out", str(out)], capture_output=True, text=True, timeout=600)
+    r = cli("--model", model, "--data", data, "--reward", "math", "--steps", 2, "--prompts-per-step", 8,
+            "--generations-per-prompt", 8, "--max-new-tokens", 16, "--val-size", 16, "--eval-samples", 2,
+            "--eval-every", 1, "--out", out, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     metrics = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert [m["step"] for m in metrics] == [0, 1, 2]
