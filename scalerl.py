@@ -1256,6 +1256,8 @@ def run(cfg):
     check_config(cfg)
     cfg, state = resumed_config(cfg, cfg.resume) if cfg.resume else (cfg, None)
     train, val = load_data(cfg)  # bad data stops the run here, before a model is loaded or a file written
+    if cfg.data:
+        print(f"scalerl: {len(train)} training and {len(val)} held-out prompts read; loading {cfg.model}", flush=True)
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           "cpu" if cfg.device == "auto" else cfg.device)
     dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else \
