@@ -4,7 +4,12 @@ or time the math grader on a step's worth of long synthetic completions.
     python bench.py --shape qwen2-0.5b -- --steps 3 --prompts-per-step 8 --generations-per-prompt 8 \\
         --max-new-tokens 512 --length-control truncate --no-zero-variance-filter
     python bench.py --grading 768 --workers 0 1 2
-Everything after `--` is passed to scalerl.py. The model gets random weights and scalerl's character tokenizer,
+    python bench.py --long-tail
+--long-tail compares the off-policy loop's pipeline (--max-lag 8) with the synchronous loop (--max-lag 0) at equal
+batch sizes, on a policy whose completion lengths are long-tailed: a bigram policy built by hand in the embedded
+model's architecture (its attention and MLP outputs zeroed, so the next token depends on the previous one only).
+After the prompt, 5% of completions enter a loop that never emits EOS and runs to the 256-token limit; the others
+stop with probability 1/10 at each token (mean length 10). Everything after `--` is passed to scalerl.py. The model gets random weights and scalerl's character tokenizer,
 so rewards are meaningless (use --no-zero-variance-filter, or every all-zero group is filtered out and nothing
 is trained); the numbers to read are the times, the throughputs and the memory.
 """
@@ -77,6 +82,69 @@ def bench_grading(n, workers, chars):
                                     "verdicts_unlike_expected": wrong}), flush=True)
 
 
+def long_tail_model(path, p_long=0.05, p_stop=0.1):
+    """The bigram policy of --long-tail, saved to path: with the attention and MLP outputs zeroed, the last hidden
+    state is the previous token's embedding (one-hot, scaled by RMSNorm to sqrt(hidden)), so the LM head holds the
+    transition logits directly."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    tok = scalerl.make_char_tokenizer()
+    vocab, hidden = len(tok), 128
+    conf = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=512, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=4, head_dim=32, max_position_embeddings=512,
+                       bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model = LlamaForCausalLM(conf)
+    ids = tok.convert_tokens_to_ids
+    digits, loop, colon, eos = [ids(c) for c in "0123456789"], ids("k"), ids(":"), tok.eos_token_id
+    probs = torch.zeros(vocab, vocab)  # probs[prev, next]
+    probs[:, digits] = 1 / len(digits)
+    probs[colon, digits] = (1 - p_long) / len(digits)
+    probs[colon, loop] = p_long
+    for d in digits:
+        probs[d, digits] = (1 - p_stop) / len(digits)
+        probs[d, eos] = p_stop
+    probs[loop] = 0.0
+    probs[loop, loop] = 1.0
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight.zero_()
+        model.model.embed_tokens.weight[:, :vocab] = torch.eye(vocab)
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[:, :vocab] = probs.clamp_min(1e-13).log().T / hidden ** 0.5
+    scalerl.save_atomically(model, tok, path)
+
+
+def bench_long_tail(rest):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "long-tail")
+        long_tail_model(path)
+        common = ["--model", path, "--engine", "vllm", "--length-control", "truncate", "--max-new-tokens", "256",
+                  "--no-zero-variance-filter", "--lr", "1e-7", "--warmup-steps", "0", "--eval-every", "1000",
+                  "--val-size", "16", "--eval-samples", "1", "--steps", "30"]
+        results = {}
+        for lag in (0, 8):
+            cfg = scalerl.parse_args([*common, *rest, "--max-lag", str(lag), "--out", os.path.join(tmp, f"lag{lag}")])
+            rows = scalerl.run(cfg)[1:]
+            timed = rows[len(rows) // 3:]  # steady state: the pipeline first fills up with groups in flight
+            done = sum(r["active_prompts"] for r in timed) * cfg.generations_per_prompt
+            secs, gen = sum(r["step_seconds"] for r in timed), sum(r["gen_seconds"] for r in timed)
+            results[lag] = {"max_lag": lag, "steps_timed": len(timed),
+                            "engine_batch_mean": sum(r["engine_batch_mean"] for r in timed) / len(timed),
+                            "trained_completions_per_s": done / secs, "gen_s_per_trained_completion": gen / done,
+                            "mean_completion_tokens": sum(r["mean_completion_tokens"] for r in timed) / len(timed),
+                            "truncated_frac": sum(r["truncated_frac"] for r in timed) / len(timed),
+                            "lag_mean": sum(r["lag_mean"] for r in timed) / len(timed),
+                            "lag_max": max(r["lag_max"] for r in timed),
+                            "stale_dropped": sum(r["stale_dropped"] for r in timed)}
+            print("bench:", json.dumps({k: round(v, 4) if isinstance(v, float) else v
+                                        for k, v in results[lag].items()}), flush=True)
+    ratio = results[8]["trained_completions_per_s"] / results[0]["trained_completions_per_s"]
+    print(f"bench: pipeline / synchronous, trained completions per second: {ratio:.2f}x; engine batch "
+          f"{results[8]['engine_batch_mean']:.0f} vs {results[0]['engine_batch_mean']:.0f} sequences per step")
+
+
 def main():
     argv = sys.argv[1:]
     rest = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -85,11 +153,14 @@ def main():
     p.add_argument("--grading", type=int, metavar="N", help="time the math grader on N synthetic completions")
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="--grading: process counts to try")
     p.add_argument("--chars", type=int, default=16000, help="--grading: reasoning length per completion")
+    p.add_argument("--long-tail", action="store_true", help="pipeline vs synchronous loop on long-tailed lengths")
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    if args.long_tail:
+        return bench_long_tail(rest)
     if args.grading:
         return bench_grading(args.grading, args.workers, args.chars)
     if not args.shape:
-        p.error("give --shape or --grading")
+        p.error("give --shape, --grading or --long-tail")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, args.shape)
         n = build(args.shape, path)

@@ -115,6 +115,14 @@ class Config:
     zero_variance_filter: bool = _f(True, "drop prompts whose G rewards are all equal from the loss")
     npr_threshold: float = _f(0.9, "No-Positive-Resampling: drop a prompt from later epochs once its pass "
                                    "rate reaches this (>= 1 disables)")
+    # off-policy loop [Sec. 3.1]
+    off_policy: str = _f("pipeline", "pipeline: PipelineRL-k, generation streams on while each update's weights are "
+                                     "pushed into the engine in flight (ScaleRL); ppo: PPO-off-policy-k, generate K "
+                                     "batches with the same weights, then take K optimiser steps", ["pipeline", "ppo"])
+    max_lag: int = _f(8, "K: a trained token is at most K updates older than the weights being updated (the paper: "
+                         "8; 4 did as well); 0: the synchronous loop (generate a batch, train on it, push the weights)")
+    refresh_kv: bool = _f(False, "pipeline: at each update, re-prefill the running sequences with the new weights "
+                                 "(default: they keep the KV cache computed with older weights, as PipelineRL does)")
     lm_head_fp32: bool = _f(True, "compute the LM head (hidden -> logits) in float32, trainer and generator")
     logprob_chunk: int = _f(1024, "tokens per chunk when computing log-probs (memory ~ chunk x vocab)")
     # optimiser [Sec. 3.2, Appendix]
@@ -133,6 +141,10 @@ class Config:
     # evaluation
     eval_every: int = _f(10, "evaluate every this many steps (and at step 0 and the last step)")
     eval_samples: int = _f(8, "samples per held-out prompt: k of mean@k (the paper: 16)")
+
+
+# Named random streams: every random draw comes from np.random.SeedSequence([seed, RNG_..., ...]).
+RNG_TASK, RNG_SPLIT, RNG_EPOCH, RNG_ROLLOUT, RNG_EVAL = range(1, 6)
 
 
 def die(msg, status=2):
@@ -189,7 +201,7 @@ def check_config(cfg):
         if getattr(cfg, name) <= 0:
             die(f"--{name.replace('_', '-')} must be > 0 (got {getattr(cfg, name)})")
     for name in ["steps", "warmup_steps", "weight_decay", "adam_eps", "vllm_max_model_len", "save_every",
-                 "train_size", "val_size"]:
+                 "train_size", "val_size", "max_lag"]:
         if getattr(cfg, name) < 0:
             die(f"--{name.replace('_', '-')} must be >= 0 (got {getattr(cfg, name)})")
     if cfg.generations_per_prompt < 2:
@@ -241,6 +253,12 @@ def check_config(cfg):
             "or use --engine hf")
     if cfg.vllm_sleep and cfg.engine != "vllm":
         die("--vllm-sleep needs --engine vllm")
+    streaming = cfg.engine == "vllm" and cfg.off_policy == "pipeline" and cfg.max_lag > 0
+    if cfg.vllm_sleep and streaming:
+        die("--vllm-sleep frees the KV cache of sequences in flight: it needs --max-lag 0 or --off-policy ppo")
+    if cfg.refresh_kv and not streaming:
+        die("--refresh-kv applies to sequences in flight at an update: it needs --engine vllm, --off-policy pipeline "
+            "and --max-lag > 0")
     if cfg.vllm_sleep and (cfg.device == "cpu" or cfg.device == "auto" and not _cuda_available()):
         die("--vllm-sleep: vLLM's sleep mode needs CUDA; it is refused on CPU")
     if cfg.resume == "auto":
@@ -269,7 +287,7 @@ MAX_TASK_PROMPTS = 20_000  # 8 answers x 3,019 distinct lists of length 3-7 whos
 
 def make_task(n_train, n_val, seed):
     """Return (train, val): lists of (prompt_text, answer), all prompts distinct, none shared between them."""
-    rng = np.random.default_rng([seed, 1])
+    rng = np.random.default_rng([seed, RNG_TASK])
     seen, items = set(), []
     while len(items) < n_train + n_val:
         top = 2 + len(items) % 8
@@ -400,7 +418,7 @@ def load_data(cfg):
     if not cfg.data:
         return make_task(cfg.train_size, cfg.val_size, cfg.seed)
     rows = load_rows(cfg.data, cfg)
-    rows = [rows[i] for i in np.random.default_rng([cfg.seed, 2]).permutation(len(rows))]
+    rows = [rows[i] for i in np.random.default_rng([cfg.seed, RNG_SPLIT]).permutation(len(rows))]
     if cfg.val_data:
         val, train = load_rows(cfg.val_data, cfg), rows
         val = val[:cfg.val_size or len(val)]
@@ -675,9 +693,11 @@ def load_model(cfg, device, path=None):
     return model.to(device), tok, path
 
 # --------------------------------------------------------------------------------------------------
-# 3. Rollout engines and length control: for each prompt, G completions with the generator's log-prob of
-#    every sampled token.
-#    An engine is one function with this contract; --engine picks it.
+# 3. Rollouts: G completions per prompt with forced length interruptions, streamed through an engine. Every
+#    token keeps the generator's log-prob and the weight version that sampled it (for the off-policy loop).
+#    An engine is a small object with one contract: submit(key, token_ids, max_tokens, seed) queues a request;
+#    step() advances generation and returns the requests that finished, as (key, Completion) pairs, with the
+#    number of tokens decoded; push(model, version) loads new weights; `version` is the weights it holds.
 # --------------------------------------------------------------------------------------------------
 
 
@@ -685,12 +705,10 @@ def load_model(cfg, device, path=None):
 class Completion:
     tokens: list          # generated token ids, EOS included when the completion stopped by itself
     logprobs: list        # generator's log pi_gen(token) of each, at the sampling temperature
-    finished: bool        # stopped with EOS (False: hit the length limit, i.e. truncated)
-    mask: list = None     # 1 = sampled by the policy, 0 = injected (the interruption phrase); None = all 1
+    finished: bool        # stopped with EOS (False: hit a length limit, i.e. truncated)
+    mask: list            # 1 = sampled by the policy, 0 = injected (the interruption phrase)
+    versions: list        # weight version (optimiser updates so far) that sampled each token
     interrupted: bool = False
-
-    def loss_mask(self):
-        return self.mask if self.mask is not None else [1] * len(self.tokens)
 
 
 def fp32_head_hook(module, inputs, output):
@@ -702,10 +720,12 @@ def fp32_head_hook(module, inputs, output):
         return F.linear(inputs[0].float(), module.weight.float(), b)
 
 
-def hf_generate(model, tok, prompts, n, max_new_tokens, temperature, seed, lm_head_fp32, autocast_dtype=None):
-    """Engine 'hf': Hugging Face `generate`, plain sampling (no top-k/top-p, so the sampling distribution is
+def hf_generate(model, tok, prompts, max_tokens, temperature, seed, lm_head_fp32, autocast_dtype=None):
+    """Hugging Face `generate` on a batch of prompts, each with its own token limit (the batch runs to the largest
+    and each row is cut at its own), plain sampling (no top-k/top-p, so the sampling distribution is
     softmax(logits / T), exactly what the trainer's importance ratio assumes). A logits processor applies the
-    temperature itself and records log_softmax(logits / T) of the token sampled at each step."""
+    temperature itself and records log_softmax(logits / T) of the token sampled at each step. Returns one
+    Completion per prompt and the number of sequences decoded, summed over decode steps."""
     import torch
     from transformers import GenerationConfig, LogitsProcessorList
     recorded, last = [], {}
@@ -719,11 +739,11 @@ def hf_generate(model, tok, prompts, n, max_new_tokens, temperature, seed, lm_he
 
     device = next(model.parameters()).device
     width = max(map(len, prompts))
-    pad = tok.pad_token_id
+    pad, eos = tok.pad_token_id, tok.eos_token_id
     ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=device)  # left padding
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    gen_cfg = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
-                               num_return_sequences=n, pad_token_id=pad, eos_token_id=tok.eos_token_id)
+    gen_cfg = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max(max_tokens),
+                               pad_token_id=pad, eos_token_id=eos)
     hook = model.get_output_embeddings().register_forward_hook(fp32_head_hook) if lm_head_fp32 else None
     was_training = model.training
     model.eval()
@@ -737,68 +757,142 @@ def hf_generate(model, tok, prompts, n, max_new_tokens, temperature, seed, lm_he
         if hook:
             hook.remove()
     recorded.append(last["lp"].gather(1, seqs[:, -1:]).squeeze(1))
-    eos, gen, lps = tok.eos_token_id, seqs[:, width:].tolist(), torch.stack(recorded, 1).tolist()
-    ends = [t.index(eos) + 1 if eos in t else len(t) for t in gen]  # after EOS come pad tokens: drop them
-    comps = [Completion(t[:k], lp[:k], eos in t) for t, lp, k in zip(gen, lps, ends)]
-    return [comps[i * n:(i + 1) * n] for i in range(len(prompts))]  # generate() repeats each prompt n times
+    gen, lps = seqs[:, width:].tolist(), torch.stack(recorded, 1).tolist()
+    ends = [t.index(eos) + 1 if eos in t else len(t) for t in gen]  # after EOS come pad tokens
+    cuts = [min(k, m) for k, m in zip(ends, max_tokens)]
+    comps = [Completion(t[:k], lp[:k], eos in t[:k], [1] * k, []) for t, lp, k in zip(gen, lps, cuts)]
+    return comps, sum(ends)
 
 
-def make_vllm_engine(cfg, path, device, dtype, max_model_len):
-    """Engine 'vllm': one vllm.LLM inside this process, loaded from the same weights as the trainer. It reports
-    log-probs after temperature scaling ("processed"), the ones the importance ratio needs; with --lm-head-fp32
-    its LM head computes in float32 like the trainer's [Sec. 3.2]."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    import vllm
-    kw = dict(model=path, tokenizer=path, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
-              max_model_len=max_model_len, logprobs_mode="processed_logprobs")
-    if cfg.lm_head_fp32:
-        kw["hf_overrides"] = {"head_dtype": "float32"}
-    sleep = cfg.vllm_sleep if cfg.vllm_sleep is not None else device.type == "cuda"
-    if device.type == "cpu":  # eager: compiling took 49 s for a 10% faster 135M model on 2 cores
-        kw.update(enforce_eager=True, kv_cache_memory_bytes=cfg.vllm_kv_cache_mb * 2**20, enable_chunked_prefill=False)
-    else:
-        kw.update(gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=sleep)
-    llm = vllm.LLM(**kw)
-    # each weight push logs that rotary embeddings got no weights: they have none to get (their cache is computed)
-    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
-        lambda r: not r.getMessage().startswith("RotaryEmbedding: Failed to load weights"))
-    return {"kind": "vllm", "llm": llm, "sleep": sleep, "asleep": False, "device": device}
+class HFEngine:
+    """Engine 'hf': Hugging Face `generate` on the trainer's own model (so a push only moves the version). It cannot
+    stream: step() generates every request submitted since the last step in one batched call, so it runs the
+    synchronous loop (and PPO-off-policy-k) only."""
+
+    def __init__(self, model, tok, cfg, autocast_dtype):
+        self.model, self.tok, self.cfg, self.autocast = model, tok, cfg, autocast_dtype
+        self.queue, self.version, self.capacity = [], 0, math.inf
+
+    def submit(self, key, ids, max_tokens, seed):
+        self.queue.append((key, list(ids), max_tokens, seed))
+
+    def unfinished(self):
+        return len(self.queue)
+
+    def step(self):
+        reqs, self.queue = self.queue, []
+        if not reqs:
+            return [], 0
+        seed = int(np.random.SeedSequence([s for *_, s in reqs]).generate_state(1)[0])
+        comps, decoded = hf_generate(self.model, self.tok, [r[1] for r in reqs], [r[2] for r in reqs],
+                                     self.cfg.temperature, seed, self.cfg.lm_head_fp32, self.autocast)
+        for c in comps:
+            c.versions = [self.version] * len(c.tokens)
+        return [(r[0], c) for r, c in zip(reqs, comps)], decoded
+
+    def push(self, model, version):
+        self.version = version
+
+    def abort(self):
+        self.queue = []
+
+    def sleep(self):
+        pass
 
 
-def vllm_generate(engine, prompts, n, max_new_tokens, temperature, seed):
-    """Sample with the vLLM engine: no top-k / top-p, one derived seed per prompt (so that prompts do not share
-    random streams), the log-prob of each sampled token."""
-    from vllm import SamplingParams
-    engine_wake(engine)
-    seeds = np.random.SeedSequence(seed).generate_state(len(prompts), dtype=np.uint64) % (2**63 - 1)
-    params = [SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=0, max_tokens=max_new_tokens,
-                             logprobs=0, seed=int(s), detokenize=False) for s in seeds]
-    outs = engine["llm"].generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
-    return [[Completion(list(c.token_ids), [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)],
-                        c.finish_reason == "stop") for c in o.outputs] for o in outs]
+class VLLMEngine:
+    """Engine 'vllm': one vllm.LLM inside this process, loaded from the same weights as the trainer and driven
+    through its step-level API, so that requests can be added and weights pushed between any two engine steps
+    while other sequences are being decoded. It reports log-probs after temperature scaling ("processed"), the
+    ones the importance ratio needs; with --lm-head-fp32 its LM head computes in float32 like the trainer's
+    [Sec. 3.2]. Tokens are labelled with the weight version that sampled them (vLLM's weight_versions spans)."""
 
+    def __init__(self, cfg, path, device, dtype, max_model_len):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        import vllm
+        kw = dict(model=path, tokenizer=path, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
+                  max_model_len=max_model_len, logprobs_mode="processed_logprobs")
+        if cfg.lm_head_fp32:
+            kw["hf_overrides"] = {"head_dtype": "float32"}
+        self.sleeps = cfg.vllm_sleep if cfg.vllm_sleep is not None else device.type == "cuda" and \
+            (cfg.off_policy == "ppo" or cfg.max_lag == 0)  # sleeping drops the KV cache: nothing may be in flight
+        if device.type == "cpu":  # eager: compiling took 49 s for a 10% faster 135M model on 2 cores
+            kw.update(enforce_eager=True, kv_cache_memory_bytes=cfg.vllm_kv_cache_mb * 2**20,
+                      enable_chunked_prefill=False)
+        else:
+            kw.update(gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=self.sleeps)
+        self.llm = vllm.LLM(**kw)
+        # each weight push logs that rotary embeddings got no weights: they have none to get (their cache is computed)
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
+            lambda r: not r.getMessage().startswith("RotaryEmbedding: Failed to load weights"))
+        self.core, self.cfg, self.asleep, self.serial, self.live = self.llm.llm_engine, cfg, False, 0, {}
+        self.capacity = self.core.vllm_config.scheduler_config.max_num_seqs  # sequences decoded at once
+        self.version = 0
+        self.core.set_weight_version("0")
 
-def engine_sleep(engine):
-    """vLLM sleep mode (CUDA): free the KV cache and offload the weights while the trainer runs."""
-    if engine.get("sleep") and not engine["asleep"]:
-        engine["llm"].sleep(level=1)
-        engine["asleep"] = True
+    def submit(self, key, ids, max_tokens, seed):
+        from vllm import SamplingParams
+        from vllm.inputs.engine import tokens_input
+        from vllm.sampling_params import RequestOutputKind
+        self.wake()
+        rid, self.serial = str(self.serial), self.serial + 1
+        params = SamplingParams(n=1, temperature=self.cfg.temperature, top_p=1.0, top_k=0, max_tokens=max_tokens,
+                                logprobs=0, seed=seed % (2**63 - 1), detokenize=False,
+                                output_kind=RequestOutputKind.DELTA)
+        # the cache salt keeps prefix-cache blocks computed with older weights from being reused by new requests
+        self.core.add_request(rid, tokens_input(list(ids), cache_salt=f"v{self.version}"), params)
+        self.live[rid] = (key, [], [])
 
+    def unfinished(self):
+        return len(self.live)
 
-def engine_wake(engine):
-    if engine.get("asleep"):
-        engine["llm"].wake_up()
-        engine["asleep"] = False
+    def step(self):
+        """One engine step: every running sequence decodes one token. Returns the finished requests and the number
+        of tokens decoded in this step."""
+        done, decoded = [], 0
+        for out in self.core.step():
+            c = out.outputs[0]
+            key, tokens, logprobs = self.live[out.request_id]
+            tokens += c.token_ids
+            logprobs += [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)]
+            decoded += len(c.token_ids)
+            if out.finished:
+                del self.live[out.request_id]
+                versions = [int(s.version) for s in c.weight_versions for _ in range(s.start, s.end)]
+                done.append((key, Completion(tokens, logprobs, c.finish_reason == "stop", [1] * len(tokens),
+                                             versions)))
+        return done, decoded
 
+    def push(self, model, version):
+        """Load the trainer's weights [Sec. 3.1] under their Hugging Face names (vLLM's loaders map them to its own
+        layout: fused projections, tied heads) with `reload_weights`, the same call on CPU and CUDA (the CPU
+        backend prepacks its linear layers, and reload_weights rebuilds them). Running sequences keep their KV
+        cache, computed with older weights, as PipelineRL does; --refresh-kv re-prefills them instead."""
+        self.wake()
+        dtype = self.core.model_config.dtype
+        weights = [(name, t.detach().to(dtype)) for name, t in model.state_dict().items()]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self.version = version
+        self.core.set_weight_version(str(version))
+        if self.cfg.refresh_kv and self.live:
+            self.core.reset_prefix_cache(reset_running_requests=True)
 
-def generate(cfg, engine, tok, prompts, n, seed, max_tokens=None):
-    """Sample n completions for each prompt (a list of token-id lists) with the configured engine."""
-    max_tokens = max_tokens or cfg.max_new_tokens
-    if engine["kind"] == "hf":
-        return hf_generate(engine["model"], tok, prompts, n, max_tokens, cfg.temperature, seed,
-                           cfg.lm_head_fp32, engine["autocast"])
-    return vllm_generate(engine, prompts, n, max_tokens, cfg.temperature, seed)
+    def abort(self):
+        """Drop every request in flight."""
+        self.core.abort_request(list(self.live))
+        self.live = {}
+
+    def sleep(self):
+        """vLLM sleep mode (CUDA, nothing in flight): free the KV cache and offload the weights while training."""
+        if self.sleeps and not self.asleep and not self.live:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake(self):
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
 
 
 def find_subsequence(seq, sub):
@@ -809,43 +903,91 @@ def find_subsequence(seq, sub):
     return None
 
 
-def needs_interruption(c, budget, think_end_ids):
-    """A completion is left alone when it closed its reasoning (think_end) or ended (EOS) within its budget;
-    otherwise it is interrupted at the budget. A model without a thinking format never closes its reasoning,
-    so each of its completions that reaches the budget is interrupted."""
-    k = find_subsequence(c.tokens[:budget], think_end_ids)
-    return k is None and not (c.finished and len(c.tokens) <= budget)
+def next_request(c, budget, cfg, think_end):
+    """Forced length interruptions [Sec. 3.2], one completion at a time. Its first request asks for at most its
+    thinking budget (drawn in [LO, HI]). When that piece comes back without EOS, the completion either closed its
+    reasoning (think_end) within the budget, and continues to --max-new-tokens in all, or it did not, and it is
+    interrupted: the phrase is appended and it gets --answer-budget more tokens. A model without a thinking format
+    never closes its reasoning, so each of its completions that reaches the budget is interrupted. Returns
+    'done', 'continue' or 'interrupt'."""
+    if cfg.length_control != "interrupt" or c.finished or c.interrupted or len(c.tokens) != budget:
+        return "done"  # ended by itself, answered after an interruption, or the rest of a closed reasoning
+    return "continue" if find_subsequence(c.tokens, think_end) is not None else "interrupt"
 
 
-def rollout(cfg, engine, tok, prompts, n, seed):
-    """Generate n completions per prompt with the configured length control (the paper's forced interruptions).
-    interrupt: each completion gets a thinking budget drawn in [LO, HI]; one that has not closed its reasoning
-    within it is cut there, the interruption phrase is appended (loss mask 0: the policy did not sample it) and
-    generation continues for at most --answer-budget tokens, all interrupted completions in one batched second
-    pass. The first pass runs to --max-new-tokens, so the tokens an interrupted completion sampled past its
-    budget are generated and dropped (at most HI - LO + answer budget each)."""
-    groups = generate(cfg, engine, tok, prompts, n, seed)
-    if cfg.length_control != "interrupt":
-        return groups
-    rng = np.random.default_rng([seed, 3])
-    phrase = tok(cfg.interruption_phrase, add_special_tokens=False).input_ids
-    think_end = tok(cfg.think_end, add_special_tokens=False).input_ids
-    pending = []
-    for i, g in enumerate(groups):
-        for j, c in enumerate(g):
-            b = int(rng.integers(cfg.think_budget[0], cfg.think_budget[1] + 1))
-            if needs_interruption(c, b, think_end):
-                g[j] = Completion(c.tokens[:b] + phrase, c.logprobs[:b] + [0.0] * len(phrase), False,
-                                  [1] * b + [0] * len(phrase), True)
-                pending.append((i, j))
-    if pending:
-        answers = generate(cfg, engine, tok, [prompts[i] + groups[i][j].tokens for i, j in pending], 1,
-                           step_seed(seed, 4, 0), cfg.answer_budget)
-        for (i, j), (a,) in zip(pending, answers):
-            c = groups[i][j]
-            groups[i][j] = Completion(c.tokens + a.tokens, c.logprobs + a.logprobs, a.finished,
-                                      c.mask + [1] * len(a.tokens), True)
-    return groups
+@dataclass
+class Group:
+    """One prompt and its G completions while they are being generated."""
+    key: tuple            # ("train", serial) or ("eval", step, i)
+    prompt: list          # prompt token ids
+    completions: list
+    budgets: list         # each completion's thinking budget
+    seed: int
+    info: object = None   # the caller's (the training prompt's index)
+    left: int = 0         # completions not yet complete
+    oldest: int = None    # the oldest weight version of its sampled tokens, once complete (see group_lag)
+
+
+class Rollouts:
+    """Groups of G completions streamed through an engine. add() queues a prompt's G first requests; poll() runs
+    one engine step, moves each finished piece on (done, continued or interrupted, see next_request) and collects
+    the groups whose G completions are complete in `done`."""
+
+    def __init__(self, cfg, engine, tok):
+        self.cfg, self.engine = cfg, engine
+        self.phrase = tok(cfg.interruption_phrase, add_special_tokens=False).input_ids
+        self.think_end = tok(cfg.think_end, add_special_tokens=False).input_ids
+        self.open, self.done = {}, []  # key -> Group being generated; complete groups, in completion order
+        self.decoded = self.steps = 0  # tokens decoded and engine steps, for engine_batch_mean
+
+    def add(self, key, prompt, n, seed, info=None):
+        lo, hi = self.cfg.think_budget if self.cfg.length_control == "interrupt" else (self.cfg.max_new_tokens,) * 2
+        budgets = np.random.default_rng([seed, 0]).integers(lo, hi + 1, size=n).tolist()
+        g = Group(key, list(prompt), [Completion([], [], False, [], []) for _ in range(n)], budgets, seed, info, n)
+        self.open[key] = g
+        for j in range(n):
+            self.engine.submit((key, j), g.prompt, budgets[j], step_seed(seed, j, 0))
+
+    def poll(self):
+        pieces, decoded = self.engine.step()
+        self.decoded, self.steps = self.decoded + decoded, self.steps + 1
+        for (key, j), p in pieces:
+            g = self.open[key]
+            c = g.completions[j]
+            c.tokens, c.logprobs, c.mask, c.versions = (c.tokens + p.tokens, c.logprobs + p.logprobs,
+                                                        c.mask + p.mask, c.versions + p.versions)
+            c.finished = p.finished
+            action = next_request(c, g.budgets[j], self.cfg, self.think_end)
+            if action == "interrupt":  # the phrase was not sampled: loss mask 0, a placeholder log-prob
+                c.tokens, c.logprobs = c.tokens + self.phrase, c.logprobs + [0.0] * len(self.phrase)
+                c.mask, c.versions = c.mask + [0] * len(self.phrase), c.versions + [self.engine.version] * len(
+                    self.phrase)
+                c.interrupted = True
+            if action == "done":
+                g.left -= 1
+                if not g.left:
+                    self.done.append(self.open.pop(key))
+            else:
+                more = self.cfg.answer_budget if action == "interrupt" else self.cfg.max_new_tokens - len(c.tokens)
+                self.engine.submit((key, j), g.prompt + c.tokens, more, step_seed(g.seed, j, 1))
+
+    def wait(self, keys):
+        """Poll until the groups `keys` are complete; take them out of `done` and return them in that order (other
+        groups that complete meanwhile stay in `done`)."""
+        want = set(keys)
+        while want - {g.key for g in self.done}:
+            self.poll()
+        got = {g.key: g for g in self.done if g.key in want}
+        self.done = [g for g in self.done if g.key not in want]
+        return [got[k] for k in keys]
+
+
+def rollout(cfg, ro, prompts, n, seed, kind="eval"):
+    """Generate n completions for each prompt with length control, now; returns the list of groups' completions."""
+    keys = [(kind, seed, i) for i in range(len(prompts))]
+    for k, p in zip(keys, prompts):
+        ro.add(k, p, n, step_seed(seed, k[2], 0))
+    return [g.completions for g in ro.wait(keys)]
 
 
 def score(tok, groups, answers, grader, cfg=None):
@@ -904,19 +1046,20 @@ class Curriculum:
 
 
 def next_prompts(cur, k):
-    """The next k prompt indices. Each epoch is a fresh shuffle of the prompts NPR has not removed; a prompt
-    removed during an epoch is only left out from the next epoch on. Empty list: every prompt is removed."""
+    """The next k prompt indices (fewer only when NPR has removed every prompt). Each epoch is a fresh shuffle of the
+    prompts NPR has not removed; a prompt removed during an epoch is skipped if its turn in that epoch is still to
+    come (with the off-policy loop its result can arrive after the next epoch has been shuffled)."""
     out = []
     while len(out) < k:
         if cur.pos >= len(cur.order):
             active = [i for i in range(cur.n_prompts) if i not in cur.removed]
             if not active:
-                return []
-            cur.order = np.random.default_rng([cur.seed, 2, cur.epoch]).permutation(active).tolist()
+                return out
+            cur.order = np.random.default_rng([cur.seed, RNG_EPOCH, cur.epoch]).permutation(active).tolist()
             cur.epoch, cur.pos = cur.epoch + 1, 0
-        take = cur.order[cur.pos:cur.pos + k - len(out)]
-        out += take
-        cur.pos += len(take)
+        i, cur.pos = cur.order[cur.pos], cur.pos + 1
+        if i not in cur.removed:
+            out.append(i)
     return out
 
 
@@ -948,17 +1091,17 @@ def completion_weights(groups_lengths, agg):
 
 def build_batch(prompt_ids, groups, rewards, cfg):
     """From one step's rollouts to the training batch: zero-variance filter, advantages, aggregation weights.
-    Returns (samples, stats); each sample is a plain dict (prompt ids, completion, its loss mask, advantage,
-    weight). Tokens with mask 0 (injected, not sampled) count in no normaliser."""
+    Returns (samples, stats); each sample is a plain dict (prompt ids, completion, its loss mask and weight
+    versions, advantage, weight). Tokens with mask 0 (injected, not sampled) count in no normaliser."""
     keep = zero_variance_keep(rewards) if cfg.zero_variance_filter else np.ones(len(groups), bool)
     kept = [i for i in range(len(groups)) if keep[i]]
     stats = {"zero_variance_frac": float(1 - zero_variance_keep(rewards).mean()), "active_prompts": len(kept)}
     if not kept:
         return [], stats
     adv = compute_advantages(rewards[kept], cfg.adv_norm)
-    weights = completion_weights([[sum(c.loss_mask()) for c in groups[i]] for i in kept], cfg.loss_agg)
-    samples = [{"prompt": prompt_ids[i], "tokens": c.tokens, "gen_logprobs": c.logprobs, "mask": c.loss_mask(),
-                "advantage": float(adv[a, j]), "weight": weights[a][j]}
+    weights = completion_weights([[sum(c.mask) for c in groups[i]] for i in kept], cfg.loss_agg)
+    samples = [{"prompt": prompt_ids[i], "tokens": c.tokens, "gen_logprobs": c.logprobs, "mask": c.mask,
+                "versions": c.versions, "advantage": float(adv[a, j]), "weight": weights[a][j]}
                for a, i in enumerate(kept) for j, c in enumerate(groups[i])]
     return samples, stats
 
@@ -1078,7 +1221,7 @@ def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None):
     for mb in micro_batches(samples, cfg.micro_batch_tokens):
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
             logp = sequence_logprobs(model, mb, cfg, pad_id)
-        keep = torch.tensor([m == 1 for s in mb for m in s.get("mask") or [1] * len(s["tokens"])], device=device)
+        keep = torch.tensor([m == 1 for s in mb for m in s["mask"]], device=device)
         per_tok = lambda key: torch.tensor([s[key] for s in mb for _ in s["tokens"]], device=device)[keep]  # noqa
         logp_gen = torch.tensor([x for s in mb for x in s["gen_logprobs"]], device=device)[keep]
         logp = logp[keep]  # injected tokens (mask 0) are context only: no ratio, no loss, no count
@@ -1108,31 +1251,47 @@ def mismatch_sums(logp, logp_gen, eps_max):
     return np.array([d.abs().sum().item(), (torch.exp(d) - 1 - d).sum().item(), (d > math.log(eps_max)).sum().item()])
 
 # --------------------------------------------------------------------------------------------------
-# 7. Weight sync: the engine generates with the weights of the latest optimiser step
+# 7. The off-policy loop [Sec. 3.1]: which groups are generating, which are trained at each update
 # --------------------------------------------------------------------------------------------------
 
 
-def sync_weights(engine, model):
-    """Push the trainer's weights into the vLLM engine after every optimiser step [Sec. 3.1], then drop the
-    prefix cache (its KV was computed with the old weights). The weights go by their Hugging Face names; vLLM's
-    loaders map them to its own layout (fused projections, tied heads). The path is chosen by what the engine
-    offers: vLLM's CPU backend prepacks its linear layers, so only `reload_weights` (which rebuilds them) works
-    there; elsewhere the engine model's `load_weights` copies the tensors in place. The HF engine is the
-    trainer's own model: nothing to do."""
-    if engine["kind"] != "vllm":
-        return
-    import torch
-    llm = engine["llm"]
-    engine_wake(engine)
-    dtype = llm.llm_engine.model_config.dtype
-    weights = [(name, t.detach().to(dtype)) for name, t in model.state_dict().items()]
-    runner = getattr(getattr(llm.llm_engine, "model_executor", None), "driver_worker", None)
-    if engine["device"].type == "cpu" or runner is None:
-        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-    else:
-        with torch.no_grad():
-            runner.model_runner.model.load_weights(weights)
-    llm.reset_prefix_cache()
+def admission(cfg, in_flight, ready, unfinished, capacity):
+    """How many new groups to start now.
+    pipeline (PipelineRL-k, ScaleRL): keep the engine full (its `capacity` sequences decoding at once), but never
+    hold more than (K + 1) x P groups between admission and training, so that a group started now is trained
+    within K + 1 updates when groups complete in order; one that completes later than that is dropped as stale.
+    ppo (PPO-off-policy-k): K batches at a time, all with the same weights, once the previous K are trained.
+    K = 0: the synchronous loop, one batch at a time."""
+    P, K, G = cfg.prompts_per_step, cfg.max_lag, cfg.generations_per_prompt
+    if cfg.off_policy == "ppo" or K == 0:
+        return 0 if in_flight or ready else P * (max(K, 1) if cfg.off_policy == "ppo" else 1)
+    free = (capacity - unfinished) // G if in_flight else max(1, (capacity - unfinished) // G)
+    return int(max(0, min((K + 1) * P - in_flight - ready, free)))
+
+
+def group_lag(g, version):
+    """Updates between the weights that sampled the group's oldest token and the weights being updated."""
+    if g.oldest is None:  # the group is complete: its versions no longer change
+        g.oldest = min(v for c in g.completions for v, m in zip(c.versions, c.mask) if m)
+    return version - g.oldest
+
+
+def next_batch(ro, admit, cfg, version):
+    """Run the engine until P complete groups are fresh enough to train on at this update (a token at most K updates
+    old), admitting new groups as admission() allows. Returns (groups, stale): the P groups, oldest first, and how
+    many groups were dropped as stale. groups is None when nothing is left to generate."""
+    stale = 0
+    while True:
+        fresh = sorted((g for g in ro.done if group_lag(g, version) <= cfg.max_lag),
+                       key=lambda g: -group_lag(g, version))  # stable: completion order among equals
+        stale, ro.done = stale + len(ro.done) - len(fresh), fresh
+        if len(fresh) >= cfg.prompts_per_step:
+            batch, ro.done = fresh[:cfg.prompts_per_step], fresh[cfg.prompts_per_step:]
+            return batch, stale
+        admit(admission(cfg, len(ro.open), len(ro.done), ro.engine.unfinished(), ro.engine.capacity))
+        if not ro.open:
+            return None, stale
+        ro.poll()
 
 # --------------------------------------------------------------------------------------------------
 # 8. Checkpoints: written atomically, resumed exactly
@@ -1151,10 +1310,11 @@ def last_checkpoint(out):
     return (list_checkpoints(out) or ["none"])[-1]
 
 
-def save_checkpoint(out, step, model, tok, opt, sched, cur, totals, cfg):
-    """Save everything a run needs to continue exactly: the model (safetensors, loadable with from_pretrained),
-    optimiser and scheduler state, the step, the compute counters, the curriculum, the RNG state and the
-    config. Written to a temporary directory and renamed into place, so a crash mid-write leaves the previous
+def save_checkpoint(out, step, model, tok, opt, sched, cur, totals, loop, cfg):
+    """Save everything a run needs to continue: the model (safetensors, loadable with from_pretrained),
+    optimiser and scheduler state, the step, the compute counters, the curriculum, the RNG state, the config and
+    the off-policy loop's state (weight version, group counter, the prompts of the groups still in flight, which
+    a resumed run generates again). Written to a temporary directory and renamed into place, so a crash mid-write leaves the previous
     checkpoint intact; then only the newest --keep-last are kept."""
     import shutil
     import torch
@@ -1164,7 +1324,7 @@ def save_checkpoint(out, step, model, tok, opt, sched, cur, totals, cfg):
         shutil.rmtree(tmp, ignore_errors=True)
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        torch.save({"step": step, "totals": dict(totals), "curriculum": dataclasses.asdict(cur),
+        torch.save({"step": step, "totals": dict(totals), "curriculum": dataclasses.asdict(cur), "loop": loop,
                     "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                     "torch_rng": torch.get_rng_state(), "config": dataclasses.asdict(cfg),
                     "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
@@ -1190,7 +1350,7 @@ def resumed_config(cfg, ckpt):
                      "resume": ckpt}), state
 
 
-def restore(state, opt, sched, cur, totals, out):
+def restore(state, opt, sched, cur, totals, loop, out):
     """Put a checkpoint's state back, and cut metrics.jsonl back to its step (rows logged after the checkpoint
     are written again by the resumed run): no step is duplicated or missing."""
     import torch
@@ -1198,6 +1358,7 @@ def restore(state, opt, sched, cur, totals, out):
     sched.load_state_dict(state["scheduler"])
     cur.__dict__.update({**state["curriculum"], "removed": set(state["curriculum"]["removed"])})
     totals.update(state["totals"])
+    loop.update(state["loop"])
     torch.set_rng_state(state["torch_rng"])
     if state["cuda_rng"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
@@ -1214,16 +1375,17 @@ def restore(state, opt, sched, cur, totals, out):
 # --------------------------------------------------------------------------------------------------
 
 
-def evaluate(cfg, engine, tok, val_ids, val_answers, grader, seed):
+def evaluate(cfg, ro, tok, val_ids, val_answers, grader, seed):
     """Held-out mean pass rate with k = --eval-samples samples per prompt (the paper's mean@16) [Sec. 2], and the
-    grading errors."""
-    groups = rollout(cfg, engine, tok, val_ids, cfg.eval_samples, seed)
+    grading errors. The engine holds the current weights; training groups in flight go on decoding meanwhile and
+    stay apart from the evaluation's."""
+    groups = rollout(cfg, ro, val_ids, cfg.eval_samples, seed)
     correct, _, errors = score(tok, groups, val_answers, grader)
     return float(correct.mean()), errors
 
 
 def step_seed(seed, kind, step):
-    """Independent, reproducible seed for each (run seed, purpose, step)."""
+    """Independent, reproducible seed for each (run seed, purpose, step); the purposes are the RNG_* streams."""
     return int(np.random.SeedSequence([seed, kind, step]).generate_state(1)[0])
 
 
@@ -1238,6 +1400,7 @@ def progress_line(row, steps):
     val = f" | val {row['val_pass_rate']:.3f}" if "val_pass_rate" in row else ""
     return (f"step {row['step']:>4}/{steps} | reward {row['reward_mean']:.3f}{val} | zero-var "
             f"{row['zero_variance_frac']:.2f} | active {row['active_prompts']:>3} | npr {row['npr_removed']:>4} | "
+            f"lag {row['lag_mean']:.1f}/{row['lag_max']} | "
             f"intr {row['interrupted_frac']:.2f} | trunc {row['truncated_frac']:.2f} | len "
             f"{row['mean_completion_tokens']:.1f} | loss {row['loss']:+.4f} | gnorm {row['grad_norm']:.3f} | "
             f"mismatch {row.get('mismatch_abs_logprob', 0.0):.1e} | {row['step_seconds']:.2f}s (gen "
@@ -1251,10 +1414,14 @@ def progress_line(row, steps):
 def run(cfg):
     """Train for cfg.steps steps, or continue a run with --resume; write config.json, metrics.jsonl and the
     checkpoints to the run directory. Returns the metric rows."""
+    import collections
     import signal
     import torch
     check_config(cfg)
     cfg, state = resumed_config(cfg, cfg.resume) if cfg.resume else (cfg, None)
+    if cfg.engine == "hf" and cfg.off_policy == "pipeline" and cfg.max_lag > 0:
+        print("scalerl: --engine hf cannot stream; running the synchronous loop (--max-lag 0)", flush=True)
+        cfg.max_lag = 0
     train, val = load_data(cfg)  # bad data stops the run here, before a model is loaded or a file written
     if cfg.data:
         print(f"scalerl: {len(train)} training and {len(val)} held-out prompts read; loading {cfg.model}", flush=True)
@@ -1282,17 +1449,19 @@ def run(cfg):
         longest = max(longest, longest - cfg.max_new_tokens + cfg.think_budget[1] + phrase_len + cfg.answer_budget)
     if longest > getattr(model.config, "max_position_embeddings", longest):
         die(f"prompts + completions need {longest} positions; the model has {model.config.max_position_embeddings}")
+    cur = Curriculum(len(train), cfg.seed)
+    totals = {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0, "skipped_updates": 0}
+    loop = {"version": 0, "serial": 0, "pending": []}  # weights' version = optimiser updates; groups started
+    rows = restore(state, opt, sched, cur, totals, loop, out) if state else []
     if cfg.engine == "vllm":
         if 0 < cfg.vllm_max_model_len < longest:
             die(f"--vllm-max-model-len {cfg.vllm_max_model_len} is shorter than the longest prompt + "
                 f"completion ({longest})")
-        engine = make_vllm_engine(cfg, path, device, dtype, cfg.vllm_max_model_len or longest)
-        sync_weights(engine, model)  # the engine starts from exactly the trainer's weights
+        engine = VLLMEngine(cfg, path, device, dtype, cfg.vllm_max_model_len or longest)
     else:
-        engine = {"kind": "hf", "model": model, "autocast": autocast}
-    cur = Curriculum(len(train), cfg.seed)
-    totals = {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0, "skipped_updates": 0}
-    rows = restore(state, opt, sched, cur, totals, out) if state else []
+        engine = HFEngine(model, tok, cfg, autocast)
+    engine.push(model, loop["version"])  # the engine starts from exactly the trainer's weights
+    ro = Rollouts(cfg, engine, tok)
     first = state["step"] + 1 if state else 1
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump({**dataclasses.asdict(cfg), "n_params": n_params, "device": str(device),
@@ -1301,6 +1470,24 @@ def run(cfg):
           f"| best constant answer '{const}' scores {const_rate:.3f} | writing {out}"
           + (f" | resuming after step {first - 1}" if state else ""), flush=True)
     metrics = open(os.path.join(out, "metrics.jsonl"), "a" if state else "w")
+    requeue = collections.deque(loop.pop("pending"))  # prompts in flight at the checkpoint: generated again
+
+    def admit(n):
+        """Start n new groups: prompts in flight at a resumed checkpoint first, then the curriculum's next ones."""
+        idx = [i for i in (requeue.popleft() for _ in range(min(n, len(requeue)))) if i not in cur.removed]
+        for i in idx + next_prompts(cur, n - len(idx)):
+            ro.add(("train", loop["serial"]), train_ids[i], cfg.generations_per_prompt,
+                   step_seed(cfg.seed, RNG_ROLLOUT, loop["serial"]), info=i)
+            loop["serial"] += 1
+
+    def push_weights():
+        """The engine gets every update at once (pipeline: running sequences go on with the new weights), except
+        in PPO-off-policy-k, where it waits until the round's K batches are trained."""
+        if engine.version != loop["version"] and not (cfg.off_policy == "ppo" and ro.done):
+            engine.push(model, loop["version"])
+
+    def pending():
+        return [g.info for g in sorted([*ro.open.values(), *ro.done], key=lambda g: g.key)]
 
     def log(row):
         rows.append(row)
@@ -1308,10 +1495,11 @@ def run(cfg):
         metrics.flush()
 
     if not state:
-        r0, errors = evaluate(cfg, engine, tok, val_ids, val_answers, grader, step_seed(cfg.seed, 1, 0))
+        r0, errors = evaluate(cfg, ro, tok, val_ids, val_answers, grader, step_seed(cfg.seed, RNG_EVAL, 0))
         log({"step": 0, **totals, "val_pass_rate": r0, "reward_errors": len(errors)})
         print(f"step    0/{cfg.steps} | val {r0:.3f}", flush=True)
         report_grading_errors(0, errors)
+    ro.decoded = ro.steps = 0
     stop = []  # SIGINT / SIGTERM: finish the step, save a checkpoint, exit; a second signal abandons the step
 
     def on_signal(signum, frame):
@@ -1326,33 +1514,34 @@ def run(cfg):
     try:
         for step in range(first, cfg.steps + 1):
             t0 = time.time()
-            idx = next_prompts(cur, cfg.prompts_per_step)
-            if not idx:
+            groups, stale = next_batch(ro, admit, cfg, loop["version"])
+            if groups is None:
                 print("every training prompt has been removed by No-Positive-Resampling; stopping")
                 break
-            groups = rollout(cfg, engine, tok, [train_ids[i] for i in idx], cfg.generations_per_prompt,
-                             step_seed(cfg.seed, 0, step))
-            engine_sleep(engine)
+            engine.sleep()  # vLLM sleep mode (CUDA), when nothing is in flight
             t_gen = time.time() - t0
-            correct, rewards, errors = score(tok, groups, [train[i][1] for i in idx], grader, cfg)
-            samples, stats = build_batch([train_ids[i] for i in idx], groups, rewards, cfg)
+            idx, comps = [g.info for g in groups], [g.completions for g in groups]
+            correct, rewards, errors = score(tok, comps, [train[i][1] for i in idx], grader, cfg)
+            samples, stats = build_batch([g.prompt for g in groups], comps, rewards, cfg)
             update_curriculum(cur, idx, correct.mean(axis=1), cfg.npr_threshold)
+            lags = [loop["version"] - v for s in samples for v, m in zip(s["versions"], s["mask"]) if m]
+            in_flight = len(ro.open)
             t1 = time.time()
             tr = train_step(model, opt, sched, samples, cfg, tok.pad_token_id, autocast) if samples else {}
             t2 = time.time()
             if samples and not tr["skipped"]:
-                sync_weights(engine, model)
+                loop["version"] += 1
+            push_weights()
             t_sync = time.time() - t2
             t_train = t2 - t1
             step_s = time.time() - t0
             in_a_row = in_a_row + 1 if tr.get("skipped") else 0
-            comps = [c for g in groups for c in g]
+            comps = [c for g in comps for c in g]
             n_gen = sum(len(c.tokens) for c in comps)  # sampled + injected tokens, all in the context
-            n_prompt_tok = sum(len(train_ids[i]) for i in idx)
             n_train_fwd = sum(len(s["prompt"]) + len(s["tokens"]) for s in samples)
             totals["device_hours"] += step_s / 3600
-            totals["flops"] += 2 * n_params * (n_prompt_tok + n_gen) + 6 * n_params * n_train_fwd
-            totals["gen_tokens"] += sum(sum(c.loss_mask()) for c in comps)
+            totals["flops"] += 2 * n_params * (sum(len(g.prompt) for g in groups) + n_gen) + 6 * n_params * n_train_fwd
+            totals["gen_tokens"] += sum(sum(c.mask) for c in comps)
             totals["train_tokens"] += tr.get("trained_tokens", 0)
             totals["skipped_updates"] += int(tr.get("skipped", False))
             row = {"step": step, **totals, "reward_mean": float(rewards.mean()), **stats,
@@ -1361,15 +1550,20 @@ def run(cfg):
                    "interrupted_frac": float(np.mean([c.interrupted for c in comps])),
                    "mean_completion_tokens": n_gen / len(comps), "loss": tr.get("loss", 0.0),
                    "grad_norm": tr.get("grad_norm", 0.0), "clip_frac": tr.get("clip_frac", 0.0),
-                   "lr": sched.get_last_lr()[0], "step_seconds": step_s, "gen_seconds": t_gen,
+                   "lr": sched.get_last_lr()[0], "lag_mean": float(np.mean(lags)) if lags else 0.0,
+                   "lag_max": max(lags, default=0), "stale_dropped": stale, "inflight_groups": in_flight,
+                   "engine_batch_mean": ro.decoded / max(ro.steps, 1), "step_seconds": step_s, "gen_seconds": t_gen,
                    "train_seconds": t_train, "sync_seconds": t_sync,
                    **{k: v for k, v in tr.items() if k.startswith("mismatch_")}}
             if device.type == "cuda":
                 row["gpu_peak_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                row["val_pass_rate"], val_errors = evaluate(cfg, engine, tok, val_ids, val_answers, grader,
-                                                            step_seed(cfg.seed, 1, step))
+                if engine.version != loop["version"]:  # PPO-off-policy-k mid-round: evaluate the current weights
+                    engine.push(model, loop["version"])
+                row["val_pass_rate"], val_errors = evaluate(cfg, ro, tok, val_ids, val_answers, grader,
+                                                            step_seed(cfg.seed, RNG_EVAL, step))
                 errors += val_errors
+            ro.decoded = ro.steps = 0
             row["reward_errors"] = len(errors)
             log(row)
             print(progress_line(row, cfg.steps), flush=True)
@@ -1380,7 +1574,8 @@ def run(cfg):
                     f"gradient norm {tr['grad_norm']}); stopping. Last checkpoint: {last_checkpoint(out)}", 1)
             if stop or cfg.save_every and step % cfg.save_every == 0:
                 saved = step
-                ckpt = save_checkpoint(out, step, model, tok, opt, sched, cur, totals, cfg)
+                ckpt = save_checkpoint(out, step, model, tok, opt, sched, cur, totals,
+                                       {**loop, "pending": list(requeue) + pending()}, cfg)
             if stop:
                 print(f"{stop[0]}: stopped after step {step}; checkpoint {ckpt}; continue with: "
                       f"python scalerl.py --resume auto --out {out}", flush=True)
@@ -1392,9 +1587,11 @@ def run(cfg):
     finally:
         metrics.close()
         grader.close()
+        engine.abort()
         for sig, h in handlers.items():
             signal.signal(sig, h)
-    ckpt = save_checkpoint(out, done, model, tok, opt, sched, cur, totals, cfg) if done > saved else \
+    ckpt = save_checkpoint(out, done, model, tok, opt, sched, cur, totals,
+                           {**loop, "pending": list(requeue) + pending()}, cfg) if done > saved else \
         last_checkpoint(out)
     print(f"done: model and training state in {ckpt}, metrics in {out}/metrics.jsonl")
     return rows

@@ -125,7 +125,7 @@ def test_advantage_normalisations_by_hand():
 def test_zero_variance_filter_drops_exactly_flat_groups():
     rewards = np.array([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
     assert S.zero_variance_keep(rewards).tolist() == [False, False, True, True]
-    groups = [[S.Completion([5, 2], [-1.0, -1.0], True)] * 3 for _ in range(4)]
+    groups = [[S.Completion([5, 2], [-1.0, -1.0], True, [1, 1], [0, 0])] * 3 for _ in range(4)]
     prompts = [[1, 10 + i] for i in range(4)]
     samples, stats = S.build_batch(prompts, groups, rewards, S.Config())
     assert sorted({tuple(s["prompt"]) for s in samples}) == [(1, 12), (1, 13)]
@@ -200,16 +200,17 @@ def default_model(tmp_path_factory):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_hf_engine_logprobs_equal_trainer_logprobs(default_model, temperature):
     model, tok = default_model
-    prompts = [tok("3941:").input_ids, tok("12:").input_ids]
-    groups = S.hf_generate(model, tok, prompts, 5, 6, temperature, seed=1, lm_head_fp32=True)
-    assert [len(g) for g in groups] == [5, 5]
-    samples = [{"prompt": p, "tokens": c.tokens} for p, g in zip(prompts, groups) for c in g]
-    for s, c in zip(samples, [c for g in groups for c in g]):
-        assert c.finished == (c.tokens[-1] == tok.eos_token_id) and (c.finished or len(c.tokens) == 6)
-        assert tok.eos_token_id not in c.tokens[:-1]
+    prompts = [tok("3941:").input_ids] * 5 + [tok("12:").input_ids] * 5
+    limits = [6, 2, 6, 3, 6] * 2  # each row is cut at its own limit
+    comps, decoded = S.hf_generate(model, tok, prompts, limits, temperature, seed=1, lm_head_fp32=True)
+    samples = [{"prompt": p, "tokens": c.tokens} for p, c in zip(prompts, comps)]
+    for c, limit in zip(comps, limits):
+        assert c.finished == (c.tokens[-1] == tok.eos_token_id) and (c.finished or len(c.tokens) == limit)
+        assert tok.eos_token_id not in c.tokens[:-1] and len(c.tokens) <= limit and c.mask == [1] * len(c.tokens)
+    assert sum(len(c.tokens) for c in comps) <= decoded <= 6 * len(prompts)
     with torch.no_grad():
         lp = S.sequence_logprobs(model, samples, S.Config(temperature=temperature), tok.pad_token_id)
-    gen = torch.tensor([x for g in groups for c in g for x in c.logprobs])
+    gen = torch.tensor([x for c in comps for x in c.logprobs])
     assert lp.shape == gen.shape and torch.allclose(lp, gen, atol=1e-5)
 
 
@@ -224,7 +225,7 @@ def test_hf_engine_samples_from_the_full_distribution(default_model):
     model.generation_config = GenerationConfig(do_sample=True, top_k=3, top_p=0.5, temperature=0.3,
                                                repetition_penalty=1.5, eos_token_id=2, pad_token_id=0)
     try:
-        (group,) = S.hf_generate(model, tok, [prompt], n, 1, 1.3, seed=2, lm_head_fp32=True)
+        group, _ = S.hf_generate(model, tok, [prompt] * n, [1] * n, 1.3, seed=2, lm_head_fp32=True)
     finally:
         model.generation_config = saved
     with torch.no_grad():
@@ -244,6 +245,7 @@ def test_gradient_accumulation_is_exact(default_model, tmp_path):
                 "advantage": float(rng.normal()), "weight": 0.05} for i in range(10)]
     for s in samples:
         s["gen_logprobs"] = (-2.0 + 0.1 * rng.normal(size=len(s["tokens"]))).tolist()
+        s["mask"] = [1] * len(s["tokens"])
     deltas = []
     for budget in (10, 10_000):
         m = copy.deepcopy(model)
@@ -283,19 +285,26 @@ def test_task_is_verifiable_uniform_and_held_out():
 
 
 # ---------------------------------------------------------------------------------------------- length control
-def test_needs_interruption_by_hand():
+def test_next_request_by_hand():
+    """Forced interruptions as a state machine: what a completion needs after each piece of generation."""
     END, EOS = [7, 8], 2  # a two-token think_end, to check the subsequence search too
-    C = S.Completion
-    cases = [  # (tokens, finished, budget, interrupt?)
-        ([5, 7, 8, 9, 9, 9], False, 3, False),   # closed its reasoning within the budget: left alone
-        ([5, 5, 7, 8, 9, 9], False, 3, True),    # closes it only after the budget
-        ([5, 7, 9, 8, 9, 9], False, 6, True),    # never closes it (7 and 8 apart)
-        ([5, 9, EOS], True, 3, False),           # ended within the budget
-        ([5, 9, 9, EOS], True, 3, True),         # ends only after the budget
-        ([5, 9, 9], False, 3, True),             # no thinking format at all, reaches the budget
+    cfg = S.Config(length_control="interrupt", max_new_tokens=10)
+    C = lambda tokens, finished, interrupted=False: S.Completion(tokens, [0.0] * len(tokens), finished,  # noqa
+                                                                 [1] * len(tokens), [0] * len(tokens), interrupted)
+    cases = [  # (completion so far, its budget, what it needs)
+        (C([5, 7, 8], False), 3, "continue"),             # closed its reasoning within the budget: runs on
+        (C([5, 5, 7], False), 3, "interrupt"),            # only the start of think_end within the budget
+        (C([5, 7, 9, 8, 9, 9], False), 6, "interrupt"),   # never closes it (7 and 8 apart)
+        (C([5, 9, EOS], True), 3, "done"),                # ended within the budget
+        (C([5, EOS], True), 3, "done"),                   # ended early
+        (C([5, 9, 9], False), 3, "interrupt"),            # no thinking format at all, reaches the budget
+        (C([5, 7, 8, 9, 9], False), 3, "done"),           # the continuation of a closed reasoning came back
+        (C([5, 9, 9, 1, 1, 4], False, True), 3, "done"),  # the answer after an interruption came back
     ]
-    for tokens, finished, budget, want in cases:
-        assert S.needs_interruption(C(tokens, [0.0] * len(tokens), finished), budget, END) == want, tokens
+    for c, budget, want in cases:
+        assert S.next_request(c, budget, cfg, END) == want, c.tokens
+    for other in ("truncate", "penalty"):  # no interruptions: one request to --max-new-tokens
+        assert S.next_request(C([5, 9, 9], False), 3, S.Config(length_control=other), END) == "done"
 
 
 def test_overlong_penalty_at_the_boundaries():
@@ -308,47 +317,64 @@ def test_penalty_is_added_to_correct_answers_only(default_model):
     cfg = S.Config(length_control="penalty", max_new_tokens=10, max_len=10, cache_len=4)
     eos = tok.eos_token_id
     digits = lambda text: [tok.convert_tokens_to_ids(ch) for ch in text]  # noqa: E731
-    groups = [[S.Completion(digits("7") + [eos], [0.0] * 2, True),           # 2 tokens, right
-               S.Completion(digits("1111117") + [eos], [0.0] * 8, True),     # 8 tokens, right: -0.5
-               S.Completion(digits("1111113") + [eos], [0.0] * 8, True),     # 8 tokens, wrong: 0, not -0.5
-               S.Completion(digits("7"), [0.0], False)]]                     # cut off: no final answer, 0
+    C = lambda tokens, finished: S.Completion(tokens, [0.0] * len(tokens), finished, [1] * len(tokens),  # noqa
+                                              [0] * len(tokens))
+    groups = [[C(digits("7") + [eos], True),            # 2 tokens, right
+               C(digits("1111117") + [eos], True),      # 8 tokens, right: -0.5
+               C(digits("1111113") + [eos], True),      # 8 tokens, wrong: 0, not -0.5
+               C(digits("7"), False)]]                  # cut off: no final answer, 0
     correct, reward, errors = S.score(tok, groups, ["7"], S.Grader(S.reward_last_digit, 0, 1.0), cfg)
     assert correct.tolist() == [[1, 1, 0, 0]] and reward.tolist() == [[1, 0.5, 0, 0]] and errors == []
 
 
-def interrupt_cfg(engine):
-    return S.Config(engine=engine, length_control="interrupt", max_new_tokens=8, think_budget=(2, 3),
-                    answer_budget=3, temperature=1.0)
+def interrupt_cfg(engine, length_control="interrupt"):
+    cfg = S.Config(engine=engine, length_control=length_control, max_new_tokens=8, think_budget=(2, 3),
+                   answer_budget=3, temperature=1.0, max_lag=0)
+    S.check_config(cfg)
+    return cfg
+
+
+def make_engine(kind, cfg, model, tok):
+    if kind == "vllm":
+        need_vllm()
+        return S.VLLMEngine(cfg, S.build_tiny_model(os.environ["XDG_CACHE_HOME"] + "/scalerl", 0, False),
+                            torch.device("cpu"), torch.float32, 128)
+    return S.HFEngine(model, tok, cfg, None)
 
 
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
 def test_interruptions_with_each_engine(engine, default_model):
     model, tok = default_model
-    if engine == "vllm":
-        need_vllm()
     cfg = interrupt_cfg(engine)
-    S.check_config(cfg)
-    if engine == "vllm":
-        eng = S.make_vllm_engine(cfg, S.build_tiny_model(os.environ["XDG_CACHE_HOME"] + "/scalerl", 0, False),
-                                 torch.device("cpu"), torch.float32, 128)
-    else:
-        eng = {"kind": "hf", "model": model, "autocast": None}
+    eng = make_engine(engine, cfg, model, tok)
     prompts = [tok(p).input_ids for p in ["3941:", "27:", "55512:", "8:"]]
     phrase = tok(cfg.interruption_phrase, add_special_tokens=False).input_ids
     think_end = tok(cfg.think_end, add_special_tokens=False).input_ids
     assert len(phrase) > 20 and phrase[-1:] == think_end and tok.unk_token_id not in phrase
-    plain = S.generate(cfg, eng, tok, prompts, 6, seed=11)
-    groups = S.rollout(cfg, eng, tok, prompts, 6, seed=11)
+    def run_groups(c):  # the same requests (same seeds) with each length control
+        ro = S.Rollouts(c, eng, tok)
+        for i, p in enumerate(prompts):
+            ro.add(("t", i), p, 6, seed=100 + i)
+        groups = ro.wait([("t", i) for i in range(len(prompts))])
+        assert not ro.open and not ro.done and eng.unfinished() == 0
+        return groups
+
+    plain = run_groups(interrupt_cfg(engine, "truncate"))  # one piece each, to --max-new-tokens
     n_interrupted = 0
-    for g_plain, g in zip(plain, groups):
-        for c0, c in zip(g_plain, g):
-            if not c.interrupted:  # closed or ended within the budget: exactly the first pass's completion
-                assert (c.tokens, c.logprobs, c.finished, c.mask) == (c0.tokens, c0.logprobs, c0.finished, None)
-                assert c.finished and len(c.tokens) <= 3 or S.find_subsequence(c.tokens[:3], think_end) is not None
+    for g_plain, g in zip(plain, run_groups(cfg)):
+        for c0, c, b in zip(g_plain.completions, g.completions, g.budgets):
+            assert 2 <= b <= 3 and len(c.versions) == len(c.tokens) == len(c.logprobs) == len(c.mask)
+            if not c.interrupted and c.finished and len(c.tokens) <= b:  # ended within its budget: left alone
+                n = len(c.tokens)
+                assert (c.tokens, c.logprobs, c.mask) == (c0.tokens[:n], c0.logprobs[:n], [1] * n)
+                continue
+            assert c.tokens[:b] == c0.tokens[:b] and c.logprobs[:b] == c0.logprobs[:b]
+            if not c.interrupted:  # closed its reasoning within the budget: continued, no phrase
+                assert S.find_subsequence(c.tokens[:b], think_end) is not None and c.mask == [1] * len(c.tokens)
+                assert len(c.tokens) <= cfg.max_new_tokens
                 continue
             n_interrupted += 1
-            b = c.mask.index(0)
-            assert 2 <= b <= 3 and c.tokens[:b] == c0.tokens[:b] and c.logprobs[:b] == c0.logprobs[:b]
+            assert c.mask.index(0) == b and S.find_subsequence(c.tokens[:b], think_end) is None
             assert c.tokens[b:b + len(phrase)] == phrase and c.mask[b:b + len(phrase)] == [0] * len(phrase)
             answer = c.tokens[b + len(phrase):]
             assert 1 <= len(answer) <= cfg.answer_budget and c.mask[b + len(phrase):] == [1] * len(answer)
@@ -387,7 +413,8 @@ def test_loss_ignores_injected_tokens(default_model):
 # ---------------------------------------------------------------------------------------------- end to end
 METRIC_KEYS = ["step", "device_hours", "flops", "gen_tokens", "train_tokens", "reward_mean", "zero_variance_frac",
                "active_prompts", "npr_removed", "truncated_frac", "loss", "grad_norm", "step_seconds",
-               "gen_seconds", "train_seconds"]
+               "gen_seconds", "train_seconds", "lag_mean", "lag_max", "stale_dropped", "inflight_groups",
+               "engine_batch_mean"]
 
 
 def read_metrics(out):
@@ -445,10 +472,10 @@ def vllm_engine(request, tmp_path_factory):
     """A tiny model (untied or tied head) and a vLLM engine made from the same weights, shared by a module."""
     need_vllm()
     os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.getbasetemp() / "cache")
-    cfg = S.Config(tie_word_embeddings=request.param, engine="vllm")
+    cfg = S.Config(tie_word_embeddings=request.param, engine="vllm", length_control="truncate", max_new_tokens=6)
     model, tok, path = S.load_model(cfg, torch.device("cpu"))
     threads = torch.get_num_threads()
-    engine = S.make_vllm_engine(cfg, path, torch.device("cpu"), torch.float32, 64)
+    engine = S.VLLMEngine(cfg, path, torch.device("cpu"), torch.float32, 64)
     assert torch.get_num_threads() == threads  # the trainer, in the same process, keeps its threads
     return cfg, model, tok, engine
 
@@ -456,14 +483,16 @@ def vllm_engine(request, tmp_path_factory):
 def engine_logprobs(engine, seq):
     """The engine's log-probs of every token of seq after the first (prompt log-probs, temperature 1)."""
     from vllm import SamplingParams
-    out = engine["llm"].generate([{"prompt_token_ids": seq}], SamplingParams(max_tokens=1, prompt_logprobs=0,
-                                 detokenize=False), use_tqdm=False)[0]
+    assert engine.unfinished() == 0  # LLM.generate would consume the outputs of requests in flight
+    out = engine.llm.generate([{"prompt_token_ids": seq}], SamplingParams(max_tokens=1, prompt_logprobs=0,
+                              detokenize=False), use_tqdm=False)[0]
     return torch.tensor([d[t].logprob for t, d in zip(seq[1:], out.prompt_logprobs[1:])])
 
 
-def trainer_logprobs(model, seq, pad_id):
+def trainer_logprobs(model, seq, pad_id, temperature=1.0):
     with torch.no_grad():
-        return S.sequence_logprobs(model, [{"prompt": seq[:1], "tokens": seq[1:]}], S.Config(), pad_id)
+        return S.sequence_logprobs(model, [{"prompt": seq[:1], "tokens": seq[1:]}], S.Config(temperature=temperature),
+                                   pad_id)
 
 
 def greedy(model, prompt, eos, n):
@@ -477,7 +506,7 @@ def greedy(model, prompt, eos, n):
     return ids[len(prompt):]
 
 
-def test_vllm_sync_after_a_training_step(vllm_engine):
+def test_vllm_push_after_a_training_step(vllm_engine):
     from vllm import SamplingParams
     cfg, model0, tok, engine = vllm_engine
     model = copy.deepcopy(model0)
@@ -485,50 +514,51 @@ def test_vllm_sync_after_a_training_step(vllm_engine):
     assert torch.allclose(engine_logprobs(engine, seq), trainer_logprobs(model, seq, tok.pad_token_id), atol=1e-4)
     # one real training step on the engine's own samples
     prompts = [tok("3941:").input_ids, tok("27:").input_ids]
-    groups = S.vllm_generate(engine, prompts, 4, 6, 1.0, seed=0)
-    samples = [{"prompt": p, "tokens": c.tokens, "gen_logprobs": c.logprobs, "advantage": (-1.0) ** j,
+    groups = S.rollout(cfg, S.Rollouts(cfg, engine, tok), prompts, 4, seed=0)
+    samples = [{"prompt": p, "tokens": c.tokens, "gen_logprobs": c.logprobs, "mask": c.mask, "advantage": (-1.0) ** j,
                 "weight": 0.1} for p, g in zip(prompts, groups) for j, c in enumerate(g)]
     opt, sched = S.make_optimizer(model, S.Config(lr=1e-2, warmup_steps=0))
     S.train_step(model, opt, sched, samples, cfg, tok.pad_token_id)
     want = trainer_logprobs(model, seq, tok.pad_token_id)
     try:
-        assert (engine_logprobs(engine, seq) - want).abs().max() > 1e-3  # before the sync: the old weights
-        S.sync_weights(engine, model)
+        assert (engine_logprobs(engine, seq) - want).abs().max() > 1e-3  # before the push: the old weights
+        engine.push(model, 1)
         assert torch.allclose(engine_logprobs(engine, seq), want, atol=1e-4)
         params = SamplingParams(temperature=0.0, max_tokens=8, detokenize=False)
         for p in prompts + [seq]:
-            out = engine["llm"].generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0]
+            out = engine.llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0]
             assert list(out.outputs[0].token_ids) == greedy(model, p, tok.eos_token_id, 8)
     finally:
-        S.sync_weights(engine, model0)  # leave the shared engine as it was
+        engine.push(model0, 0)  # leave the shared engine as it was
     assert torch.allclose(engine_logprobs(engine, seq), trainer_logprobs(model0, seq, tok.pad_token_id), atol=1e-4)
 
 
 def test_vllm_samples_differ_within_and_across_prompts(vllm_engine):
-    _, model, tok, engine = vllm_engine
+    cfg, model, tok, engine = vllm_engine
     p = tok("3941:").input_ids
-    g1, g2 = S.vllm_generate(engine, [p, p], 8, 6, 1.0, seed=5)
+    g1, g2 = S.rollout(cfg, S.Rollouts(cfg, engine, tok), [p, p], 8, seed=5)
     assert len({tuple(c.tokens) for c in g1}) > 1
     assert [c.tokens for c in g1] != [c.tokens for c in g2]  # each prompt gets its own random stream
-    again = S.vllm_generate(engine, [p, p], 8, 6, 1.0, seed=5)
+    again = S.rollout(cfg, S.Rollouts(cfg, engine, tok), [p, p], 8, seed=5)
     assert [[c.tokens for c in g] for g in again] == [[c.tokens for c in g1], [c.tokens for c in g2]]
     for c in g1 + g2:  # the recorded log-probs are the trainer's log-probs of the same tokens (same weights)
-        assert c.finished == (c.tokens[-1] == tok.eos_token_id)
+        assert c.finished == (c.tokens[-1] == tok.eos_token_id) and c.versions == [engine.version] * len(c.tokens)
         lp = trainer_logprobs(model, p + c.tokens, tok.pad_token_id)[len(p) - 1:]
         assert torch.allclose(lp, torch.tensor(c.logprobs), atol=1e-4)
 
 
-def test_vllm_run_reproducible_with_tiny_mismatch(tmp_path):
+def test_vllm_synchronous_run_is_on_policy_and_reproducible(tmp_path):
     need_vllm()
     # without the zero-variance filter every step trains (and measures the mismatch on all its tokens)
-    rows_a = S.run(small_cfg(tmp_path / "a", engine="vllm", zero_variance_filter=False))
-    rows_b = S.run(small_cfg(tmp_path / "b", engine="vllm", zero_variance_filter=False))
+    rows_a = S.run(small_cfg(tmp_path / "a", engine="vllm", zero_variance_filter=False, max_lag=0))
+    rows_b = S.run(small_cfg(tmp_path / "b", engine="vllm", zero_variance_filter=False, max_lag=0))
     assert [r.get("reward_mean") for r in rows_a] == [r.get("reward_mean") for r in rows_b]
     assert [r.get("val_pass_rate") for r in rows_a] == [r.get("val_pass_rate") for r in rows_b]
     trained = [r for r in rows_a[1:] if r["active_prompts"] > 0]
     assert len(trained) == 3
-    for r in trained:  # FP32 head on both sides, float32: trainer and engine agree
-        assert r["mismatch_abs_logprob"] < 1e-4 and r["mismatch_trunc_frac"] == 0 and r["sync_seconds"] > 0
+    for r in trained:  # FP32 head on both sides, float32, the weights that sampled: importance ratios are 1
+        assert r["mismatch_abs_logprob"] < 1e-5 and r["mismatch_trunc_frac"] == 0 and r["sync_seconds"] > 0
+        assert r["lag_max"] == 0 and r["inflight_groups"] == 0 and r["stale_dropped"] == 0
 
 
 def test_vllm_default_run_from_the_command_line(tmp_path):
@@ -540,8 +570,220 @@ def test_vllm_default_run_from_the_command_line(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     rows = read_metrics(str(tmp_path / "run"))
     assert [r["step"] for r in rows] == list(range(26))
-    assert json.load(open(tmp_path / "run" / "config.json"))["engine"] == "vllm"
+    cfg = json.load(open(tmp_path / "run" / "config.json"))
+    assert (cfg["engine"], cfg["off_policy"], cfg["max_lag"]) == ("vllm", "pipeline", 8)
     assert np.mean([r["reward_mean"] for r in rows[-3:]]) > np.mean([r["reward_mean"] for r in rows[1:4]]) + 0.1
+    assert max(r["lag_max"] for r in rows[1:]) >= 1  # really off-policy: updates landed while groups were decoding
+    assert any(r["inflight_groups"] > 0 for r in rows[1:]) and all(r["lag_max"] <= 8 for r in rows[1:])
+
+
+# ---------------------------------------------------------------------------------------------- off-policy loop
+def test_vllm_update_mid_completion_gives_two_versions(vllm_engine):
+    """Weights pushed between two engine steps: the running sequences go on, and their tokens carry the version
+    that sampled them (vLLM's weight_versions spans)."""
+    cfg, model0, tok, engine = vllm_engine
+    ro = S.Rollouts(cfg, engine, tok)
+    ro.add(("t", 0), tok("3941:").input_ids, 4, seed=3)
+    for _ in range(3):
+        ro.poll()
+    assert ro.open and not ro.done  # mid-completion
+    model = copy.deepcopy(model0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    try:
+        engine.push(model, 1)
+        (g,) = ro.wait([("t", 0)])
+    finally:
+        engine.push(model0, 0)
+    for c in g.completions:
+        if not c.finished or len(c.tokens) > 3:
+            assert c.versions == [0] * 3 + [1] * (len(c.tokens) - 3), c.versions
+    assert any(c.versions[0] != c.versions[-1] for c in g.completions)
+
+
+def kv_reference_logprobs(models, prompt, tokens, versions, temperature, refresh):
+    """Slow reference for the log-prob of each sampled token, from the weights that were live when it was sampled.
+    Default (kept KV): a token sampled after an update attends to keys and values computed with the weights that
+    were live when each earlier position was fed in (the prompt with the first token's weights, token t-1 with
+    token t's): recomputed one token at a time with an explicit cache carried from model to model. refresh: the
+    running sequences were re-prefilled at each update, so each token is a plain forward pass of its own weights."""
+    from transformers import DynamicCache
+    out, cache = [], DynamicCache()
+    with torch.no_grad():
+        for t, v in enumerate(versions):
+            if refresh:
+                logits = models[v](torch.tensor([prompt + tokens[:t]])).logits[0, -1]
+            else:
+                fed = prompt if t == 0 else tokens[t - 1:t]
+                logits = models[v](torch.tensor([fed]), past_key_values=cache, use_cache=True).logits[0, -1]
+            out.append(torch.log_softmax(logits.double() / temperature, -1)[tokens[t]].item())
+    return out
+
+
+@pytest.mark.parametrize("refresh", [False, True], ids=["kept-kv", "refresh-kv"])
+def test_recorded_logprobs_are_those_of_the_weights_live_at_each_token(refresh, default_model, tmp_path):
+    """The importance ratio's pi_gen is each token's own recorded log-prob: with updates landing mid-completion,
+    they equal a slow recomputation with the weights live when each token was sampled (and differ from the
+    trainer's current weights), and build_batch carries exactly them into the batch."""
+    need_vllm()
+    model0, tok = default_model
+    cfg = S.Config(engine="vllm", length_control="truncate", max_new_tokens=12, temperature=0.8, refresh_kv=refresh)
+    S.check_config(cfg)
+    engine = make_engine("vllm", cfg, model0, tok)
+    models = [copy.deepcopy(model0) for _ in range(3)]
+    for m in models[1:]:
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+    ro = S.Rollouts(cfg, engine, tok)
+    prompts = [tok("3941:").input_ids, tok("275:").input_ids]
+    for i, p in enumerate(prompts):
+        ro.add(("t", i), p, 3, seed=7 + i)
+    for version in (1, 2):  # two updates land while the sequences are decoding
+        for _ in range(4):
+            ro.poll()
+        engine.push(models[version], version)
+    groups = ro.wait([("t", 0), ("t", 1)])
+    n_mixed = 0
+    for p, g in zip(prompts, groups):
+        for c in g.completions:
+            ref = kv_reference_logprobs(models, p, c.tokens, c.versions, cfg.temperature, refresh)
+            np.testing.assert_allclose(c.logprobs, ref, atol=1e-4)
+            n_mixed += len(set(c.versions)) > 1
+            now = trainer_logprobs(models[2], p + c.tokens, tok.pad_token_id, cfg.temperature)[len(p) - 1:]
+            assert (now - torch.tensor(c.logprobs)).abs().max() > 1e-3  # the ratio is not 1
+    assert n_mixed >= 4
+    samples, _ = S.build_batch(prompts, [g.completions for g in groups], np.array([[1.0, 0, 0], [0, 1.0, 0]]), cfg)
+    assert [s["gen_logprobs"] for s in samples] == [c.logprobs for g in groups for c in g.completions]
+
+
+class ScriptedEngine:
+    """A fake engine for the off-policy bookkeeping: each request finishes after a scripted number of engine steps,
+    with tokens labelled by the version live at each step."""
+
+    def __init__(self, steps_for, capacity=10**9):
+        self.steps_for, self.capacity, self.version, self.live = steps_for, capacity, 0, {}
+
+    def submit(self, key, ids, max_tokens, seed):
+        self.live[key] = (self.steps_for(key), [])
+
+    def unfinished(self):
+        return len(self.live)
+
+    def step(self):
+        done, decoded = [], len(self.live)
+        for key, (n, versions) in list(self.live.items()):
+            versions.append(self.version)
+            if len(versions) == n:
+                del self.live[key]
+                done.append((key, S.Completion([7] * n, [-1.0] * n, True, [1] * n, versions)))
+        return done, decoded
+
+    def push(self, model, version):
+        self.version = version
+
+
+def test_next_batch_keeps_the_lag_bound_and_drops_stale_groups():
+    """Groups of serial 2 take 8 engine steps, the others 1: with K = 1 and updates after every batch, the slow one
+    is 2+ updates old when it completes, so it is dropped and counted, and no trained group exceeds the bound."""
+    cfg = S.Config(prompts_per_step=2, generations_per_prompt=2, max_lag=1, length_control="truncate")
+
+    class Tok:
+        def __call__(self, text, add_special_tokens=False):
+            return type("E", (), {"input_ids": [1]})()
+
+    engine = ScriptedEngine(lambda key: 8 if key[0][1] == 2 else 1)
+    ro, serial = S.Rollouts(cfg, engine, Tok()), [0]
+
+    def admit(n):
+        for _ in range(n):
+            ro.add(("train", serial[0]), [1], 2, seed=serial[0])
+            serial[0] += 1
+
+    stale_total, trained = 0, []
+    for version in range(12):
+        engine.push(None, version)
+        groups, stale = S.next_batch(ro, admit, cfg, version)
+        lags = [S.group_lag(g, version) for g in groups]
+        assert len(groups) == 2 and max(lags) <= cfg.max_lag and lags == sorted(lags, reverse=True)
+        assert len(ro.open) + len(ro.done) <= (cfg.max_lag + 1) * cfg.prompts_per_step  # admission's bound
+        stale_total += stale
+        trained += [g.key[1] for g in groups]
+    assert stale_total == 1 and 2 not in trained and len(set(trained)) == len(trained)
+
+
+def test_admission_by_mode():
+    P, G = 4, 2
+    cfg = lambda **kw: S.Config(prompts_per_step=P, generations_per_prompt=G, **kw)  # noqa: E731
+    assert S.admission(cfg(max_lag=0), 0, 0, 0, 100) == P           # synchronous: one batch, then nothing
+    assert S.admission(cfg(max_lag=0), 3, 0, 6, 100) == 0
+    assert S.admission(cfg(off_policy="ppo", max_lag=3), 0, 0, 0, 100) == 3 * P   # PPO-off-policy-k: K batches
+    assert S.admission(cfg(off_policy="ppo", max_lag=3), 0, 1, 0, 100) == 0      # ... once all are trained
+    assert S.admission(cfg(max_lag=2), 0, 0, 0, 100) == 3 * P       # pipeline: up to (K + 1) P ahead
+    assert S.admission(cfg(max_lag=2), 5, 4, 10, 100) == 3          # ... counting those ready
+    assert S.admission(cfg(max_lag=8), 10, 0, 20, 24) == 2          # ... and no more than the engine decodes at once
+    assert S.admission(cfg(max_lag=8), 0, 0, 0, 1) == 1             # a group always starts when nothing runs
+
+
+def test_ppo_takes_k_steps_per_generated_batch(tmp_path, monkeypatch):
+    """PPO-off-policy-k: K batches generated with the same weights, then K optimiser steps: the first step of each
+    round is on-policy (ratios 1), the later ones train on data 1, 2, ... updates old."""
+    # a reward a random policy gets half the time (completions that end, by parity), so every batch has a gradient
+    monkeypatch.setitem(S.REWARDS, "largest-digit", lambda text, answer: float(len(text) % 2 == 0))
+    rows = S.run(small_cfg(tmp_path, engine="hf", steps=6, off_policy="ppo", max_lag=3, zero_variance_filter=False,
+                           eval_every=100, lr=3e-3, warmup_steps=0))
+    assert all(r["zero_variance_frac"] < 1 for r in rows[1:])
+    assert [r["lag_max"] for r in rows[1:]] == [0, 1, 2, 0, 1, 2]
+    for r in rows[1:]:
+        if r["lag_max"] == 0:
+            assert r["mismatch_abs_logprob"] < 1e-5 and r["gen_seconds"] > 0
+        else:
+            assert r["mismatch_abs_logprob"] > 1e-4 and r["lag_mean"] == r["lag_max"]
+
+
+def test_pipeline_lag_bound_holds_when_training_is_slow(tmp_path, monkeypatch):
+    """In one process, generation pauses while the trainer runs, so a slow trainer cannot let the generator run
+    ahead: the bound holds however slow training is, and groups really span updates."""
+    need_vllm()
+    real = S.train_step
+
+    def slow(*a, **kw):
+        import time
+        time.sleep(0.3)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(S, "train_step", slow)
+    rows = S.run(small_cfg(tmp_path, engine="vllm", steps=6, prompts_per_step=4, max_lag=1, eval_every=100,
+                           zero_variance_filter=False, length_control="truncate", max_new_tokens=16))
+    assert all(r["lag_max"] <= 1 for r in rows[1:]) and max(r["lag_max"] for r in rows[1:]) == 1
+    assert rows[1]["engine_batch_mean"] > 0  # (0 on a step whose groups were all complete already)
+
+
+def test_npr_prompt_removed_while_in_flight_is_not_drawn_again():
+    """With the off-policy loop, a prompt's result can arrive after the next epoch was shuffled: it is skipped there."""
+    cur = S.Curriculum(n_prompts=4, seed=0)
+    first = S.next_prompts(cur, 4)       # the whole first epoch is in flight
+    nxt = S.next_prompts(cur, 1)         # the second epoch is shuffled before any result came back
+    order2 = list(cur.order)
+    solved = next(i for i in first if i != nxt[0])  # its turn in the second epoch is still to come
+    S.update_curriculum(cur, [solved], [1.0], threshold=0.9)
+    assert S.next_prompts(cur, 2) == [i for i in order2[1:] if i != solved]
+
+
+def test_evaluation_in_pipeline_mode_stays_apart(vllm_engine):
+    """Evaluation groups are generated while training groups are in flight: each side gets exactly its own groups,
+    and the evaluation uses the weights the engine holds now."""
+    cfg, _, tok, engine = vllm_engine
+    ro = S.Rollouts(cfg, engine, tok)
+    for i in range(3):
+        ro.add(("train", i), tok("12:").input_ids, 4, seed=i)
+    ro.poll()
+    evals = S.rollout(cfg, ro, [tok("3941:").input_ids, tok("27:").input_ids], 5, seed=1)
+    assert [len(g) for g in evals] == [5, 5]
+    assert all(c.versions == [engine.version] * len(c.tokens) for g in evals for c in g)
+    train = ro.wait([("train", i) for i in range(3)])
+    assert [len(g.completions) for g in train] == [4, 4, 4] and not ro.done and not ro.open
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -574,6 +816,9 @@ def test_vllm_default_run_from_the_command_line(tmp_path):
     (["--reward", "verify"], "invalid choice"),
     (["--reward-timeout", "0"], "--reward-timeout must be > 0"),
     (["--reward-workers", "-2"], "--reward-workers must be >= -1"),
+    (["--max-lag", "-1"], "--max-lag must be >= 0"),
+    (["--off-policy", "sometimes"], "invalid choice"),
+    (["--engine", "hf", "--refresh-kv"], "--refresh-kv applies to sequences in flight"),
 ])
 def test_cli_bad_input(args, message, tmp_path):
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
@@ -597,7 +842,8 @@ def test_cli_refuses_to_overwrite_a_run(tmp_path):
 def test_cli_refuses_vllm_sleep_on_cpu(tmp_path):
     need_vllm()
     p = subprocess.run([sys.executable, os.path.join(HERE, "scalerl.py"), "--engine", "vllm", "--device", "cpu",
-                        "--vllm-sleep", "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+                        "--vllm-sleep", "--max-lag", "0", "--out", str(tmp_path / "o")], capture_output=True,
+                       text=True, timeout=120)
     assert p.returncode == 2 and "refused on CPU" in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
 
@@ -635,7 +881,9 @@ def test_resume_is_exact(tmp_path):
     assert any(not torch.equal(first[k], b[k]) for k in b)  # and the weights moved between the two parts
 
 
-def test_resume_with_vllm_continues_counters_and_curriculum(tmp_path):
+def test_resume_in_pipeline_mode_regenerates_the_groups_in_flight(tmp_path):
+    """A checkpoint taken with groups in flight records their prompts; the resumed run generates them again first,
+    and the counters, the curriculum and the weight version go on (continued correctly, not bit-exactly)."""
     need_vllm()
     S.run(ckpt_cfg(tmp_path, engine="vllm", steps=2, prompts_per_step=8))
     state2 = torch.load(S.list_checkpoints(str(tmp_path))[-1] + "/trainer_state.pt", weights_only=False)
@@ -645,11 +893,13 @@ def test_resume_with_vllm_continues_counters_and_curriculum(tmp_path):
     for k in ["flops", "gen_tokens", "device_hours"]:
         assert rows[2][k] < rows[3][k] < rows[4][k]
     state4 = torch.load(S.list_checkpoints(str(tmp_path))[-1] + "/trainer_state.pt", weights_only=False)
-    c2, c4 = state2["curriculum"], state4["curriculum"]
-    assert (c2["epoch"], c2["pos"], c4["epoch"], c4["pos"]) == (1, 16, 1, 32)
-    assert c4["order"] == c2["order"]  # the same epoch goes on where it stopped
-    assert set(c2["pass_rate"]) < set(c4["pass_rate"]) and len(c4["pass_rate"]) == 32
+    c2, c4, pending = state2["curriculum"], state4["curriculum"], state2["loop"]["pending"]
+    assert len(c2["pass_rate"]) == 16 and len(c4["pass_rate"]) == 32 and set(c2["pass_rate"]) < set(c4["pass_rate"])
+    assert len(pending) >= 16 and c2["pos"] == 16 + len(pending)  # drawn = trained + in flight at the checkpoint
+    assert set(c4["pass_rate"]) - set(c2["pass_rate"]) <= set(pending)  # the groups in flight came first
+    assert c4["order"] == c2["order"] and state4["loop"]["serial"] > state2["loop"]["serial"]
     assert state4["totals"]["gen_tokens"] == rows[4]["gen_tokens"] and state4["step"] == 4
+    assert state4["loop"]["version"] == rows[4]["step"] - sum(r["active_prompts"] == 0 for r in rows[1:])
 
 
 def cli(*args, **kw):
