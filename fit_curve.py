@@ -8,22 +8,45 @@ to the validation pass rate R against training compute C. A is the asymptote (ho
 can go), B the scaling exponent and C_mid the compute at which half of the gain A - R0 is reached
 (together: how efficiently it gets there). R0, the pass rate before training, is fixed, not fitted.
 
-Fitting procedure (as in the paper, generalised to any data): A runs over a grid (step 0.005, from
-the best observed y up to 1.0), C_mid over a log-spaced grid reaching well beyond the data, and B
-is fitted by least squares for every (A, C_mid) pair; the pair with the lowest squared error wins and
-is then refined locally with scipy (there A may end a little below the best observed y, which noise
-pushes above the true asymptote). The grid search is vectorised (see `grid_fit`), so one fit of
-200 points takes milliseconds and a bootstrap over the evaluation points is practical.
+Fitting procedure. Fitting A, B and C_mid at once is ill-conditioned, so the paper searches A on a
+grid (step 0.005) and C_mid on a grid (100 values), fits B by least squares (scipy's curve_fit) for
+every (A, C_mid) pair and keeps the pair with the lowest squared error, with no refinement after.
+Here the grids are: A from the lowest fitted y (rounded down to the step) up to 1.0, C_mid
+log-spaced from a tenth of the smallest to 100x the largest fitted x.
+  - Default ("grid+refine"): the per-pair fit of B is a minimum over a dense grid of 100 log-spaced
+    B values, evaluated for all pairs at once (see `grid_fit`); the winning grid point is then refined
+    locally with scipy over all three parameters, so A and C_mid are not held to their grids. One
+    fit of 200 points takes milliseconds, so a bootstrap over the evaluation points is practical.
+  - --paper-grid: the paper's procedure as described: curve_fit of B for every (A, C_mid) pair on the
+    same grids, lowest error wins, A and C_mid stay on their grids. That is 100 curve_fit calls per A
+    value (12,500 for the paper's Table 1 curve sampled 200 times), seconds per fit, so the bootstrap
+    is off unless --bootstrap N is given (each resample is one more fit).
 
-The first part of a run, where the pass rate rises almost linearly, is left out of the fit: by
-default the first 1.5% of the fitted x-range, as the paper left out ~1.5k of 100k GPU-hours.
+Leaving out the start of a run. The paper leaves out about the first epoch (~1.5k of its 100k
+GPU-hours), where the pass rate rises almost linearly. --exclude-first-epoch does that: it drops the
+evaluations logged while the first epoch was running (scalerl.py's `epoch` field < 2). Without it,
+this project's default leaves out the first 1.5% of the fitted x-range (a fixed fraction modelled on
+the paper's 1.5k of 100k GPU-hours, not the paper's rule); --exclude-below X sets the threshold
+instead. Both rules may be combined: a point is left out if either leaves it out.
 
 Usage:
     python fit_curve.py runs/baseline                       # a run directory holding metrics.jsonl
     python fit_curve.py runs/a/metrics.jsonl runs/b --x flops --plot curves.png --log-x
     python fit_curve.py runs/a runs/b --shared-a            # A fixed to the mean, compare B
     python fit_curve.py runs/a --fit-until 50 --json        # fit up to 50 device-hours, check the rest
+    python fit_curve.py runs/a --exclude-first-epoch        # leave out the first epoch, as the paper
+    python fit_curve.py runs/a --paper-grid                 # the paper's grid fit, no refinement
     python fit_curve.py results.csv --x gpu_hours --y pass_rate --r0 0.3 --bootstrap 2000
+
+From Python (e.g. a live prediction of the asymptote at each evaluation of a training run):
+    fit_rows(rows, x="device_hours", y="val_pass_rate", *, r0=None, exclude_below=None,
+             exclude_first_epoch=False, fit_until=None, bootstrap=200, ci=0.95, seed=0, fixed_a=None,
+             paper_grid=False, name="rows", where=None, progress=None) -> dict
+rows: dicts as in metrics.jsonl (only those with `y` are points). Returns the dict the CLI prints
+with --json, less "run" and "path", plus "observed": A, B, C_mid, R0, A_ci (None without bootstrap
+or with fixed_a), B_ci, C_mid_ci, method, sse, n_points, at_grid_edge (non-empty: the data do not
+pin those parameters down yet), ... Raises NotEnoughPoints (fewer than 4 usable points) or InputError
+(bad rows); both are ValueErrors.
 """
 import argparse
 import csv
@@ -31,6 +54,7 @@ import json
 import os
 import sys
 import time
+import warnings
 
 if __name__ == "__main__":
     # The fit's matrix-vector products are small, so BLAS threads only add overhead (a bootstrap ran
@@ -39,7 +63,7 @@ if __name__ == "__main__":
         os.environ.setdefault(_var, "1")
 
 import numpy as np
-from scipy.optimize import least_squares
+from scipy.optimize import OptimizeWarning, curve_fit, least_squares
 from scipy.special import expit
 
 PROG = "fit_curve.py"
@@ -47,13 +71,19 @@ A_STEP = 0.005                # grid step of A, as in the paper
 N_CMID = 100                  # C_mid grid size, as in the paper (log-spaced)
 CMID_SPAN = (0.1, 100.0)      # C_mid grid from x_min / 10 to x_max * 100
 N_B = 100                     # B grid size (log-spaced), the inner least-squares fit of B
-B_RANGE = (0.05, 20.0)
-EXCLUDE_FRACTION = 0.015      # default --exclude-below: first 1.5% of x (paper: ~1.5k of 100k GPU-h)
+B_RANGE = (0.05, 20.0)        # also the bounds of B in --paper-grid's curve_fit
+EXCLUDE_FRACTION = 0.015      # default exclusion: first 1.5% of x (this project's choice, after the paper's
+                              # ~1.5k of 100k GPU-h; the paper's rule is the first epoch: --exclude-first-epoch)
+MIN_POINTS = 4                # fewest usable points a fit accepts
 NOISE_MARGIN_A = 0.02         # the paper's noise margin on A (three seeds agreed within +-0.015)
 
 
-class InputError(Exception):
+class InputError(ValueError):
     """Bad input: reported as one line on stderr, exit status 2."""
+
+
+class NotEnoughPoints(InputError):
+    """Fewer than MIN_POINTS usable points (e.g. early in a run): no fit yet."""
 
 
 def curve(c, r0, a, b, c_mid):
@@ -77,11 +107,11 @@ def _number(value, what):
     return v
 
 
-def load_points(path, x_col, y_col):
-    """Read (label, x, y) from a metrics.jsonl, a run directory holding one, or a CSV with a header.
+def read_rows(path, x_col, y_col):
+    """Read the rows of a metrics.jsonl, a run directory holding one, or a CSV with a header.
 
-    Only rows that carry `y_col` are points (in a scalerl.py log those are the evaluation rows, the
-    first at step 0); other rows are ignored. Points are returned sorted by x.
+    Returns (label, rows, where): the run's name, the rows as dicts and, for messages, where each
+    row came from ("FILE line N"). A CSV must have the x and y columns; empty cells are left out.
     """
     if os.path.isdir(path):
         label = os.path.basename(os.path.normpath(path))
@@ -97,8 +127,8 @@ def load_points(path, x_col, y_col):
             text = f.read()
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"cannot read {path}: {e}") from None
+    rows, where = [], []
     if path.endswith((".jsonl", ".json")) or text.lstrip().startswith("{"):
-        rows = []
         for n, line in enumerate(text.splitlines(), 1):
             if line.strip():
                 try:
@@ -107,37 +137,74 @@ def load_points(path, x_col, y_col):
                     raise InputError(f"{path} line {n}: not valid JSON") from None
                 if not isinstance(row, dict):
                     raise InputError(f"{path} line {n}: not a JSON object")
-                rows.append((f"{path} line {n}", row))
+                rows.append(row)
+                where.append(f"{path} line {n}")
     else:
         reader = csv.DictReader(text.splitlines())
         for col in (x_col, y_col):
             if col not in (reader.fieldnames or []):
                 raise InputError(f"{path}: no column {col!r} (columns: {', '.join(reader.fieldnames or [])})")
-        rows = [(f"{path} line {reader.line_num}", {k: v for k, v in r.items() if v not in ("", None)})
-                for r in reader]
-    xs, ys = [], []
-    for where, row in rows:
+        for r in reader:
+            rows.append({k: v for k, v in r.items() if v not in ("", None)})
+            where.append(f"{path} line {reader.line_num}")
+    return label, rows, where
+
+
+def rows_to_points(rows, x_col, y_col, where=None, name="rows", epoch=False):
+    """The points (x, y) of rows, sorted by x, and with epoch=True each point's epoch (else None).
+
+    Only rows that carry `y_col` are points (in a scalerl.py log those are the evaluation rows, the
+    first at step 0). The epoch is scalerl.py's `epoch` field, the number of epochs started so far;
+    the first point (the step-0 evaluation, before training) has none and counts as epoch 0.
+    """
+    where = where or [f"{name} row {i}" for i in range(len(rows))]
+    xs, ys, epochs, missing = [], [], [], []
+    for loc, row in zip(where, rows):
         if row.get(y_col) is None:
             continue
         if x_col not in row:
-            raise InputError(f"{where}: no column {x_col!r}")
-        x, y = _number(row[x_col], f"{where}, {x_col}"), _number(row[y_col], f"{where}, {y_col}")
+            raise InputError(f"{loc}: no column {x_col!r}")
+        x, y = _number(row[x_col], f"{loc}, {x_col}"), _number(row[y_col], f"{loc}, {y_col}")
         if not 0.0 <= y <= 1.0:
-            raise InputError(f"{where}: {y_col} = {y} is outside [0, 1]")
+            raise InputError(f"{loc}: {y_col} = {y} is outside [0, 1]")
         if x < 0:
-            raise InputError(f"{where}: {x_col} = {x} is negative")
+            raise InputError(f"{loc}: {x_col} = {x} is negative")
         xs.append(x)
         ys.append(y)
+        if epoch:
+            if row.get("epoch") is None:
+                missing.append((len(xs) - 1, loc))
+            epochs.append(0.0 if row.get("epoch") is None else _number(row["epoch"], f"{loc}, epoch"))
     if not xs:
-        raise InputError(f"{path}: no rows with {y_col!r}")
+        raise InputError(f"{name}: no rows with {y_col!r}")
+    if epoch and len(missing) == len(xs):
+        raise InputError(f"{name}: no 'epoch' column, which --exclude-first-epoch needs (scalerl.py writes it "
+                         "on every training row); use --exclude-below X instead")
+    late = [loc for i, loc in missing if i > 0]
+    if late:
+        raise InputError(f"{late[0]}: no 'epoch' value; --exclude-first-epoch needs one on every evaluation "
+                         "after the first (step 0)")
     order = np.argsort(xs, kind="stable")
-    return label, np.asarray(xs)[order], np.asarray(ys)[order]
+    return np.asarray(xs)[order], np.asarray(ys)[order], np.asarray(epochs)[order] if epoch else None
+
+
+def load_points(path, x_col, y_col):
+    """(label, x, y) of a metrics.jsonl, a run directory holding one, or a CSV: see read_rows."""
+    label, rows, where = read_rows(path, x_col, y_col)
+    x, y, _ = rows_to_points(rows, x_col, y_col, where, path)
+    return label, x, y
 
 
 def make_grids(x, y):
-    """The search grids for points x, y : A from the best y to 1.0 in steps of 0.005,
-    C_mid log-spaced from x_min/10 to x_max*100, B log-spaced over B_RANGE."""
-    a_lo = min(np.floor(y.max() / A_STEP) * A_STEP, 1.0)
+    """The search grids for points x, y : A from the lowest y to 1.0 in steps of 0.005,
+    C_mid log-spaced from x_min/10 to x_max*100, B log-spaced over B_RANGE.
+
+    A starts at the lowest fitted y (rounded down to the step), not at the best: noise pushes the best
+    y above the true asymptote (0.624 against A = 0.610 for the paper's Table 1 curve sampled 200 times
+    with noise 0.005), and --paper-grid, which keeps A on this grid, was held above it there (A = 0.620,
+    with B 28% too low to make up for it). The refined fit is the same either way.
+    """
+    a_lo = min(np.floor(y.min() / A_STEP) * A_STEP, 1.0)
     a_grid = np.arange(a_lo, 1.0 + A_STEP / 2, A_STEP)
     c_grid = np.geomspace(x.min() * CMID_SPAN[0], x.max() * CMID_SPAN[1], N_CMID)
     b_grid = np.geomspace(*B_RANGE, N_B)
@@ -155,6 +222,14 @@ def curve_table(x, c_grid, b_grid):
     return s, s * s
 
 
+def error_parabola(y, w, r0, tables):
+    """(D, P, Q) with, for every (C_mid, B) grid pair k, the weighted squared error at A
+    sse_k(A) = D - 2 a P[k] + a^2 Q[k], a = A - R0 (R = R0 + a S is linear in a)."""
+    s, s2 = tables
+    d = y - r0
+    return (w * d) @ d, s @ (w * d), s2 @ w
+
+
 def grid_fit(y, w, r0, grids, tables, fixed_a=None):
     """Grid search: the best (A, B, C_mid) on the grids for points y with weights w.
 
@@ -163,9 +238,7 @@ def grid_fit(y, w, r0, grids, tables, fixed_a=None):
     the dense B grid is the per-pair least-squares fit of B; the lowest error over all pairs wins.
     """
     a_grid, c_grid, b_grid = grids
-    s, s2 = tables
-    d = y - r0
-    p, q, dd = s @ (w * d), s2 @ w, (w * d) @ d
+    dd, p, q = error_parabola(y, w, r0, tables)
     if fixed_a is None:
         vertex = p / np.maximum(q, 1e-300) + r0
         i = np.clip(np.rint((vertex - a_grid[0]) / A_STEP), 0, len(a_grid) - 1).astype(int)
@@ -214,11 +287,69 @@ def refine(x, y, w, r0, start, grids, fixed_a=None):
     return float(a), float(np.exp(lb)), float(np.exp(lc))
 
 
+def paper_grid_fit(x, y, w, r0, grids, tables, fixed_a=None):
+    """The paper's procedure as described: for every (A, C_mid) pair on the grids, fit B by least
+    squares with scipy.optimize.curve_fit and keep the pair with the lowest squared error; A and C_mid
+    stay on their grids (no refinement). With fixed_a only C_mid is searched. Returns (A, B, C_mid).
+
+    Weights w (bootstrap counts) enter curve_fit as sigma = 1 / sqrt(w); points with w = 0 are left out.
+    B is bounded to B_RANGE (0.05, 20), the range of the refined fit's B grid: B > 0 as the paper
+    requires, and a finite upper end keeps a pair whose C_mid lies outside the data from running off
+    towards a step function. The initial guess of B for each pair is its best value on the dense B grid
+    (from the same tables as grid_fit) rather than curve_fit's default B = 1: on the Table 1 example
+    that gives the same fit (B within 1e-6) in a third to half of the time.
+    """
+    a_grid, c_grid, b_grid = grids
+    a_values = a_grid if fixed_a is None else np.array([float(fixed_a)])
+    dd, p, q = error_parabola(y, w, r0, tables)
+    am = a_values[:, None] - r0
+    sse_grid = (dd - 2 * am * p + am * am * q).reshape(len(a_values), len(c_grid), len(b_grid))
+    b_start = b_grid[np.argmin(sse_grid, axis=2)]               # [A index, C_mid index]
+    keep = w > 0
+    lx, yk, sigma = np.log(x[keep]), y[keep], 1.0 / np.sqrt(w[keep])
+    pair = {}   # the (A - R0, log C_mid) of the pair being fitted, read by model and jacobian
+
+    def model(lx_, b):
+        return r0 + pair["a"] * expit(-b * (pair["lc"] - lx_))
+
+    def jacobian(lx_, b):
+        z = pair["lc"] - lx_
+        s = expit(-b * z)
+        return (-pair["a"] * s * (1 - s) * z)[:, None]
+
+    best_sse, best = np.inf, None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OptimizeWarning)   # "covariance could not be estimated" at a bound
+        for i, a in enumerate(a_values):
+            for j, c in enumerate(c_grid):
+                pair.update(a=a - r0, lc=np.log(c))
+                try:
+                    (b,), _, info, _, _ = curve_fit(model, lx, yk, p0=[b_start[i, j]], sigma=sigma, jac=jacobian,
+                                                    bounds=B_RANGE, full_output=True)
+                except RuntimeError:   # curve_fit did not converge for this pair: it cannot win
+                    continue
+                sse = float(info["fvec"] @ info["fvec"])   # fvec = residuals / sigma: the weighted error
+                if sse < best_sse:
+                    best_sse, best = sse, (float(a), float(b), float(c))
+    if best is None:
+        raise InputError("curve_fit converged for no (A, C_mid) pair of the grid")
+    return best
+
+
+def fit_once(x, y, w, r0, grids, tables, fixed_a=None, paper_grid=False):
+    """One fit of (A, B, C_mid) to points x, y with weights w: the paper's grid fit, or (default) the
+    vectorised grid search refined locally."""
+    if paper_grid:
+        return paper_grid_fit(x, y, w, r0, grids, tables, fixed_a)
+    return refine(x, y, w, r0, grid_fit(y, w, r0, grids, tables, fixed_a), grids, fixed_a)
+
+
 def grid_edges(a, b, c_mid, grids, fixed_a=None):
-    """Names of the parameters that ended on the edge of their search range (not pinned down)."""
-    _, c_grid, b_grid = grids
+    """Names of the parameters that ended on the edge of their search range (not pinned down); for A:
+    1.0, or the lowest fitted y (a curve that does not rise above its lowest point)."""
+    a_grid, c_grid, b_grid = grids
     edges = []
-    if fixed_a is None and (a >= 1.0 - A_STEP / 2 or a <= A_STEP / 2):
+    if fixed_a is None and (a >= 1.0 - A_STEP / 2 or a <= a_grid[0] + A_STEP / 2):
         edges.append("A")
     for name, v, g in (("B", b, b_grid), ("C_mid", c_mid, c_grid)):
         half_step = 0.5 * np.log(g[1] / g[0])
@@ -227,13 +358,16 @@ def grid_edges(a, b, c_mid, grids, fixed_a=None):
     return edges
 
 
-def bootstrap(x, y, r0, grids, tables, n, ci, rng, fixed_a=None, label="", r0_residuals=None):
+def bootstrap_intervals(x, y, r0, grids, tables, n, ci, rng, fixed_a=None, paper_grid=False, progress=None,
+                        r0_residuals=None):
     """Percentile bootstrap intervals for A, B, C_mid: resample the evaluation points with
-    replacement (as integer weights, so the curve table is reused) and refit each sample.
+    replacement (as integer weights, so the curve table is reused) and refit each sample with the
+    same method as the fit itself (fit_once).
 
     When R0 was measured (the step-0 evaluation) it is noisy too: given r0_residuals (the fit's
     residuals), each sample also adds one of them, drawn at random, to R0. Without this the
     intervals of C_mid are too narrow, since every sample would share the one noisy R0.
+    progress: None (silent) or the run's name for progress lines on stderr when it takes long.
     """
     m, draws = len(x), []
     t0 = t_last = time.monotonic()
@@ -241,13 +375,13 @@ def bootstrap(x, y, r0, grids, tables, n, ci, rng, fixed_a=None, label="", r0_re
     for i in range(n):
         w = np.bincount(rng.integers(0, m, m), minlength=m).astype(float)
         r0_b = r0 if r0_residuals is None else float(np.clip(r0 + rng.choice(r0_residuals), 0.0, 1.0))
-        if np.count_nonzero(w) >= 4:
-            start = grid_fit(y, w, r0_b, grids, tables, fixed_a)
-            draws.append(refine(x, y, w, r0_b, start, grids, fixed_a))
+        if np.count_nonzero(w) >= MIN_POINTS:
+            draws.append(fit_once(x, y, w, r0_b, grids, tables, fixed_a, paper_grid))
         now = time.monotonic()
-        if now - t_last >= (0.5 if tty else 10.0) and now - t0 >= 1.0:   # only when it is long
+        if progress is not None and now - t_last >= (0.5 if tty else 10.0) and now - t0 >= 1.0:   # only when long
             t_last = now
-            print(("\r" if tty else "") + f"{PROG}: bootstrap {label}: {i + 1}/{n}",
+            left = (now - t0) / (i + 1) * (n - i - 1)
+            print(("\r" if tty else "") + f"{PROG}: bootstrap {progress}: {i + 1}/{n}, about {_duration(left)} left",
                   end="" if tty else "\n", file=sys.stderr, flush=True)
     if tty and t_last > t0:
         print(file=sys.stderr)
@@ -261,50 +395,90 @@ def bootstrap(x, y, r0, grids, tables, n, ci, rng, fixed_a=None, label="", r0_re
     return out
 
 
-def analyse_run(path, args, fixed_a=None, n_boot=None):
-    """Load one run, fit it (optionally with A fixed), bootstrap it, check its extrapolation."""
-    label, x, y = load_points(path, args.x, args.y)
-    r0 = y[0] if args.r0 is None else args.r0
-    fit_until = x.max() if args.fit_until is None else args.fit_until
-    in_range = x <= fit_until
+def _duration(seconds):
+    """'42 s', '7 min', '2.5 h'."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def fit_rows(rows, x="device_hours", y="val_pass_rate", *, r0=None, exclude_below=None, exclude_first_epoch=False,
+             fit_until=None, bootstrap=200, ci=0.95, seed=0, fixed_a=None, paper_grid=False, name="rows",
+             where=None, progress=None):
+    """Fit R(C) to in-memory rows (dicts as in metrics.jsonl); the CLI fits each file through this.
+
+    x, y: the compute and performance columns; rows without y are not points. r0: the pass rate
+    before training (default: y at the first point). Points left out of the fit: x < exclude_below,
+    and with exclude_first_epoch those logged before the first epoch ended (epoch < 2); a point is left
+    out if either rule leaves it out, and with neither the first 1.5% of the fitted x-range is.
+    fit_until: fit only x <= fit_until and report the prediction error on later points. bootstrap:
+    resamples for the intervals (0: none); ci, seed: their coverage and seed. fixed_a: fit with A
+    fixed. paper_grid: the paper's grid fit instead of grid + refinement. name, where: what to call
+    the rows, and each row, in error messages; progress: see bootstrap_intervals.
+
+    Returns a dict (see the module docstring). Raises NotEnoughPoints when fewer than 4 points are
+    usable and InputError for bad rows.
+    """
+    xs, ys, epochs = rows_to_points(rows, x, y, where, name, epoch=exclude_first_epoch)
+    r0_given = r0 is not None
+    r0 = float(ys[0]) if r0 is None else float(r0)
+    until = xs.max() if fit_until is None else fit_until
+    in_range = xs <= until
     if not in_range.any():
-        raise InputError(f"{path}: no points with {args.x} <= {fit_until:g}")
-    exclude_below = args.exclude_below
-    if exclude_below is None:
-        exclude_below = x[0] + EXCLUDE_FRACTION * (x[in_range].max() - x[0])
-    use = in_range & (x >= exclude_below) & (x > 0)
-    if use.sum() < 4:
-        raise InputError(f"{path}: {use.sum()} usable points with {exclude_below:g} <= {args.x} <= "
-                         f"{fit_until:g}; at least 4 are needed")
-    xf, yf, w = x[use], y[use], np.ones(use.sum())
+        raise NotEnoughPoints(f"{name}: no points with {x} <= {until:g}")
+    if exclude_below is None and not exclude_first_epoch:   # this project's default, not the paper's rule
+        exclude_below = xs[0] + EXCLUDE_FRACTION * (xs[in_range].max() - xs[0])
+    use = in_range & (xs > 0)
+    if exclude_below is not None:
+        use &= xs >= exclude_below
+    why = ""
+    if exclude_first_epoch:
+        first_epoch = epochs < 2
+        use &= ~first_epoch
+        why = (f" and epoch >= 2 (--exclude-first-epoch: {np.count_nonzero(first_epoch & in_range)} of the "
+               f"{np.count_nonzero(in_range)} points were logged before the first epoch ended)")
+    if use.sum() < MIN_POINTS:
+        lower = f"{exclude_below:g} <= " if exclude_below is not None else "0 < "
+        raise NotEnoughPoints(f"{name}: {use.sum()} usable points with {lower}{x} <= {until:g}{why}; "
+                              f"at least {MIN_POINTS} are needed")
+    xf, yf, w = xs[use], ys[use], np.ones(use.sum())
     grids = make_grids(xf, yf)
     tables = curve_table(xf, grids[1], grids[2])
-    a, b, c_mid = refine(xf, yf, w, r0, grid_fit(yf, w, r0, grids, tables, fixed_a), grids, fixed_a)
-    n_boot = args.bootstrap if n_boot is None else n_boot
-    rng = np.random.default_rng(args.seed)
+    a, b, c_mid = fit_once(xf, yf, w, r0, grids, tables, fixed_a, paper_grid)
     residuals = yf - curve(xf, r0, a, b, c_mid)
     cis = {}
-    if n_boot > 0:
-        cis = bootstrap(xf, yf, r0, grids, tables, n_boot, args.ci, rng, fixed_a, label,
-                        r0_residuals=residuals if args.r0 is None else None)
+    if bootstrap > 0:
+        cis = bootstrap_intervals(xf, yf, r0, grids, tables, bootstrap, ci, np.random.default_rng(seed), fixed_a,
+                                  paper_grid, progress, r0_residuals=None if r0_given else residuals)
     result = {
-        "run": label, "path": path, "x": args.x, "y": args.y,
-        "A": a, "B": b, "C_mid": c_mid, "R0": float(r0),
-        "A_ci": cis.get("A"), "B_ci": cis.get("B"), "C_mid_ci": cis.get("C_mid"), "ci": args.ci,
-        "bootstrap": n_boot, "sse": float(np.sum(residuals ** 2)),
-        "n_points": int(use.sum()), "exclude_below": float(exclude_below),
+        "x": x, "y": y, "method": "paper-grid" if paper_grid else "grid+refine",
+        "A": a, "B": b, "C_mid": c_mid, "R0": r0,
+        "A_ci": cis.get("A"), "B_ci": cis.get("B"), "C_mid_ci": cis.get("C_mid"), "ci": ci,
+        "bootstrap": bootstrap, "sse": float(np.sum(residuals ** 2)),
+        "n_points": int(use.sum()), "exclude_below": None if exclude_below is None else float(exclude_below),
+        "exclude_first_epoch": bool(exclude_first_epoch),
         "fit_range": [float(xf.min()), float(xf.max())], "shared_a": fixed_a is not None,
         "at_grid_edge": grid_edges(a, b, c_mid, grids, fixed_a),
-        "observed": [x.tolist(), y.tolist()],
+        "observed": [xs.tolist(), ys.tolist()],
     }
-    if args.fit_until is not None:
-        later = x > fit_until
-        err = np.abs(curve(x[later], r0, a, b, c_mid) - y[later])
+    if fit_until is not None:
+        later = xs > fit_until
+        err = np.abs(curve(xs[later], r0, a, b, c_mid) - ys[later])
         result["fit_until"] = float(fit_until)
         result["n_extrapolated"] = int(later.sum())
         result["extrapolation_max_abs_error"] = float(err.max()) if later.any() else None
         result["extrapolation_mean_abs_error"] = float(err.mean()) if later.any() else None
     return result
+
+
+def analyse_run(path, args, fixed_a=None, n_boot=None):
+    """Load one run and fit it with the command-line options (optionally with A fixed) via fit_rows."""
+    label, rows, where = read_rows(path, args.x, args.y)
+    fit = fit_rows(rows, args.x, args.y, r0=args.r0, exclude_below=args.exclude_below,
+                   exclude_first_epoch=args.exclude_first_epoch, fit_until=args.fit_until,
+                   bootstrap=args.bootstrap if n_boot is None else n_boot, ci=args.ci, seed=args.seed,
+                   fixed_a=fixed_a, paper_grid=args.paper_grid, name=path, where=where, progress=label)
+    return {"run": label, "path": path, **fit}
 
 
 def _fmt(v, ci=None, spec=".3f"):
@@ -330,7 +504,8 @@ def format_table(results, args):
         rows.append(row)
     widths = [max(len(row[i]) for row in rows + [head]) for i in range(len(head))]
     lines = [f"R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B), C = {args.x}, R = {args.y}; "
-             + (f"{pct} bootstrap intervals from {args.bootstrap} resamples" if args.bootstrap else "no bootstrap")]
+             + (f"{pct} bootstrap intervals from {args.bootstrap} resamples" if args.bootstrap else "no bootstrap")
+             + ("; paper-grid fit (A and C_mid on their grids, B by curve_fit)" if args.paper_grid else "")]
     lines += ["  ".join(c.ljust(wd) for c, wd in zip(row, widths)).rstrip() for row in [head] + rows]
     spread = max(r["A"] for r in results) - min(r["A"] for r in results)
     if len(results) > 1 and not args.shared_a and spread <= NOISE_MARGIN_A:
@@ -393,21 +568,29 @@ def parse_args(argv):
                    "flops, step, gen_tokens also make sense)")
     p.add_argument("--y", default="val_pass_rate", help="performance column (default: val_pass_rate)")
     p.add_argument("--r0", type=float, help="pass rate before training (default: y at the first point)")
-    p.add_argument("--exclude-below", type=float, metavar="X", help="leave points with x < X out of the "
-                   "fit (default: the first 1.5%% of the fitted x-range, as the paper's 1.5k of 100k GPU-h)")
+    p.add_argument("--exclude-below", type=float, metavar="X", help="leave points with x < X out of the fit "
+                   "(default, unless --exclude-first-epoch is given: the first 1.5%% of the fitted x-range, this "
+                   "tool's choice modelled on the paper's ~1.5k of 100k GPU-hours)")
+    p.add_argument("--exclude-first-epoch", action="store_true", help="leave out the points logged before the "
+                   "first epoch ended (epoch < 2 in metrics.jsonl), the paper's rule; with --exclude-below, a point "
+                   "is left out if either rule leaves it out")
     p.add_argument("--fit-until", type=float, metavar="X",
                    help="fit only points with x <= X and report the prediction error on the later ones")
-    p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
-                   help="bootstrap resamples (default 1000; 0: none)")
+    p.add_argument("--bootstrap", type=int, metavar="N", help="bootstrap resamples (default 1000, 0 with "
+                   "--paper-grid, where each resample is a full paper-grid fit of some seconds; 0: none)")
     p.add_argument("--ci", type=float, default=0.95, help="interval coverage (default 0.95)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--shared-a", action="store_true", help="refit all runs with A fixed to their mean; compare B")
+    p.add_argument("--paper-grid", action="store_true", help="fit as the paper: A and C_mid on their grids, B by "
+                   "curve_fit for each pair, no refinement (~100 curve_fit calls per 0.005 of A, seconds per fit)")
     p.add_argument("--json", action="store_true", help="print one JSON object per run instead of the table")
     p.add_argument("--plot", metavar="FILE.png", help="draw the points and fitted curves")
     p.add_argument("--log-x", action="store_true", help="logarithmic x axis in the plot")
     args = p.parse_args(argv)
     if not 0 < args.ci < 1:
         p.error("--ci must be between 0 and 1")
+    if args.bootstrap is None:
+        args.bootstrap = 0 if args.paper_grid else 1000
     if args.bootstrap < 0:
         p.error("--bootstrap must be >= 0")
     if args.r0 is not None and not 0 <= args.r0 <= 1:
