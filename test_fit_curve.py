@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -108,15 +107,6 @@ def test_first_half_predicts_second_half(run_file):
     predicted = true_curve(x[later], r["A"], r["B"], r["C_mid"], r0=r["R0"])
     assert np.max(np.abs(predicted - true_curve(x[later], **SCALERL_8B))) < 0.01
     assert r["extrapolation_max_abs_error"] == pytest.approx(np.max(np.abs(predicted - y[later])), abs=1e-9)
-
-
-def test_one_fit_is_fast(run_file):
-    path = str(run_file[0])
-    args = fit_curve.parse_args([path, "--bootstrap", "0"])
-    fit_curve.analyse_run(path, args)   # warm-up
-    start = time.perf_counter()
-    fit_curve.analyse_run(path, args)
-    assert time.perf_counter() - start < 1.0
 
 
 def test_shared_a_ranks_recipes_by_b(tmp_path):
@@ -384,7 +374,7 @@ def test_bad_input_is_one_line_error_with_status_2(case, tmp_path, run_file):
 def test_ctrl_c_exits_without_traceback(run_file):
     proc = subprocess.Popen([sys.executable, SCRIPT, str(run_file[0]), "--bootstrap", "1000000"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(2.5)
+    assert "bootstrap" in proc.stderr.readline()  # its first progress line: the bootstrap is under way (no timing)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
