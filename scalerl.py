@@ -22,6 +22,7 @@ config -> data and reward -> rollout engines and length control -> advantages an
 -> train step -> weight sync -> checkpoints -> evaluation and logging -> main.
 """
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -106,13 +107,17 @@ class Config:
     max_len: int = _f(0, "penalty: L_max, longer correct answers get -1 (0: --max-new-tokens)")
     cache_len: int = _f(0, "penalty: L_cache, the linear penalty zone before L_max (0: L_max / 5)")
     # loss [Sec. 3.2]
-    loss: str = _f("cispo", "policy loss", ["cispo", "dapo"])
-    eps_max: float = _f(5.0, "CISPO: truncation of the importance weight from above")
-    eps_low: float = _f(0.2, "DAPO: lower clip, ratio >= 1 - eps_low")
-    eps_high: float = _f(0.28, "DAPO: upper clip, ratio <= 1 + eps_high")
+    loss: str = _f("cispo", "policy loss: cispo (ScaleRL), dapo (PPO clipping with DAPO's asymmetric range), gspo "
+                            "(a sequence-level ratio, clipped)", ["cispo", "dapo", "gspo"])
+    eps_max: float = _f(5.0, "CISPO: truncation of the importance weight from above (the paper: 4, 5 and 8 alike)")
+    eps_low: float = _f(0.0, "DAPO/GSPO: lower clip, ratio >= 1 - eps_low (0: the loss's own, dapo 0.2, gspo 3e-4)")
+    eps_high: float = _f(0.0, "DAPO/GSPO: upper clip, ratio <= 1 + eps_high (0: dapo 0.28, gspo 4e-4)")
     loss_agg: str = _f("prompt", "loss aggregation", ["prompt", "sample", "token"])
     adv_norm: str = _f("batch", "advantage normalisation", ["batch", "prompt", "none"])
     zero_variance_filter: bool = _f(True, "drop prompts whose G rewards are all equal from the loss")
+    mask_truncated: bool = _f(True, "leave completions that did not end (no EOS within the limits) out of the "
+                                    "batch: out of the group mean, the zero-variance test, the batch std and the "
+                                    "loss (the paper's 'effective batch after excluding truncated samples')")
     npr_threshold: float = _f(0.9, "No-Positive-Resampling: drop a prompt from later epochs once its pass "
                                    "rate reaches this (>= 1 disables)")
     # off-policy loop [Sec. 3.1]
@@ -130,7 +135,7 @@ class Config:
     warmup_steps: int = _f(10, "linear learning-rate warm-up steps (the paper: 100)")
     weight_decay: float = _f(0.01, "AdamW weight decay")
     adam_eps: float = _f(1e-15, "AdamW epsilon (the paper: 1e-15)")
-    grad_clip: float = _f(1.0, "clip the global gradient norm to this")
+    grad_clip: float = _f(1.0, "clip the global gradient norm to this (our choice: the paper gives no value)")
     micro_batch_tokens: int = _f(8192, "padded tokens per micro-batch (gradient accumulation)")
     # checkpoints
     save_every: int = _f(0, "save a checkpoint every N steps (0: only at the end and when stopped by a signal)")
@@ -141,6 +146,11 @@ class Config:
     # evaluation
     eval_every: int = _f(10, "evaluate every this many steps (and at step 0 and the last step)")
     eval_samples: int = _f(8, "samples per held-out prompt: k of mean@k (the paper: 16)")
+    # logging
+    wandb: str = _f("", "also log every metrics row to this Weights & Biases project (needs `pip install wandb`; "
+                        "WANDB_MODE=offline works without network); metrics.jsonl stays the record")
+    wandb_name: str = _f("", "--wandb: the run's name (default: the --out directory's name)")
+    verbose: bool = _f(False, "show vLLM's and the libraries' own log lines and warnings (default: ours and errors)")
 
 
 # Named random streams: every random draw comes from np.random.SeedSequence([seed, RNG_..., ...]).
@@ -171,7 +181,12 @@ def parse_args(argv=None):
 
 
 def resolve_length_budgets(cfg):
-    """Fill in the length-control defaults that depend on --max-new-tokens (0 means 'derive it')."""
+    """Fill in the defaults that depend on other flags (0 means 'derive it'): the length-control budgets, and the
+    clip range of the loss chosen."""
+    if cfg.eps_low == 0:
+        cfg.eps_low = {"gspo": 3e-4}.get(cfg.loss, 0.2)
+    if cfg.eps_high == 0:
+        cfg.eps_high = {"gspo": 4e-4}.get(cfg.loss, 0.28)
     if cfg.answer_budget == 0:
         cfg.answer_budget = max(2, cfg.max_new_tokens // 8)
     if tuple(cfg.think_budget) == (0, 0):
@@ -194,16 +209,21 @@ def is_hub_id(name):
 
 def check_config(cfg):
     """Refuse impossible settings before any model is loaded."""
+    for f in dataclasses.fields(cfg):  # nan and inf pass every comparison below the wrong way
+        if isinstance(getattr(cfg, f.name), float) and not math.isfinite(getattr(cfg, f.name)):
+            die(f"--{f.name.replace('_', '-')} must be a finite number (got {getattr(cfg, f.name)})")
     positive = ["prompts_per_step", "max_new_tokens", "eval_every", "eval_samples", "micro_batch_tokens",
-                "logprob_chunk", "reward_timeout", "temperature", "lr", "eps_max", "eps_high",
+                "logprob_chunk", "reward_timeout", "temperature", "lr", "eps_max",
                 "grad_clip", "npr_threshold", "vllm_kv_cache_mb", "keep_last", "max_skipped_updates"]
     for name in positive:
         if getattr(cfg, name) <= 0:
             die(f"--{name.replace('_', '-')} must be > 0 (got {getattr(cfg, name)})")
     for name in ["steps", "warmup_steps", "weight_decay", "adam_eps", "vllm_max_model_len", "save_every",
-                 "train_size", "val_size", "max_lag"]:
+                 "train_size", "val_size", "max_lag", "seed", "answer_budget", "max_len", "cache_len", "eps_high"]:
         if getattr(cfg, name) < 0:
             die(f"--{name.replace('_', '-')} must be >= 0 (got {getattr(cfg, name)})")
+    if min(cfg.think_budget) < 0:
+        die(f"--think-budget must be >= 0 (got {' '.join(map(str, cfg.think_budget))})")
     if cfg.generations_per_prompt < 2:
         die("--generations-per-prompt must be >= 2: advantages are centred within each prompt's group")
     resolve_length_budgets(cfg)
@@ -225,6 +245,10 @@ def check_config(cfg):
     for name in ("val_data", "prompt_key", "answer_key", "system_prompt", "skip_bad_rows"):
         if getattr(cfg, name) and not cfg.data:
             die(f"--{name.replace('_', '-')} needs --data")
+    if cfg.wandb_name and not cfg.wandb:
+        die("--wandb-name needs --wandb")
+    if cfg.wandb and importlib.util.find_spec("wandb") is None:
+        die("--wandb needs the wandb package: pip install wandb")
     if not cfg.data:
         cfg.train_size, cfg.val_size = cfg.train_size or 4096, cfg.val_size or 200
         if cfg.train_size + cfg.val_size > MAX_TASK_PROMPTS:
@@ -268,6 +292,8 @@ def check_config(cfg):
         cfg.resume = found[-1]
     elif cfg.resume and not os.path.isfile(os.path.join(cfg.resume, "trainer_state.pt")):
         die(f"--resume {cfg.resume}: not a checkpoint directory (no trainer_state.pt)")
+    elif cfg.out and os.path.exists(cfg.out) and not os.path.isdir(cfg.out):
+        die(f"--out {cfg.out} exists and is not a directory")
     elif not cfg.resume and cfg.out and os.path.exists(os.path.join(cfg.out, "metrics.jsonl")):
         die(f"--out {cfg.out} already holds a run (metrics.jsonl); choose another directory or --resume auto")
 
@@ -310,9 +336,17 @@ def read_records(path):
     """Rows of a .jsonl/.json/.parquet file, a datasets.save_to_disk directory or a hub dataset NAME[:SPLIT], as
     (where, row) pairs: `where` names the line or row for error messages, `row` is a dict or what is wrong."""
     ext = os.path.splitext(path)[1]
-    if os.path.isfile(path) != (ext in (".jsonl", ".json", ".parquet")):  # a file of another kind, or none at all
+    if os.path.isfile(path) != (ext in (".jsonl", ".json", ".parquet", ".csv")):  # another kind of file, or none
         die(f"{path}: {'no such file' if not os.path.exists(path) else 'unsupported format'}; --data takes a .jsonl, "
-            ".json or .parquet file, a datasets.save_to_disk directory or a hub dataset name")
+            ".json, .csv or .parquet file, a datasets.save_to_disk directory or a hub dataset name")
+    if ext == ".csv":  # a header line, then one row per line (quoted fields may span lines)
+        import csv
+        try:
+            with open(path, encoding="utf-8-sig", newline="") as f:
+                reader = csv.DictReader(f)
+                return [(f"line {reader.line_num}", row) for row in reader]
+        except (OSError, UnicodeDecodeError, csv.Error) as e:
+            die(f"{path}: cannot read ({e})")
     if ext == ".parquet":
         import pyarrow.parquet as pq
         try:
@@ -321,7 +355,7 @@ def read_records(path):
             die(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})")
     if ext in (".jsonl", ".json"):
         try:
-            with open(path, encoding="utf-8") as f:
+            with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark, as spreadsheet tools write
                 text = f.read()
             if text.lstrip().startswith("["):  # a JSON array; else JSON Lines (datasets' to_json writes those too)
                 return [(f"item {i + 1}", r) for i, r in enumerate(json.loads(text))]
@@ -809,10 +843,8 @@ class VLLMEngine:
 
     def __init__(self, cfg, path, device, dtype, max_model_len):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-        import vllm
         kw = dict(model=path, tokenizer=path, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
-                  max_model_len=max_model_len, logprobs_mode="processed_logprobs")
+                  max_model_len=max_model_len, logprobs_mode="processed_logprobs", use_tqdm_on_load=cfg.verbose)
         if cfg.lm_head_fp32:
             kw["hf_overrides"] = {"head_dtype": "float32"}
         self.sleeps = cfg.vllm_sleep if cfg.vllm_sleep is not None else device.type == "cuda" and \
@@ -822,7 +854,13 @@ class VLLMEngine:
                       enable_chunked_prefill=False)
         else:
             kw.update(gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=self.sleeps)
-        self.llm = vllm.LLM(**kw)
+        with quiet_stderr(cfg.verbose):  # its start-up warnings come from C++ too (NUMA binding, Triton)
+            import vllm
+            self.llm = vllm.LLM(**kw)
+        if cfg.lm_head_fp32 and self.head_dtypes() != ["torch.float32"]:
+            die(f"--lm-head-fp32: this vLLM ({vllm.__version__}) computes the LM head in {self.head_dtypes()}, not "
+                "float32: it does not honour hf_overrides head_dtype for this model. Use a vLLM that does (0.32 "
+                "does), or pass --no-lm-head-fp32", 1)
         # each weight push logs that rotary embeddings got no weights: they have none to get (their cache is computed)
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
             lambda r: not r.getMessage().startswith("RotaryEmbedding: Failed to load weights"))
@@ -830,6 +868,15 @@ class VLLMEngine:
         self.capacity = self.core.vllm_config.scheduler_config.max_num_seqs  # sequences decoded at once
         self.version = 0
         self.core.set_weight_version("0")
+
+    def head_dtypes(self):
+        """The dtypes the engine's model computes its LM-head logits in, read off its LogitsProcessor modules (where
+        vLLM applies the head_dtype override): ['torch.float32'] with an FP32 head. A vLLM whose LogitsProcessor
+        has no head_dtype computes the head in the model's dtype."""
+        found = self.llm.apply_model(lambda model: sorted({str(getattr(m, "head_dtype", None))
+                                                           for m in model.modules()
+                                                           if type(m).__name__ == "LogitsProcessor"}))[0]
+        return [str(self.llm.llm_engine.model_config.dtype) if d == "None" else d for d in found]
 
     def submit(self, key, ids, max_tokens, seed):
         from vllm import SamplingParams
@@ -1014,22 +1061,29 @@ def score(tok, groups, answers, grader, cfg=None):
 # --------------------------------------------------------------------------------------------------
 
 
-def zero_variance_keep(rewards):
-    """Zero-variance filtering [Sec. 3.2]: True for the prompts whose G rewards are not all equal. A flat group
-    has zero advantage everywhere and only dilutes the loss; it is dropped (the batch is not refilled)."""
-    return rewards.max(axis=1) != rewards.min(axis=1)
+def zero_variance_keep(rewards, valid=None):
+    """Zero-variance filtering [Sec. 3.2]: True for the prompts whose G rewards (over the `valid` completions, see
+    --mask-truncated) are not all equal. A flat group has zero advantage everywhere and only dilutes the loss; it
+    is dropped (the batch is not refilled). A group with fewer than two valid completions is flat."""
+    valid = np.ones(rewards.shape, bool) if valid is None else valid
+    return np.where(valid, rewards, -np.inf).max(axis=1) > np.where(valid, rewards, np.inf).min(axis=1)
 
 
-def compute_advantages(rewards, norm, eps=1e-6):
+def compute_advantages(rewards, norm, valid=None, eps=1e-6):
     """Group-centred advantages A_i = r_i - mean_j r_j [Sec. 2], then normalised:
     batch  -- divided by the std of all advantages in the batch (ScaleRL) [Sec. 3.2]
     prompt -- divided by the std of the prompt's own rewards (GRPO)
-    none   -- left as they are (Dr. GRPO).  Standard deviations are population ones (ddof=0)."""
-    adv = rewards - rewards.mean(axis=1, keepdims=True)
+    none   -- left as they are (Dr. GRPO).  Standard deviations are population ones (ddof=0).
+    Means and standard deviations run over the `valid` completions only; the others get advantage 0. Rewards are
+    0/1 here and +-1 in the paper: the same advantages under batch and prompt normalisation (a scale cancels), twice
+    as large with `none`."""
+    valid = np.ones(rewards.shape, bool) if valid is None else valid
+    n = np.maximum(valid.sum(axis=1, keepdims=True), 1)
+    adv = np.where(valid, rewards - (rewards * valid).sum(axis=1, keepdims=True) / n, 0.0)
     if norm == "batch":
-        return adv / (adv.std() + eps)
+        return adv / (adv[valid].std() + eps)
     if norm == "prompt":
-        return adv / (rewards.std(axis=1, keepdims=True) + eps)
+        return adv / (np.sqrt((adv ** 2).sum(axis=1, keepdims=True) / n) + eps)
     return adv
 
 
@@ -1090,19 +1144,25 @@ def completion_weights(groups_lengths, agg):
 
 
 def build_batch(prompt_ids, groups, rewards, cfg):
-    """From one step's rollouts to the training batch: zero-variance filter, advantages, aggregation weights.
-    Returns (samples, stats); each sample is a plain dict (prompt ids, completion, its loss mask and weight
-    versions, advantage, weight). Tokens with mask 0 (injected, not sampled) count in no normaliser."""
-    keep = zero_variance_keep(rewards) if cfg.zero_variance_filter else np.ones(len(groups), bool)
-    kept = [i for i in range(len(groups)) if keep[i]]
-    stats = {"zero_variance_frac": float(1 - zero_variance_keep(rewards).mean()), "active_prompts": len(kept)}
-    if not kept:
+    """From one step's rollouts to the training batch: truncated completions out (--mask-truncated), zero-variance
+    filter, advantages, aggregation weights. Returns (samples, stats); each sample is a plain dict (prompt ids,
+    completion, its loss mask and weight versions, advantage, weight). Tokens with mask 0 (injected, not sampled)
+    and excluded completions count in no normaliser."""
+    valid = np.array([[c.finished or not cfg.mask_truncated for c in g] for g in groups]).reshape(rewards.shape)
+    varied = zero_variance_keep(rewards, valid)
+    kept = np.flatnonzero(varied if cfg.zero_variance_filter else valid.any(axis=1))
+    stats = {"zero_variance_frac": float(1 - varied.mean()), "active_prompts": len(kept),
+             "truncated_excluded": int((~valid).sum())}
+    if not len(kept):
         return [], stats
-    adv = compute_advantages(rewards[kept], cfg.adv_norm)
-    weights = completion_weights([[sum(c.mask) for c in groups[i]] for i in kept], cfg.loss_agg)
-    samples = [{"prompt": prompt_ids[i], "tokens": c.tokens, "gen_logprobs": c.logprobs, "mask": c.mask,
-                "versions": c.versions, "advantage": float(adv[a, j]), "weight": weights[a][j]}
-               for a, i in enumerate(kept) for j, c in enumerate(groups[i])]
+    adv = compute_advantages(rewards[kept], cfg.adv_norm, valid[kept])
+    members = [[j for j in range(len(groups[i])) if valid[i, j]] for i in kept]
+    weights = completion_weights([[sum(groups[i][j].mask) for j in js] for i, js in zip(kept, members)],
+                                 cfg.loss_agg)
+    samples = [{"prompt": prompt_ids[i], "tokens": groups[i][j].tokens, "gen_logprobs": groups[i][j].logprobs,
+                "mask": groups[i][j].mask, "versions": groups[i][j].versions, "advantage": float(adv[a, j]),
+                "weight": w}
+               for a, (i, js) in enumerate(zip(kept, members)) for j, w in zip(js, weights[a])]
     return samples, stats
 
 # --------------------------------------------------------------------------------------------------
@@ -1153,17 +1213,42 @@ def dapo_loss(logp, logp_gen, adv, eps_low, eps_high):
     return -torch.minimum(rho * adv, torch.clamp(rho, 1 - eps_low, 1 + eps_high) * adv)
 
 
-def policy_loss(logp, logp_gen, adv, weight, cfg):
-    """The step's objective restricted to these tokens: sum(weight * token_loss); plus the fraction of tokens
-    whose importance weight was truncated (CISPO) or clipped (DAPO)."""
+def gspo_ratio(logp, logp_gen, seq):
+    """GSPO's sequence-level importance ratio (Zheng et al. 2025), one value per token: s_i = (pi_train(y_i) /
+    pi_gen(y_i)) ** (1 / |y_i|) = exp(mean over the completion's tokens of log pi_train - log pi_gen), in its
+    token form sg(s_i) * pi_train(y_t) / sg(pi_train(y_t)): the value of s_i, and the gradient s_i * grad log
+    pi_train(y_t), so that averaging over a completion's tokens gives GSPO's gradient s_i * grad log s_i.
+    seq numbers the completion of each token."""
     import torch
-    rho = torch.exp(logp.detach() - logp_gen)
+    d = (logp - logp_gen).detach()
+    n = torch.zeros(int(seq.max()) + 1, dtype=d.dtype, device=d.device).index_add_(0, seq, torch.ones_like(d))
+    mean = torch.zeros_like(n).index_add_(0, seq, d) / n
+    return torch.exp(mean[seq] + logp - logp.detach())
+
+
+def gspo_loss(logp, logp_gen, adv, seq, eps_low, eps_high):
+    """GSPO token loss (the third loss the paper ablated): PPO's clipped objective -min(s A, clip(s) A) on the
+    sequence-level ratio s of gspo_ratio, with GSPO's own narrow range (3e-4 below, 4e-4 above). A completion
+    whose clipped term is the minimum gets no gradient. GSPO averages over each sequence's tokens
+    (--loss-agg sample); with ScaleRL's prompt average each token of a prompt weighs the same."""
+    import torch
+    s = gspo_ratio(logp, logp_gen, seq)
+    return -torch.minimum(s * adv, torch.clamp(s, 1 - eps_low, 1 + eps_high) * adv)
+
+
+def policy_loss(logp, logp_gen, adv, weight, seq, cfg):
+    """The step's objective restricted to these tokens: sum(weight * token_loss); plus the number of tokens whose
+    importance weight was truncated (CISPO) or clipped (DAPO, GSPO). seq numbers each token's completion."""
+    import torch
+    rho = torch.exp(logp.detach() - logp_gen) if cfg.loss != "gspo" else gspo_ratio(logp, logp_gen, seq).detach()
     if cfg.loss == "cispo":
-        tl, clipped = cispo_loss(logp, logp_gen, adv, cfg.eps_max), rho > cfg.eps_max
-    else:
+        return (weight * cispo_loss(logp, logp_gen, adv, cfg.eps_max)).sum(), (rho > cfg.eps_max).sum().item()
+    if cfg.loss == "dapo":
         tl = dapo_loss(logp, logp_gen, adv, cfg.eps_low, cfg.eps_high)
-        clipped = ((rho > 1 + cfg.eps_high) & (adv > 0)) | ((rho < 1 - cfg.eps_low) & (adv < 0))
-    return (weight * tl).sum(), clipped.float().sum().item()
+    else:
+        tl = gspo_loss(logp, logp_gen, adv, seq, cfg.eps_low, cfg.eps_high)
+    clipped = ((rho > 1 + cfg.eps_high) & (adv > 0)) | ((rho < 1 - cfg.eps_low) & (adv < 0))
+    return (weight * tl).sum(), clipped.sum().item()
 
 # --------------------------------------------------------------------------------------------------
 # 6. Train step: micro-batches with gradient accumulation, AdamW, clipping, warm-up
@@ -1225,7 +1310,8 @@ def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None):
         per_tok = lambda key: torch.tensor([s[key] for s in mb for _ in s["tokens"]], device=device)[keep]  # noqa
         logp_gen = torch.tensor([x for s in mb for x in s["gen_logprobs"]], device=device)[keep]
         logp = logp[keep]  # injected tokens (mask 0) are context only: no ratio, no loss, no count
-        loss, c = policy_loss(logp, logp_gen, per_tok("advantage"), per_tok("weight"), cfg)
+        seq = torch.tensor([k for k, s in enumerate(mb) for _ in s["tokens"]], device=device)[keep]
+        loss, c = policy_loss(logp, logp_gen, per_tok("advantage"), per_tok("weight"), seq, cfg)
         loss.backward()
         loss_sum, clipped, n_tok = loss_sum + loss.item(), clipped + c, n_tok + len(logp)
         mismatch += mismatch_sums(logp, logp_gen, cfg.eps_max)
@@ -1389,6 +1475,52 @@ def step_seed(seed, kind, step):
     return int(np.random.SeedSequence([seed, kind, step]).generate_state(1)[0])
 
 
+def quiet_libraries(verbose):
+    """Without --verbose, the libraries' own chatter (vLLM's warnings and info lines, Python warnings, progress bars
+    of weight loading) stays off the screen: the first lines a user sees are ours, and errors still show."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if verbose else "ERROR")
+    if verbose:
+        return
+    import warnings
+    from transformers.utils import logging as hf_logging
+    warnings.filterwarnings("ignore")
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+@contextlib.contextmanager
+def quiet_stderr(verbose):
+    """Hold back what C++ and Python write to stderr (file descriptor 2) inside the block, unless --verbose; if the
+    block raises, what was held back is written out first, so that a real error keeps its context."""
+    if verbose:
+        yield
+        return
+    import tempfile
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            held.seek(0)
+            sys.stderr.write(held.read().decode(errors="replace"))
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def start_wandb(cfg, out):
+    """Weights & Biases, when asked for: the config, then every metrics row as it is logged (metrics.jsonl stays
+    the record, and what fit_curve.py reads). Files go under the run directory."""
+    import wandb
+    return wandb.init(project=cfg.wandb, name=cfg.wandb_name or os.path.basename(os.path.abspath(out)),
+                      config=dataclasses.asdict(cfg), dir=out)
+
+
 def report_grading_errors(step, errors):
     """Grading errors cost their completions only (reward 0); say how many there were, and the first."""
     if errors:
@@ -1418,6 +1550,7 @@ def run(cfg):
     import signal
     import torch
     check_config(cfg)
+    quiet_libraries(cfg.verbose)
     cfg, state = resumed_config(cfg, cfg.resume) if cfg.resume else (cfg, None)
     if cfg.engine == "hf" and cfg.off_policy == "pipeline" and cfg.max_lag > 0:
         print("scalerl: --engine hf cannot stream; running the synchronous loop (--max-lag 0)", flush=True)
@@ -1431,7 +1564,6 @@ def run(cfg):
         torch.bfloat16 if device.type == "cuda" else torch.float32
     autocast = None if dtype == getattr(torch, cfg.param_dtype) else dtype
     out = cfg.out = cfg.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
-    os.makedirs(out, exist_ok=True)
     torch.manual_seed(cfg.seed)
 
     workers = cfg.reward_workers if cfg.reward_workers >= 0 else 0 if cfg.reward == "largest-digit" else \
@@ -1463,6 +1595,8 @@ def run(cfg):
     engine.push(model, loop["version"])  # the engine starts from exactly the trainer's weights
     ro = Rollouts(cfg, engine, tok)
     first = state["step"] + 1 if state else 1
+    fresh = not os.path.isdir(out)  # a run that fails before its first metrics row leaves no directory behind
+    os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump({**dataclasses.asdict(cfg), "n_params": n_params, "device": str(device),
                    "best_constant_answer": const, "best_constant_pass_rate": const_rate}, f, indent=2)
@@ -1470,6 +1604,7 @@ def run(cfg):
           f"| best constant answer '{const}' scores {const_rate:.3f} | writing {out}"
           + (f" | resuming after step {first - 1}" if state else ""), flush=True)
     metrics = open(os.path.join(out, "metrics.jsonl"), "a" if state else "w")
+    tracker = start_wandb(cfg, out) if cfg.wandb else None
     requeue = collections.deque(loop.pop("pending"))  # prompts in flight at the checkpoint: generated again
 
     def admit(n):
@@ -1493,9 +1628,18 @@ def run(cfg):
         rows.append(row)
         metrics.write(json.dumps(row) + "\n")
         metrics.flush()
+        if tracker:
+            tracker.log(row, step=row["step"])
 
     if not state:
-        r0, errors = evaluate(cfg, ro, tok, val_ids, val_answers, grader, step_seed(cfg.seed, RNG_EVAL, 0))
+        try:
+            r0, errors = evaluate(cfg, ro, tok, val_ids, val_answers, grader, step_seed(cfg.seed, RNG_EVAL, 0))
+        except BaseException:
+            metrics.close()
+            if fresh:
+                import shutil
+                shutil.rmtree(out, ignore_errors=True)
+            raise
         log({"step": 0, **totals, "val_pass_rate": r0, "reward_errors": len(errors)})
         print(f"step    0/{cfg.steps} | val {r0:.3f}", flush=True)
         report_grading_errors(0, errors)
@@ -1588,6 +1732,8 @@ def run(cfg):
         metrics.close()
         grader.close()
         engine.abort()
+        if tracker:
+            tracker.finish()
         for sig, h in handlers.items():
             signal.signal(sig, h)
     ckpt = save_checkpoint(out, done, model, tok, opt, sched, cur, totals,

@@ -195,6 +195,33 @@ def test_each_format_loads_the_same_prompts(records, expected, tmp_path):
         assert S.load_rows(path, cfg) == expected, kind
 
 
+@pytest.mark.parametrize("records", [ARITH, GSM], ids=["arith", "gsm8k"])
+def test_bom_jsonl_and_csv_load_like_plain_jsonl(records, tmp_path):
+    """A JSONL file with a UTF-8 byte-order mark (as spreadsheet tools write) and a CSV file (with and without a
+    BOM) load to the same rows as the plain JSONL."""
+    import csv
+    plain = write_all_formats(records, tmp_path)["jsonl"]
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + open(plain, "rb").read())
+    want = S.load_rows(plain, S.Config())
+    for name, encoding in (("d.csv", "utf-8"), ("excel.csv", "utf-8-sig")):
+        with open(tmp_path / name, "w", encoding=encoding, newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(records[0]))
+            writer.writeheader()
+            writer.writerows(records)
+        assert S.load_rows(str(tmp_path / name), S.Config()) == want, name
+    assert S.load_rows(str(bom), S.Config()) == want and len(want) == len(records)
+
+
+def test_a_bad_csv_row_is_named_with_its_line(tmp_path, capsys):
+    path = tmp_path / "d.csv"
+    path.write_text('problem,answer\n"What is\n1 + 1?",2\n,3\n')  # a quoted prompt over two lines, then no prompt
+    assert S.load_rows(str(path), S.Config(skip_bad_rows=True)) == [("What is\n1 + 1?", "2")]
+    with pytest.raises(SystemExit):
+        S.load_rows(str(path), S.Config())
+    assert "line 4: empty prompt" in capsys.readouterr().err
+
+
 def write_jsonl(path, lines):
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -231,7 +258,7 @@ def test_each_kind_of_bad_row_is_named_with_its_line(line, message, tmp_path, ca
 
 @pytest.mark.parametrize("name,content,message", [
     ("missing.jsonl", None, "no such file"),
-    ("d.csv", "problem,answer\nq,1\n", "unsupported format"),
+    ("d.txt", "problem,answer\nq,1\n", "unsupported format"),
     ("d.parquet", "not parquet", "not a readable Parquet file"),
     ("d.jsonl", b"\xff\xfe\x00", "cannot read"),
     ("d.json", '[{"problem": "q", "answer": 1},', "cannot read (Expecting value: line 1"),

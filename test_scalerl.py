@@ -1,6 +1,7 @@
 """Tests of scalerl.py: every recipe component against values computed by hand or by a slow, obviously
 correct reference; then the whole loop end to end on the CPU. Run: python -m pytest -q"""
 import copy
+import dataclasses
 import importlib.util
 import json
 import math
@@ -72,12 +73,42 @@ def test_dapo_clipping_by_hand():
     assert logp.grad.tolist() == pytest.approx([0.0, 1.5, 0.0, -0.5, -1.1], abs=1e-12)
 
 
-def test_policy_loss_reports_truncated_fraction():
+def test_policy_loss_reports_truncated_count():
     cfg = S.Config(eps_max=2.0)
     logp = torch.log(torch.tensor([0.9, 0.5, 0.1]))
     logp_gen = torch.log(torch.tensor([0.3, 0.5, 0.1]))  # ratios 3, 1, 1
-    _, clipped = S.policy_loss(logp, logp_gen, torch.ones(3), torch.ones(3), cfg)
+    _, clipped = S.policy_loss(logp, logp_gen, torch.ones(3), torch.ones(3), torch.tensor([0, 0, 1]), cfg)
     assert clipped == 1
+
+
+def test_gspo_ratio_and_loss_by_hand():
+    """GSPO: one ratio per completion, the geometric mean of its token ratios, clipped PPO-style in GSPO's narrow
+    range; its gradient is s_i * grad log pi for every token of an unclipped completion, none for a clipped one."""
+    el, eh = 3e-4, 4e-4
+    # completion 0: token ratios e^0.0002 and e^0.0004 -> s = e^0.0003 (inside the range); completion 1: three
+    # tokens with ratios e^0.003 each -> s = e^0.003, above 1 + eh (clipped when A > 0); completion 2: s = e^-0.001
+    # below 1 - el with A < 0 (clipped); completion 3: the same ratio with A > 0 (not clipped: min picks s A)
+    d = [0.0002, 0.0004, 0.003, 0.003, 0.003, -0.001, -0.001]
+    seq = torch.tensor([0, 0, 1, 1, 1, 2, 3])
+    adv = torch.tensor([1.0, 1.0, 2.0, 2.0, 2.0, -1.0, 0.5], dtype=torch.float64)
+    logp_gen = torch.tensor([-1.0, -2.0, -0.5, -0.7, -0.9, -1.5, -1.5], dtype=torch.float64)
+    logp = (logp_gen + torch.tensor(d, dtype=torch.float64)).requires_grad_()
+    s = S.gspo_ratio(logp, logp_gen, seq)
+    want_s = [math.exp(0.0003)] * 2 + [math.exp(0.003)] * 3 + [math.exp(-0.001)] * 2
+    assert s.tolist() == pytest.approx(want_s, rel=1e-12)
+    loss = S.gspo_loss(logp, logp_gen, adv, seq, el, eh)
+    clip = lambda x: min(max(x, 1 - el), 1 + eh)  # noqa: E731
+    want = [-min(si * a, clip(si) * a) for si, a in zip(want_s, adv.tolist())]
+    assert loss.tolist() == pytest.approx(want, rel=1e-12)
+    (loss * torch.tensor([0.5, 0.5, 1 / 3, 1 / 3, 1 / 3, 1.0, 1.0], dtype=torch.float64)).sum().backward()
+    # d/d logp_t of the sample-averaged loss: -A s_i / |y_i| for unclipped completions, 0 for clipped ones
+    grad = [-1.0 * want_s[0] / 2] * 2 + [0.0] * 3 + [0.0, -0.5 * want_s[6]]
+    assert logp.grad.tolist() == pytest.approx(grad, rel=1e-9, abs=1e-15)
+    cfg = S.Config(loss="gspo")
+    S.resolve_length_budgets(cfg)
+    assert (cfg.eps_low, cfg.eps_high) == (el, eh)
+    total, clipped = S.policy_loss(logp.detach(), logp_gen, adv, torch.ones(7, dtype=torch.float64), seq, cfg)
+    assert total.item() == pytest.approx(sum(want)) and clipped == 4  # the tokens of completions 1 and 2
 
 
 # ---------------------------------------------------------------------------------------------- aggregation
@@ -110,6 +141,46 @@ def test_aggregations_differ():
     assert len(set(round(v, 9) for v in vals.values())) == 3
 
 
+# ---------------------------------------------------------------------------------------------- truncation
+def test_truncated_completions_leave_the_batch_by_hand():
+    """--mask-truncated (default): a completion that did not end is out of the group mean, the zero-variance test,
+    the batch std and the aggregation counts; with --no-mask-truncated it is a failure with reward 0."""
+    C = lambda n, finished: S.Completion([5] * n, [-1.0] * n, finished, [1] * n, [0] * n)  # noqa: E731
+    groups = [[C(2, True), C(4, True), C(6, False)],    # rewards 1, 0, 0 (truncated)
+              [C(3, True), C(3, False), C(5, True)],    # rewards 0, 0 (truncated), 1
+              [C(1, True), C(8, False), C(2, False)]]   # rewards 1, and two truncated: one valid, flat
+    rewards = np.array([[1.0, 0, 0], [0, 0, 1.0], [1.0, 0, 0]])
+    prompts = [[1, 10], [1, 11], [1, 12]]
+    samples, stats = S.build_batch(prompts, groups, rewards, S.Config())
+    # valid: group 0 -> rewards (1, 0), group 1 -> (0, 1): advantages +-0.5, batch std 0.5; group 2 has one valid
+    assert stats == {"zero_variance_frac": pytest.approx(1 / 3), "active_prompts": 2, "truncated_excluded": 4}
+    assert [(s["prompt"][1], len(s["tokens"])) for s in samples] == [(10, 2), (10, 4), (11, 3), (11, 5)]
+    assert [s["advantage"] for s in samples] == pytest.approx([1, -1, -1, 1], abs=1e-5)
+    # prompt-level aggregation over the valid tokens only: group 0 has 6, group 1 has 8
+    assert [s["weight"] for s in samples] == pytest.approx([1 / 12, 1 / 12, 1 / 16, 1 / 16])
+    samples, stats = S.build_batch(prompts, groups, rewards, S.Config(mask_truncated=False))
+    assert stats == {"zero_variance_frac": 0.0, "active_prompts": 3, "truncated_excluded": 0} and len(samples) == 9
+    centred = rewards - rewards.mean(axis=1, keepdims=True)
+    np.testing.assert_allclose([s["advantage"] for s in samples], (centred / (centred.std() + 1e-6)).ravel())
+    assert [s["weight"] for s in samples] == pytest.approx([1 / 36] * 3 + [1 / 33] * 3 + [1 / 33] * 3)
+    # without the zero-variance filter, the group with one valid completion enters with advantage 0
+    samples, stats = S.build_batch(prompts, groups, rewards, S.Config(zero_variance_filter=False))
+    assert stats["active_prompts"] == 3 and [s["advantage"] for s in samples][-1] == 0.0 and len(samples) == 5
+
+
+def test_masked_advantages_by_hand():
+    rewards = np.array([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
+    valid = np.array([[True, True, True, False], [True, True, True, True]])
+    # group 0 over its 3 valid: mean 1/3, advantages 2/3, -1/3, -1/3 (and 0 for the excluded one)
+    want = np.array([[2 / 3, -1 / 3, -1 / 3, 0], [0.5, 0.5, -0.5, -0.5]])
+    np.testing.assert_allclose(S.compute_advantages(rewards, "none", valid), want)
+    batch_std = math.sqrt(((2 / 3) ** 2 + 2 * (1 / 3) ** 2 + 4 * 0.25) / 7)  # over the 7 valid advantages
+    np.testing.assert_allclose(S.compute_advantages(rewards, "batch", valid), want / (batch_std + 1e-6))
+    group_std = np.array([[math.sqrt(2 / 9)], [0.5]])
+    np.testing.assert_allclose(S.compute_advantages(rewards, "prompt", valid), want / (group_std + 1e-6))
+    assert S.zero_variance_keep(np.array([[1.0, 0, 0]]), np.array([[True, False, False]])).tolist() == [False]
+
+
 # ---------------------------------------------------------------------------------------------- advantages
 def test_advantage_normalisations_by_hand():
     rewards = np.array([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
@@ -129,7 +200,7 @@ def test_zero_variance_filter_drops_exactly_flat_groups():
     prompts = [[1, 10 + i] for i in range(4)]
     samples, stats = S.build_batch(prompts, groups, rewards, S.Config())
     assert sorted({tuple(s["prompt"]) for s in samples}) == [(1, 12), (1, 13)]
-    assert stats == {"zero_variance_frac": 0.5, "active_prompts": 2}
+    assert stats == {"zero_variance_frac": 0.5, "active_prompts": 2, "truncated_excluded": 0}
     samples, stats = S.build_batch(prompts, groups, rewards, S.Config(zero_variance_filter=False))
     assert len(samples) == 12 and stats["active_prompts"] == 4
     # flat groups kept without the filter carry zero advantage
@@ -568,6 +639,7 @@ def test_vllm_default_run_from_the_command_line(tmp_path):
                         "--lr", "2e-3", "--out", str(tmp_path / "run")], capture_output=True, text=True, env=env,
                        timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stderr == "" and p.stdout.startswith("scalerl: ")  # a quiet first screen: our lines only
     rows = read_metrics(str(tmp_path / "run"))
     assert [r["step"] for r in rows] == list(range(26))
     cfg = json.load(open(tmp_path / "run" / "config.json"))
@@ -575,6 +647,38 @@ def test_vllm_default_run_from_the_command_line(tmp_path):
     assert np.mean([r["reward_mean"] for r in rows[-3:]]) > np.mean([r["reward_mean"] for r in rows[1:4]]) + 0.1
     assert max(r["lag_max"] for r in rows[1:]) >= 1  # really off-policy: updates landed while groups were decoding
     assert any(r["inflight_groups"] > 0 for r in rows[1:]) and all(r["lag_max"] <= 8 for r in rows[1:])
+
+
+def test_fp32_head_is_checked_at_engine_start(default_model, monkeypatch, capsys):
+    """With --lm-head-fp32 the engine's LM head must really compute in float32: with a bfloat16 engine it does when
+    vLLM honours the head_dtype override, and the run stops with a clear error when the override is lost."""
+    need_vllm()
+    import vllm
+    cfg = S.Config(engine="vllm")
+    S.check_config(cfg)
+    path = S.build_tiny_model(os.environ["XDG_CACHE_HOME"] + "/scalerl", 0, False)
+    engine = S.VLLMEngine(cfg, path, torch.device("cpu"), torch.bfloat16, 64)
+    assert engine.head_dtypes() == ["torch.float32"]
+    del engine
+    real = vllm.LLM
+    monkeypatch.setattr(vllm, "LLM", lambda **kw: real(**{k: v for k, v in kw.items() if k != "hf_overrides"}))
+    with pytest.raises(SystemExit) as e:
+        S.VLLMEngine(cfg, path, torch.device("cpu"), torch.bfloat16, 64)
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and "computes the LM head in ['torch.bfloat16'], not float32" in err, err
+
+
+def test_quiet_stderr_holds_back_noise_but_not_errors(capfd):
+    with S.quiet_stderr(verbose=False):
+        os.write(2, b"library chatter\n")
+    assert capfd.readouterr().err == ""
+    with pytest.raises(ValueError), S.quiet_stderr(verbose=False):
+        os.write(2, b"context of the error\n")
+        raise ValueError("real error")
+    assert capfd.readouterr().err == "context of the error\n"
+    with S.quiet_stderr(verbose=True):
+        os.write(2, b"shown\n")
+    assert capfd.readouterr().err == "shown\n"
 
 
 # ---------------------------------------------------------------------------------------------- off-policy loop
@@ -817,6 +921,8 @@ def test_evaluation_in_pipeline_mode_stays_apart(vllm_engine):
     (["--reward-timeout", "0"], "--reward-timeout must be > 0"),
     (["--reward-workers", "-2"], "--reward-workers must be >= -1"),
     (["--max-lag", "-1"], "--max-lag must be >= 0"),
+    (["--lr", "nan"], "--lr must be a finite number"),
+    (["--wandb-name", "x"], "--wandb-name needs --wandb"),
     (["--off-policy", "sometimes"], "invalid choice"),
     (["--engine", "hf", "--refresh-kv"], "--refresh-kv applies to sequences in flight"),
 ])
@@ -829,6 +935,96 @@ def test_cli_bad_input(args, message, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("scalerl.py: error:") and message in lines[0], p.stderr
     assert "Traceback" not in p.stderr and p.stdout == ""
     assert not (tmp_path / "cache").exists() and not (tmp_path / "o").exists()  # nothing built, nothing written
+
+
+BOUNDS = {  # every numeric flag: a value just out of its range (each must also refuse nan and inf if it is a float)
+    "seed": -1, "vllm_gpu_memory_utilization": 1.0, "vllm_max_model_len": -1, "vllm_kv_cache_mb": 0,
+    "train_size": -1, "val_size": -1, "reward_workers": -2, "reward_timeout": 0.0, "steps": -1,
+    "prompts_per_step": 0, "generations_per_prompt": 1, "max_new_tokens": 0, "temperature": 0.0,
+    "answer_budget": -1, "max_len": -1, "cache_len": -1, "eps_max": 0.0, "eps_low": 1.0, "eps_high": -0.1,
+    "npr_threshold": 0.0, "logprob_chunk": 0, "max_lag": -1, "lr": 0.0, "warmup_steps": -1, "weight_decay": -0.1,
+    "adam_eps": -1e-9, "grad_clip": 0.0, "micro_batch_tokens": 0, "save_every": -1, "keep_last": 0,
+    "max_skipped_updates": 0, "eval_every": 0, "eval_samples": 0}
+
+
+def numeric_fields():
+    return [f for f in dataclasses.fields(S.Config) if type(f.default) in (int, float)]
+
+
+def test_every_numeric_flag_has_a_bound():
+    assert sorted(f.name for f in numeric_fields()) == sorted(BOUNDS)
+
+
+@pytest.mark.parametrize("name,value", [(n, v) for n, v in BOUNDS.items()] +
+                         [(f.name, bad) for f in numeric_fields() if type(f.default) is float
+                          for bad in ("nan", "inf", "-inf")])
+def test_bad_numbers_are_refused_in_one_line(name, value, capsys):
+    with pytest.raises(SystemExit) as e:
+        S.parse_args([f"--{name.replace('_', '-')}={value}"])  # = form: argparse reads "-inf" as a flag
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(lines) == 1 and lines[0].startswith("scalerl.py: error: --"), lines
+    assert name.replace("_", "-") in lines[0] and ("finite" in lines[0] if value in ("nan", "inf", "-inf") else True)
+
+
+def test_bad_think_budget_is_refused(capsys):
+    for budget in (["-1", "4"], ["nan", "4"]):
+        with pytest.raises(SystemExit) as e:
+            S.parse_args(["--think-budget", *budget])
+        assert e.value.code == 2 and "--think-budget" in capsys.readouterr().err
+
+
+def test_cli_out_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "o").write_text("x")
+    p = subprocess.run([sys.executable, os.path.join(HERE, "scalerl.py"), "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "exists and is not a directory" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_run_that_fails_before_training_leaves_no_directory(tmp_path, monkeypatch):
+    def broken(*a, **kw):
+        raise RuntimeError("the engine fell over")
+
+    monkeypatch.setattr(S, "evaluate", broken)
+    with pytest.raises(RuntimeError, match="fell over"):
+        S.run(small_cfg(tmp_path, engine="hf"))
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "mine").mkdir()  # a directory the user made is left as it was
+    with pytest.raises(RuntimeError):
+        S.run(small_cfg(tmp_path, engine="hf", out=str(tmp_path / "mine")))
+    assert (tmp_path / "mine").is_dir()
+
+
+def wandb_history(path):
+    """The rows logged to a W&B run file (.wandb): LevelDB-style log records (7-byte headers in 32 KiB blocks)
+    holding protobuf Records, read here without the wandb service."""
+    from wandb.proto import wandb_internal_pb2 as pb
+    data, pos, buf, rows = open(path, "rb").read(), 7, b"", []  # the file starts with a 7-byte W&B header
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a header is padding
+            pos += 32768 - pos % 32768
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        buf, pos = buf + data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):  # a full record, or the last piece of one
+            record = pb.Record()
+            record.ParseFromString(buf)
+            buf = b""
+            if record.WhichOneof("record_type") == "history":
+                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                rows.append({k: v for k, v in items.items() if not k.startswith("_")})
+        elif kind == 0:
+            pos += 32768 - pos % 32768
+    return rows
+
+
+def test_wandb_offline_logs_the_metrics_rows(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    import glob
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    rows = S.run(small_cfg(tmp_path, engine="hf", steps=3, wandb="scalerl-test", wandb_name="t"))
+    (path,) = glob.glob(str(tmp_path / "run" / "wandb" / "offline-run-*" / "*.wandb"))
+    assert wandb_history(path) == rows == read_metrics(str(tmp_path / "run")) and len(rows) == 4
 
 
 def test_cli_refuses_to_overwrite_a_run(tmp_path):
