@@ -1130,9 +1130,10 @@ def update_curriculum(cur, indices, pass_rates, threshold):
 def completion_weights(groups_lengths, agg):
     """Loss aggregation [Sec. 3.2] as one weight per completion, applied to each of its tokens, so that the
     step's loss is sum(weight * token_loss) however the tokens are split into micro-batches.
-    prompt -- per prompt: sum over its G completions / its total tokens; mean over prompts (ScaleRL)
+    prompt -- per prompt: sum over its G completions / its total tokens; mean over prompts (ScaleRL; the paper
+              attributes it to DAPO, whose objective normalises by the tokens of each prompt's group)
     sample -- per completion: mean over its tokens; mean over completions (GRPO)
-    token  -- sum over all tokens / all tokens of the batch (DAPO)"""
+    token  -- sum over all tokens / all tokens of the batch (no grouping; common in DAPO implementations)"""
     n_prompts = len(groups_lengths)
     n_samples = sum(len(g) for g in groups_lengths)
     n_tokens = sum(sum(g) for g in groups_lengths)
