@@ -213,13 +213,13 @@ def test_bom_jsonl_and_csv_load_like_plain_jsonl(records, tmp_path):
     assert S.load_rows(str(bom), S.Config()) == want and len(want) == len(records)
 
 
-def test_a_bad_csv_row_is_named_with_its_line(tmp_path, capsys):
+def test_a_bad_csv_row_is_named_with_its_line(tmp_path):
     path = tmp_path / "d.csv"
     path.write_text('problem,answer\n"What is\n1 + 1?",2\n,3\n')  # a quoted prompt over two lines, then no prompt
     assert S.load_rows(str(path), S.Config(skip_bad_rows=True)) == [("What is\n1 + 1?", "2")]
-    with pytest.raises(SystemExit):
+    with pytest.raises(S.ScaleRLError) as e:
         S.load_rows(str(path), S.Config())
-    assert "line 4: empty prompt" in capsys.readouterr().err
+    assert "line 4: empty prompt" in str(e.value)
 
 
 def write_jsonl(path, lines):
@@ -247,10 +247,10 @@ BAD_ROWS = [  # (line 2 of the file, what the error says)
 @pytest.mark.parametrize("line,message", BAD_ROWS)
 def test_each_kind_of_bad_row_is_named_with_its_line(line, message, tmp_path, capsys):
     path = write_jsonl(tmp_path / "d.jsonl", [GOOD, line, GOOD])
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(S.ScaleRLError) as e:
         S.load_rows(path, S.Config())
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and path in err and f"line 2: {message}" in err and "--skip-bad-rows" in err
+    err = str(e.value)
+    assert e.value.status == 2 and path in err and f"line 2: {message}" in err and "--skip-bad-rows" in err
     rows = S.load_rows(path, S.Config(skip_bad_rows=True))
     assert rows == [("What is 1 + 1?", "2")] * 2
     assert "skipped 1 of 3 rows (first: line 2" in capsys.readouterr().err
@@ -268,15 +268,15 @@ def test_each_kind_of_bad_row_is_named_with_its_line(line, message, tmp_path, ca
     ("d.jsonl", '{"problem": "q", "label": 1}\n', "no field 'answer'"),
     ("empty_dir", "dir", "cannot load with datasets"),
 ])
-def test_unreadable_data_gives_one_clear_error(name, content, message, tmp_path, capsys):
+def test_unreadable_data_gives_one_clear_error(name, content, message, tmp_path):
     path = tmp_path / name
     if content == "dir":
         path.mkdir()
     elif content is not None:
         path.write_bytes(content if isinstance(content, bytes) else content.encode())
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(S.ScaleRLError) as e:
         S.load_rows(str(path), S.Config())
-    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert e.value.status == 2 and message in str(e.value)
 
 
 def test_field_names_can_be_given(tmp_path):
@@ -335,12 +335,12 @@ def test_val_data_file_is_held_out(tmp_path):
     assert val == [("p3", "3"), ("p30", "30")] and len(train) == 19 and ("p3", "3") not in train
 
 
-def test_too_little_data_is_refused(tmp_path, capsys):
+def test_too_little_data_is_refused(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [json.dumps({"problem": f"p{k}", "answer": k}) for k in range(8)])
     for kw, message in [({"val_size": 8}, "--val-size 8: "), ({"val_size": 5}, "--prompts-per-step 4 exceeds the 3")]:
-        with pytest.raises(SystemExit):
+        with pytest.raises(S.ScaleRLError) as e:
             S.load_data(data_cfg(path, **kw))
-        assert message in capsys.readouterr().err
+        assert message in str(e.value)
 
 
 # ---------------------------------------------------------------------------------------------- prompting

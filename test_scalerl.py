@@ -1,5 +1,6 @@
 """Tests of scalerl.py: every recipe component against values computed by hand or by a slow, obviously
 correct reference; then the whole loop end to end on the CPU. Run: python -m pytest -q"""
+import collections
 import copy
 import dataclasses
 import importlib.util
@@ -105,7 +106,7 @@ def test_gspo_ratio_and_loss_by_hand():
     grad = [-1.0 * want_s[0] / 2] * 2 + [0.0] * 3 + [0.0, -0.5 * want_s[6]]
     assert logp.grad.tolist() == pytest.approx(grad, rel=1e-9, abs=1e-15)
     cfg = S.Config(loss="gspo")
-    S.resolve_length_budgets(cfg)
+    S.fill_defaults(cfg)
     assert (cfg.eps_low, cfg.eps_high) == (el, eh)
     total, clipped = S.policy_loss(logp.detach(), logp_gen, adv, torch.ones(7, dtype=torch.float64), seq, cfg)
     assert total.item() == pytest.approx(sum(want)) and clipped == 4  # the tokens of completions 1 and 2
@@ -135,10 +136,14 @@ def test_aggregations_on_unequal_lengths(agg):
 
 
 def test_aggregations_differ():
-    """The three modes are really different on unequal lengths (so the tests above can tell them apart)."""
+    """completion_weights' three modes really differ on unequal lengths (so the tests above can tell them apart):
+    per-token losses 1 on two completions and 0 elsewhere give 1/4, 4/15 and 10/19 (by hand)."""
     losses = [[[1.0] * 1, [0.0] * 5], [[0.0] * 2, [0.0] * 2, [1.0] * 9]]  # lengths [[1, 5], [2, 2, 9]]
-    vals = {a: reference_aggregate(losses, a) for a in ["prompt", "sample", "token"]}
-    assert len(set(round(v, 9) for v in vals.values())) == 3
+    lengths = [[len(t) for t in g] for g in losses]
+    got = {agg: sum(w * sum(t) for gw, gl in zip(S.completion_weights(lengths, agg), losses) for w, t in zip(gw, gl))
+           for agg in ["prompt", "sample", "token"]}
+    # prompt: (1/6 + 9/13) / 2; sample: (1 + 0 + 0 + 0 + 1) / 5; token: 10 / 19
+    assert got == pytest.approx({"prompt": (1 / 6 + 9 / 13) / 2, "sample": 2 / 5, "token": 10 / 19}, rel=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------- truncation
@@ -151,7 +156,7 @@ def test_truncated_completions_leave_the_batch_by_hand():
               [C(1, True), C(8, False), C(2, False)]]   # rewards 1, and two truncated: one valid, flat
     rewards = np.array([[1.0, 0, 0], [0, 0, 1.0], [1.0, 0, 0]])
     prompts = [[1, 10], [1, 11], [1, 12]]
-    samples, stats = S.build_batch(prompts, groups, rewards, S.Config())
+    samples, stats = S.build_batch(prompts, groups, rewards, S.Config(mask_truncated=True))
     # valid: group 0 -> rewards (1, 0), group 1 -> (0, 1): advantages +-0.5, batch std 0.5; group 2 has one valid
     assert stats == {"zero_variance_frac": pytest.approx(1 / 3), "active_prompts": 2, "truncated_excluded": 4}
     assert [(s["prompt"][1], len(s["tokens"])) for s in samples] == [(10, 2), (10, 4), (11, 3), (11, 5)]
@@ -164,8 +169,14 @@ def test_truncated_completions_leave_the_batch_by_hand():
     np.testing.assert_allclose([s["advantage"] for s in samples], (centred / (centred.std() + 1e-6)).ravel())
     assert [s["weight"] for s in samples] == pytest.approx([1 / 36] * 3 + [1 / 33] * 3 + [1 / 33] * 3)
     # without the zero-variance filter, the group with one valid completion enters with advantage 0
-    samples, stats = S.build_batch(prompts, groups, rewards, S.Config(zero_variance_filter=False))
+    samples, stats = S.build_batch(prompts, groups, rewards, S.Config(mask_truncated=True, zero_variance_filter=False))
     assert stats["active_prompts"] == 3 and [s["advantage"] for s in samples][-1] == 0.0 and len(samples) == 5
+
+
+def test_mask_truncated_default_depends_on_the_model():
+    assert S.fill_defaults(S.Config(model="org/name")).mask_truncated is True   # the paper's choice
+    assert S.fill_defaults(S.Config()).mask_truncated is False  # the embedded model starts from random weights
+    assert S.fill_defaults(S.Config(mask_truncated=True)).mask_truncated is True
 
 
 def test_masked_advantages_by_hand():
@@ -179,6 +190,24 @@ def test_masked_advantages_by_hand():
     group_std = np.array([[math.sqrt(2 / 9)], [0.5]])
     np.testing.assert_allclose(S.compute_advantages(rewards, "prompt", valid), want / (group_std + 1e-6))
     assert S.zero_variance_keep(np.array([[1.0, 0, 0]]), np.array([[True, False, False]])).tolist() == [False]
+
+
+@pytest.mark.parametrize("adv_norm", ["batch", "prompt", "none"])
+@pytest.mark.parametrize("loss_agg", ["prompt", "sample", "token"])
+def test_build_batch_uses_the_configured_advantages_and_aggregation(adv_norm, loss_agg):
+    """The switches reach the batch: advantages and weights are exactly those of the selected modes."""
+    lengths = [[2, 5, 1, 3], [4, 4, 7, 1], [3, 1, 2, 2], [6, 2, 2, 5]]
+    groups = [[S.Completion([9] * n, [-1.0] * n, True, [1] * n, [0] * n) for n in g] for g in lengths]
+    rewards = np.array([[1.0, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1], [0, 1, 1, 1]])  # group stds differ; one flat
+    samples, _ = S.build_batch([[1, i] for i in range(4)], groups, rewards, S.Config(adv_norm=adv_norm,
+                                                                                     loss_agg=loss_agg))
+    kept = [i for i in range(4) if rewards[i].max() > rewards[i].min()]
+    adv = S.compute_advantages(rewards[kept], adv_norm)
+    weights = S.completion_weights([lengths[i] for i in kept], loss_agg)
+    assert [s["advantage"] for s in samples] == adv.ravel().tolist()
+    assert [s["weight"] for s in samples] == [w for g in weights for w in g]
+    others = {m for m in ["batch", "prompt", "none"] if m != adv_norm}
+    assert all(not np.allclose(S.compute_advantages(rewards[kept], m), adv) for m in others)
 
 
 # ---------------------------------------------------------------------------------------------- advantages
@@ -201,7 +230,7 @@ def test_zero_variance_filter_drops_exactly_flat_groups():
     samples, stats = S.build_batch(prompts, groups, rewards, S.Config())
     assert sorted({tuple(s["prompt"]) for s in samples}) == [(1, 12), (1, 13)]
     assert stats == {"zero_variance_frac": 0.5, "active_prompts": 2, "truncated_excluded": 0}
-    samples, stats = S.build_batch(prompts, groups, rewards, S.Config(zero_variance_filter=False))
+    samples, stats = S.build_batch(prompts, groups, rewards, S.Config(mask_truncated=True, zero_variance_filter=False))
     assert len(samples) == 12 and stats["active_prompts"] == 4
     # flat groups kept without the filter carry zero advantage
     assert all(s["advantage"] == 0 for s in samples if s["prompt"][1] in (10, 11))
@@ -401,7 +430,7 @@ def test_penalty_is_added_to_correct_answers_only(default_model):
 def interrupt_cfg(engine, length_control="interrupt"):
     cfg = S.Config(engine=engine, length_control=length_control, max_new_tokens=8, think_budget=(2, 3),
                    answer_budget=3, temperature=1.0, max_lag=0)
-    S.check_config(cfg)
+    S.validate(S.fill_defaults(cfg))
     return cfg
 
 
@@ -451,6 +480,79 @@ def test_interruptions_with_each_engine(engine, default_model):
             assert 1 <= len(answer) <= cfg.answer_budget and c.mask[b + len(phrase):] == [1] * len(answer)
             assert c.finished == (answer[-1] == tok.eos_token_id)
     assert n_interrupted >= 12  # a random policy rarely stops within 3 tokens
+
+
+def stale_samples(model, tok, seed=0):
+    """Completions with generator log-probs from other ("stale") weights: a copy of `model`, perturbed."""
+    rng = np.random.default_rng(seed)
+    old = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in old.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    samples = []
+    for i in range(6):
+        x = {"prompt": tok("4712:").input_ids, "tokens": rng.integers(6, 30, 3 + i).tolist(), "advantage": (-1.0) ** i,
+             "weight": 0.05, "mask": [1] * (3 + i)}
+        with torch.no_grad():
+            x["gen_logprobs"] = S.sequence_logprobs(old, [x], S.Config(), tok.pad_token_id).tolist()
+        samples.append(x)
+    return samples
+
+
+@pytest.mark.parametrize("loss", ["cispo", "dapo", "gspo"])
+def test_train_step_uses_the_configured_loss_and_measures_the_mismatch(loss, default_model):
+    """With data from stale weights (a positive control), train_step's loss is the selected loss on the trainer's
+    log-probs, and the mismatch metrics equal their definitions computed here from the two models."""
+    model, tok = default_model
+    samples = stale_samples(model, tok)
+    cfg = S.fill_defaults(S.Config(loss=loss, eps_max=1.5))
+    with torch.no_grad():
+        lp = S.sequence_logprobs(model, samples, cfg, tok.pad_token_id).double()
+    gen = torch.tensor([x for s in samples for x in s["gen_logprobs"]], dtype=torch.float64)
+    adv = torch.tensor([s["advantage"] for s in samples for _ in s["tokens"]], dtype=torch.float64)
+    seq = torch.tensor([k for k, s in enumerate(samples) for _ in s["tokens"]])
+    want = {"cispo": lambda: S.cispo_loss(lp, gen, adv, 1.5), "dapo": lambda: S.dapo_loss(lp, gen, adv, 0.2, 0.28),
+            "gspo": lambda: S.gspo_loss(lp, gen, adv, seq, 3e-4, 4e-4)}[loss]().sum().item() * 0.05
+    m = copy.deepcopy(model)
+    opt = torch.optim.SGD(m.parameters(), lr=0.0)
+    out = S.train_step(m, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), samples, cfg, tok.pad_token_id)
+    assert out["loss"] == pytest.approx(want, rel=1e-4)
+    d = lp - gen
+    assert d.abs().mean().item() > 0.05  # the control is really off-policy
+    assert out["mismatch_abs_logprob"] == pytest.approx(d.abs().mean().item(), rel=1e-4)
+    assert out["mismatch_kl_k3"] == pytest.approx((d.exp() - 1 - d).mean().item(), rel=1e-4)
+    assert out["mismatch_trunc_frac"] == pytest.approx((d > math.log(1.5)).double().mean().item())
+    assert out["mismatch_trunc_frac"] > 0
+    others = {"cispo": S.dapo_loss(lp, gen, adv, 0.2, 0.28), "dapo": S.cispo_loss(lp, gen, adv, 1.5),
+              "gspo": S.cispo_loss(lp, gen, adv, 1.5)}[loss].sum().item() * 0.05
+    assert abs(others - want) > 1e-3  # the losses really differ here, so the check above tells them apart
+
+
+def test_warmup_is_linear_then_constant(tmp_path):
+    rows = S.run(small_cfg(tmp_path, engine="hf", steps=6, warmup_steps=4, lr=1e-3, zero_variance_filter=False,
+                           eval_every=100))
+    assert [r["lr"] for r in rows[1:]] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+
+
+def test_the_switches_reach_the_components_in_a_run(tmp_path, monkeypatch):
+    """A run with --loss dapo --adv-norm prompt --loss-agg token calls exactly those components."""
+    seen = collections.Counter()
+
+    def spy(name):
+        real = getattr(S, name)
+
+        def wrapped(*a, **kw):
+            seen[name, tuple(x for x in a if isinstance(x, str))] += 1
+            return real(*a, **kw)
+        monkeypatch.setattr(S, name, wrapped)
+
+    for name in ("dapo_loss", "cispo_loss", "compute_advantages", "completion_weights"):
+        spy(name)
+    S.run(small_cfg(tmp_path, engine="hf", steps=2, loss="dapo", adv_norm="prompt", loss_agg="token",
+                    zero_variance_filter=False, eval_every=100))
+    assert seen[("dapo_loss", ())] > 0 and not seen[("cispo_loss", ())]
+    assert set(k for k in seen if k[0] != "dapo_loss") == {("compute_advantages", ("prompt",)),
+                                                           ("completion_weights", ("token",))}
 
 
 def test_loss_ignores_injected_tokens(default_model):
@@ -524,9 +626,15 @@ def test_short_run_lifts_training_reward(tmp_path):
     assert late > early + 0.15, (early, late)
 
 
-def test_tied_embeddings_run(tmp_path):
-    rows = S.run(small_cfg(tmp_path, steps=2, tie_word_embeddings=True, engine="hf"))
-    assert len(rows) == 3 and all(math.isfinite(r.get("loss", 0.0)) for r in rows)
+def test_tied_embeddings_train_and_stay_tied(tmp_path):
+    s, cfg, book = S.setup(small_cfg(tmp_path, steps=2, tie_word_embeddings=True, engine="hf",
+                                     zero_variance_filter=False, warmup_steps=0))
+    with book:
+        before = s.model.get_input_embeddings().weight.detach().clone()
+        result = S.rl_step(s, cfg)
+    assert result["update"]["trained_tokens"] > 0 and not result["update"]["skipped"] and s.version == 1
+    assert s.model.get_output_embeddings().weight is s.model.get_input_embeddings().weight  # still one tensor
+    assert not torch.equal(before, s.model.get_input_embeddings().weight)  # and it was trained
 
 
 # ---------------------------------------------------------------------------------------------- vLLM engine
@@ -585,7 +693,7 @@ def test_vllm_push_after_a_training_step(vllm_engine):
     assert torch.allclose(engine_logprobs(engine, seq), trainer_logprobs(model, seq, tok.pad_token_id), atol=1e-4)
     # one real training step on the engine's own samples
     prompts = [tok("3941:").input_ids, tok("27:").input_ids]
-    groups = S.rollout(cfg, S.Rollouts(cfg, engine, tok), prompts, 4, seed=0)
+    groups = S.rollout(S.Rollouts(cfg, engine, tok), prompts, 4, seed=0)
     samples = [{"prompt": p, "tokens": c.tokens, "gen_logprobs": c.logprobs, "mask": c.mask, "advantage": (-1.0) ** j,
                 "weight": 0.1} for p, g in zip(prompts, groups) for j, c in enumerate(g)]
     opt, sched = S.make_optimizer(model, S.Config(lr=1e-2, warmup_steps=0))
@@ -607,10 +715,10 @@ def test_vllm_push_after_a_training_step(vllm_engine):
 def test_vllm_samples_differ_within_and_across_prompts(vllm_engine):
     cfg, model, tok, engine = vllm_engine
     p = tok("3941:").input_ids
-    g1, g2 = S.rollout(cfg, S.Rollouts(cfg, engine, tok), [p, p], 8, seed=5)
+    g1, g2 = S.rollout(S.Rollouts(cfg, engine, tok), [p, p], 8, seed=5)
     assert len({tuple(c.tokens) for c in g1}) > 1
     assert [c.tokens for c in g1] != [c.tokens for c in g2]  # each prompt gets its own random stream
-    again = S.rollout(cfg, S.Rollouts(cfg, engine, tok), [p, p], 8, seed=5)
+    again = S.rollout(S.Rollouts(cfg, engine, tok), [p, p], 8, seed=5)
     assert [[c.tokens for c in g] for g in again] == [[c.tokens for c in g1], [c.tokens for c in g2]]
     for c in g1 + g2:  # the recorded log-probs are the trainer's log-probs of the same tokens (same weights)
         assert c.finished == (c.tokens[-1] == tok.eos_token_id) and c.versions == [engine.version] * len(c.tokens)
@@ -649,23 +757,22 @@ def test_vllm_default_run_from_the_command_line(tmp_path):
     assert any(r["inflight_groups"] > 0 for r in rows[1:]) and all(r["lag_max"] <= 8 for r in rows[1:])
 
 
-def test_fp32_head_is_checked_at_engine_start(default_model, monkeypatch, capsys):
+def test_fp32_head_is_checked_at_engine_start(default_model, monkeypatch):
     """With --lm-head-fp32 the engine's LM head must really compute in float32: with a bfloat16 engine it does when
     vLLM honours the head_dtype override, and the run stops with a clear error when the override is lost."""
     need_vllm()
     import vllm
     cfg = S.Config(engine="vllm")
-    S.check_config(cfg)
+    S.validate(S.fill_defaults(cfg))
     path = S.build_tiny_model(os.environ["XDG_CACHE_HOME"] + "/scalerl", 0, False)
     engine = S.VLLMEngine(cfg, path, torch.device("cpu"), torch.bfloat16, 64)
     assert engine.head_dtypes() == ["torch.float32"]
     del engine
     real = vllm.LLM
     monkeypatch.setattr(vllm, "LLM", lambda **kw: real(**{k: v for k, v in kw.items() if k != "hf_overrides"}))
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(S.ScaleRLError) as e:
         S.VLLMEngine(cfg, path, torch.device("cpu"), torch.bfloat16, 64)
-    err = capsys.readouterr().err
-    assert e.value.code == 1 and "computes the LM head in ['torch.bfloat16'], not float32" in err, err
+    assert e.value.status == 1 and "computes the LM head in ['torch.bfloat16'], not float32" in str(e.value)
 
 
 def test_quiet_stderr_holds_back_noise_but_not_errors(capfd):
@@ -733,7 +840,7 @@ def test_recorded_logprobs_are_those_of_the_weights_live_at_each_token(refresh, 
     need_vllm()
     model0, tok = default_model
     cfg = S.Config(engine="vllm", length_control="truncate", max_new_tokens=12, temperature=0.8, refresh_kv=refresh)
-    S.check_config(cfg)
+    S.validate(S.fill_defaults(cfg))
     engine = make_engine("vllm", cfg, model0, tok)
     models = [copy.deepcopy(model0) for _ in range(3)]
     for m in models[1:]:
@@ -798,17 +905,13 @@ def test_next_batch_keeps_the_lag_bound_and_drops_stale_groups():
             return type("E", (), {"input_ids": [1]})()
 
     engine = ScriptedEngine(lambda key: 8 if key[0][1] == 2 else 1)
-    ro, serial = S.Rollouts(cfg, engine, Tok()), [0]
-
-    def admit(n):
-        for _ in range(n):
-            ro.add(("train", serial[0]), [1], 2, seed=serial[0])
-            serial[0] += 1
-
+    ro = S.Rollouts(cfg, engine, Tok())
+    s = S.State(None, Tok(), None, None, None, engine, ro, None, [], [[1]] * 100, [], [], S.Curriculum(100, 0), {})
     stale_total, trained = 0, []
     for version in range(12):
         engine.push(None, version)
-        groups, stale = S.next_batch(ro, admit, cfg, version)
+        s.version = version
+        groups, stale = S.next_batch(s, cfg)
         lags = [S.group_lag(g, version) for g in groups]
         assert len(groups) == 2 and max(lags) <= cfg.max_lag and lags == sorted(lags, reverse=True)
         assert len(ro.open) + len(ro.done) <= (cfg.max_lag + 1) * cfg.prompts_per_step  # admission's bound
@@ -883,7 +986,7 @@ def test_evaluation_in_pipeline_mode_stays_apart(vllm_engine):
     for i in range(3):
         ro.add(("train", i), tok("12:").input_ids, 4, seed=i)
     ro.poll()
-    evals = S.rollout(cfg, ro, [tok("3941:").input_ids, tok("27:").input_ids], 5, seed=1)
+    evals = S.rollout(ro, [tok("3941:").input_ids, tok("27:").input_ids], 5, seed=1)
     assert [len(g) for g in evals] == [5, 5]
     assert all(c.versions == [engine.version] * len(c.tokens) for g in evals for c in g)
     train = ro.wait([("train", i) for i in range(3)])
@@ -958,19 +1061,19 @@ def test_every_numeric_flag_has_a_bound():
 @pytest.mark.parametrize("name,value", [(n, v) for n, v in BOUNDS.items()] +
                          [(f.name, bad) for f in numeric_fields() if type(f.default) is float
                           for bad in ("nan", "inf", "-inf")])
-def test_bad_numbers_are_refused_in_one_line(name, value, capsys):
-    with pytest.raises(SystemExit) as e:
+def test_bad_numbers_are_refused_in_one_line(name, value):
+    with pytest.raises(S.ScaleRLError) as e:
         S.parse_args([f"--{name.replace('_', '-')}={value}"])  # = form: argparse reads "-inf" as a flag
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and len(lines) == 1 and lines[0].startswith("scalerl.py: error: --"), lines
+    lines = str(e.value).splitlines()
+    assert e.value.status == 2 and len(lines) == 1 and lines[0].startswith("--"), lines
     assert name.replace("_", "-") in lines[0] and ("finite" in lines[0] if value in ("nan", "inf", "-inf") else True)
 
 
-def test_bad_think_budget_is_refused(capsys):
+def test_bad_think_budget_is_refused():
     for budget in (["-1", "4"], ["nan", "4"]):
-        with pytest.raises(SystemExit) as e:
+        with pytest.raises(S.ScaleRLError) as e:
             S.parse_args(["--think-budget", *budget])
-        assert e.value.code == 2 and "--think-budget" in capsys.readouterr().err
+        assert e.value.status == 2 and "--think-budget" in str(e.value)
 
 
 def test_cli_out_that_is_a_file_is_refused(tmp_path):
@@ -1147,16 +1250,16 @@ def test_nan_skips_the_update_then_stops(tmp_path, monkeypatch):
     monkeypatch.setattr(S, "policy_loss", lambda *a: (lambda loss, c: (loss * float("nan"), c))(*real(*a)))
     cfg = ckpt_cfg(tmp_path, steps=10, max_skipped_updates=2, zero_variance_filter=False)
     model0, _, _ = S.load_model(cfg, torch.device("cpu"))
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(S.ScaleRLError) as e:
         S.run(cfg)
-    assert e.value.code == 1
+    assert e.value.status == 1 and "2 updates in a row skipped" in str(e.value)
     rows = read_metrics(str(tmp_path))
     assert [r["step"] for r in rows] == [0, 1, 2] and [r["skipped_updates"] for r in rows[1:]] == [1, 2]
     assert all(r["train_tokens"] == 0 for r in rows)
     assert not S.list_checkpoints(str(tmp_path))  # nothing saved from a run that went wrong
 
 
-def test_a_failing_checkpoint_write_keeps_the_last_good_one(tmp_path, monkeypatch, capsys):
+def test_a_failing_checkpoint_write_keeps_the_last_good_one(tmp_path, monkeypatch):
     real, calls = torch.save, []
 
     def flaky_save(obj, path, *a, **kw):
@@ -1166,10 +1269,8 @@ def test_a_failing_checkpoint_write_keeps_the_last_good_one(tmp_path, monkeypatc
         return real(obj, path, *a, **kw)
 
     monkeypatch.setattr(torch, "save", flaky_save)
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(S.ScaleRLError) as e:
         S.run(ckpt_cfg(tmp_path, steps=4, save_every=1))
-    assert e.value.code == 1
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "No space left on device" in err and "step_000001" in err
+    assert e.value.status == 1 and "No space left on device" in str(e.value) and "step_000001" in str(e.value)
     assert [os.path.basename(c) for c in S.list_checkpoints(str(tmp_path))] == ["step_000001"]
     assert os.listdir(tmp_path / "checkpoints") == ["step_000001"]  # no half-written directory left
