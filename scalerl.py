@@ -1,27 +1,40 @@
 """scalerl.py -- the ScaleRL recipe in one file.
 
 ScaleRL is the reinforcement-learning recipe for LLMs of Khatri et al., "The Art of Scaling Reinforcement
-Learning Compute for LLMs" (arXiv 2510.13786, 2025). One training step:
+Learning Compute for LLMs" (arXiv 2510.13786, 2025); [Sec. N] refers to its sections. One update, rl_step():
 
-    prompts --generate G completions each--> rewards --advantages, filters--> batch --CISPO--> update --> sync
+  1. groups  <- G completions for each of P prompts, sampled by an in-process vLLM engine; a completion that has
+                not closed its reasoning within its thinking budget is interrupted and asked to answer [Sec. 2, 4].
+                Generation streams on across updates (PipelineRL-k), and no token trained on is more than k = 8
+                updates older than the weights being updated [Sec. 3.1]
+  2. rewards <- a verifiable, binary reward per completion [Sec. 2]
+  3. batch   <- completions that did not end are left out (with --model); prompts whose G rewards are all equal are
+                dropped (zero-variance filtering); advantages r - mean(group), divided by the std of the batch's
+                advantages; each prompt weighs the same in the loss (prompt-level averaging) [Sec. 3.2, 4]
+  4. curriculum <- a prompt whose pass rate reaches 0.9 leaves the later epochs (No-Positive-Resampling) [Sec. 3.2]
+  5. update  <- one AdamW step on the CISPO loss -sg(min(rho, eps_max)) * A * log pi_train, rho = pi_train / pi_gen,
+                with the LM head computed in float32 in trainer and generator alike [Sec. 3.2]
+  6. push    <- the new weights go into the engine between two of its steps, while sequences decode [Sec. 3.1]
 
-Components (paper section in brackets), each switchable to the alternative the paper ablates:
-  CISPO loss [Sec. 3.2]                      --loss cispo|dapo
-  FP32 LM head in trainer and generator      --lm-head-fp32 / --no-lm-head-fp32
-  prompt-level loss averaging                --loss-agg prompt|sample|token
-  batch-level advantage normalisation        --adv-norm batch|prompt|none
-  zero-variance filtering                    --zero-variance-filter / --no-zero-variance-filter
-  No-Positive-Resampling                     --npr-threshold 0.9   (>= 1 disables it)
-  forced length interruptions                --length-control interrupt|penalty|truncate
+Each component can be switched to the alternative the paper ablates:
+  off-policy loop        --off-policy pipeline|ppo, --max-lag 8 (0: synchronous)    admission, next_batch
+  forced interruptions   --length-control interrupt|penalty|truncate                next_request, Rollouts
+  truncated samples out  --mask-truncated / --no-mask-truncated                    build_batch
+  zero-variance filter   --zero-variance-filter / --no-zero-variance-filter        zero_variance_keep
+  advantage norm         --adv-norm batch|prompt|none                              compute_advantages
+  loss aggregation       --loss-agg prompt|sample|token                            completion_weights
+  No-Positive-Resampling --npr-threshold 0.9 (>= 1 disables it)                   update_curriculum
+  loss                   --loss cispo|dapo|gspo                                    cispo_loss, dapo_loss, gspo_loss
+  FP32 LM head           --lm-head-fp32 / --no-lm-head-fp32                        token_logprobs, VLLMEngine
 
-`python scalerl.py` with no arguments trains an embedded tiny Llama (random weights, character tokenizer)
-on a built-in task on the CPU; `python scalerl.py --model DIR_OR_HUB_ID --data FILE` trains a real model on a
-math dataset, rewarded by math-verify.
-Section numbers [Sec. N] refer to arXiv 2510.13786v1. The file reads top to bottom in the order of the recipe:
-config -> data and reward -> rollout engines and length control -> advantages and curriculum -> loss
--> train step -> weight sync -> checkpoints -> evaluation and logging -> main.
+`python scalerl.py` trains an embedded tiny Llama (random weights, character tokenizer) on a built-in task on the
+CPU; `python scalerl.py --model DIR_OR_HUB_ID --data FILE` trains a real model on a math dataset.
+Part I (the recipe) reads top to bottom: config, rl_step, then its components in the order it calls them, then
+run(). Part II is plumbing: nothing in it changes the recipe (command line, data, grading, engines, checkpoints).
 """
 import argparse
+import collections
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -34,10 +47,12 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
-# --------------------------------------------------------------------------------------------------
-# 1. Config: one dataclass; every field becomes a command-line flag (--prompts-per-step, ...).
-# --------------------------------------------------------------------------------------------------
+# ==================================================================================================
+# PART I -- THE RECIPE
+# ==================================================================================================
 
 
 def _f(default, help, choices=None, nargs=None):
@@ -46,28 +61,78 @@ def _f(default, help, choices=None, nargs=None):
 
 @dataclass
 class Config:
-    # model and run
+    """Every field is a command-line flag (--prompts-per-step, ...); defaults are ScaleRL's."""
+    # the recipe's components [Sec. 3, 4]
+    off_policy: str = _f("pipeline", "pipeline: PipelineRL-k, generation streams on while each update's weights are "
+                                     "pushed into the engine in flight (ScaleRL); ppo: PPO-off-policy-k, generate K "
+                                     "batches with the same weights, then take K optimiser steps", ["pipeline", "ppo"])
+    max_lag: int = _f(8, "K: a trained token is at most K updates older than the weights being updated (the paper: "
+                         "8; 4 did as well); 0: the synchronous loop (generate a batch, train on it, push the weights)")
+    refresh_kv: bool = _f(False, "pipeline: at each update, re-prefill the running sequences with the new weights "
+                                 "(default: they keep the KV cache computed with older weights, as PipelineRL does)")
+    length_control: str = _f("interrupt", "interrupt: forced interruption at a thinking budget (ScaleRL); penalty: "
+                                          "DAPO overlong penalty; truncate: plain cut at --max-new-tokens",
+                             ["interrupt", "penalty", "truncate"])
+    think_budget: tuple = _f((0, 0), "interrupt: thinking budget drawn per completion in [LO, HI] (0 0: HI = "
+                                     "--max-new-tokens - --answer-budget, LO = 5/6 HI, as the paper's 10k-12k)",
+                             nargs=2)
+    answer_budget: int = _f(0, "interrupt: tokens allowed after the interruption (0: --max-new-tokens / 8, "
+                               "at least 2)")
+    interruption_phrase: str = _f("Okay, time is up. Let me stop thinking and formulate a final answer now. "
+                                  "</think>", "interrupt: text appended to an interrupted completion")
+    think_end: str = _f("</think>", "interrupt: the marker that closes the reasoning")
+    max_len: int = _f(0, "penalty: L_max, longer correct answers get -1 (0: --max-new-tokens)")
+    cache_len: int = _f(0, "penalty: L_cache, the linear penalty zone before L_max (0: L_max / 5)")
+    mask_truncated: bool = _f(None, "leave completions that did not end (no EOS within the limits) out of the batch: "
+                                    "out of the group mean, the zero-variance test, the batch std and the loss (the "
+                                    "paper's 'effective batch after excluding truncated samples'). Default: on with "
+                                    "--model; off for the embedded model, whose random initial policy almost never "
+                                    "ends by itself, so that masking would leave it nothing to learn to stop from")
+    zero_variance_filter: bool = _f(True, "drop prompts whose G rewards are all equal from the loss")
+    adv_norm: str = _f("batch", "advantage normalisation", ["batch", "prompt", "none"])
+    loss_agg: str = _f("prompt", "loss aggregation", ["prompt", "sample", "token"])
+    npr_threshold: float = _f(0.9, "No-Positive-Resampling: drop a prompt from later epochs once its pass "
+                                   "rate reaches this (>= 1 disables)")
+    loss: str = _f("cispo", "policy loss: cispo (ScaleRL), dapo (PPO clipping with DAPO's asymmetric range), gspo "
+                            "(a sequence-level ratio, clipped)", ["cispo", "dapo", "gspo"])
+    eps_max: float = _f(5.0, "CISPO: truncation of the importance weight from above (the paper: 4, 5 and 8 alike)")
+    eps_low: float = _f(0.0, "DAPO/GSPO: lower clip, ratio >= 1 - eps_low (0: the loss's own, dapo 0.2, gspo 3e-4)")
+    eps_high: float = _f(0.0, "DAPO/GSPO: upper clip, ratio <= 1 + eps_high (0: dapo 0.28, gspo 4e-4)")
+    lm_head_fp32: bool = _f(True, "compute the LM head (hidden -> logits) in float32, trainer and generator")
+    # sampling, optimiser and evaluation
+    steps: int = _f(150, "number of training steps (optimiser updates)")
+    prompts_per_step: int = _f(32, "prompts per step, P (the paper: 48)")
+    generations_per_prompt: int = _f(16, "completions sampled per prompt, G (the paper: 16)")
+    max_new_tokens: int = _f(8, "generation limit per completion")
+    temperature: float = _f(1.0, "sampling temperature (generator and trainer log-probs use it)")
+    lr: float = _f(5e-4, "learning rate, constant after warm-up (the paper: 5e-7 for an 8B model)")
+    warmup_steps: int = _f(10, "linear learning-rate warm-up steps (the paper: 100)")
+    weight_decay: float = _f(0.01, "AdamW weight decay")
+    adam_eps: float = _f(1e-15, "AdamW epsilon (the paper: 1e-15)")
+    grad_clip: float = _f(1.0, "clip the global gradient norm to this (our choice: the paper gives no value)")
+    eval_every: int = _f(10, "evaluate every this many steps (and at step 0 and the last step)")
+    eval_samples: int = _f(8, "samples per held-out prompt: k of mean@k (the paper: 16)")
+    # --- plumbing: model, engines, data, grading, checkpoints, logging (they do not change the recipe) ---
     model: str = _f("", "HF hub id or local directory; empty = the embedded tiny Llama (CPU default)")
-    engine: str = _f("auto", "rollout engine: vllm (in-process) or hf (Hugging Face generate); auto = vllm "
-                             "when it is installed", ["auto", "vllm", "hf"])
+    engine: str = _f("auto", "rollout engine: vllm (in-process) or hf (Hugging Face generate, synchronous loop "
+                             "only); auto = vllm when it is installed", ["auto", "vllm", "hf"])
     out: str = _f("", "run directory (default runs/<timestamp>)")
     seed: int = _f(0, "random seed (data order, sampling, the embedded model's initial weights)")
     device: str = _f("auto", "auto | cpu | cuda | cuda:N")
     dtype: str = _f("auto", "compute dtype (auto: bfloat16 on CUDA, float32 on CPU)",
                     ["auto", "float32", "bfloat16", "float16"])
-    param_dtype: str = _f("float32", "dtype of the trained weights and optimiser state",
-                          ["float32", "bfloat16"])
+    param_dtype: str = _f("float32", "dtype of the trained weights and optimiser state", ["float32", "bfloat16"])
     tie_word_embeddings: bool = _f(False, "embedded model only: tie the input embedding and the LM head")
-    # vLLM engine
+    logprob_chunk: int = _f(1024, "tokens per chunk when computing log-probs (memory ~ chunk x vocab)")
+    micro_batch_tokens: int = _f(8192, "padded tokens per micro-batch (gradient accumulation)")
     vllm_gpu_memory_utilization: float = _f(0.3, "vLLM on CUDA: fraction of GPU memory for the engine (weights + "
                                                  "KV cache); the trainer uses the rest")
     vllm_max_model_len: int = _f(0, "vLLM: context length (0: the longest prompt + completion)")
     vllm_sleep: bool = _f(None, "vLLM on CUDA: free the KV cache while training, wake before the next generation "
-                                "(default: on with CUDA; refused on CPU)")
+                                "(default: on with CUDA when nothing is in flight during training; refused on CPU)")
     vllm_kv_cache_mb: int = _f(256, "vLLM on CPU: KV cache size in MiB")
-    # data and reward
-    data: str = _f("", "training prompts: a .jsonl/.json/.parquet file, a datasets.save_to_disk directory or a hub "
-                       "dataset NAME[:SPLIT] (needs `datasets` and network); empty = the built-in task")
+    data: str = _f("", "training prompts: a .jsonl/.json/.csv/.parquet file, a datasets.save_to_disk directory or a "
+                       "hub dataset NAME[:SPLIT] (needs `datasets` and network); empty = the built-in task")
     val_data: str = _f("", "held-out prompts, same formats (default: --val-size prompts split off --data)")
     prompt_key: str = _f("", "prompt field (default: the first of prompt, problem, question)")
     answer_key: str = _f("", "answer field (default: the first of answer, final_answer, ground_truth, solution)")
@@ -85,78 +150,588 @@ class Config:
     reward_workers: int = _f(-1, "grading processes (-1: min(16, CPUs) for math/exact, 0 for the built-in task; "
                                  "0: grade in this process, without a time limit)")
     reward_timeout: float = _f(10.0, "seconds allowed to grade one completion; over it, reward 0 and an error")
-    # sampling
-    steps: int = _f(150, "number of training steps")
-    prompts_per_step: int = _f(32, "prompts per step (the paper: 48)")
-    generations_per_prompt: int = _f(16, "completions sampled per prompt, G (the paper: 16)")
-    max_new_tokens: int = _f(8, "generation limit per completion")
-    temperature: float = _f(1.0, "sampling temperature (generator and trainer log-probs use it)")
-    # length control (the paper's forced interruptions; DAPO's overlong penalty; plain truncation)
-    length_control: str = _f("interrupt", "interrupt: forced interruption at a thinking budget (ScaleRL); penalty: "
-                                          "DAPO overlong penalty; truncate: plain cut at --max-new-tokens",
-                             ["interrupt", "penalty", "truncate"])
-    think_budget: tuple = _f((0, 0), "interrupt: thinking budget drawn per completion in [LO, HI] (0 0: HI = "
-                                     "--max-new-tokens - --answer-budget, LO = 5/6 HI, as the paper's 10k-12k)",
-                             nargs=2)
-    answer_budget: int = _f(0, "interrupt: tokens allowed after the interruption (0: --max-new-tokens / 8, "
-                               "at least 2)")
-    interruption_phrase: str = _f("Okay, time is up. Let me stop thinking and formulate a final answer now. "
-                                  "</think>", "interrupt: text appended to an interrupted completion")
-    think_end: str = _f("</think>", "interrupt: the marker that closes the reasoning")
-    max_len: int = _f(0, "penalty: L_max, longer correct answers get -1 (0: --max-new-tokens)")
-    cache_len: int = _f(0, "penalty: L_cache, the linear penalty zone before L_max (0: L_max / 5)")
-    # loss [Sec. 3.2]
-    loss: str = _f("cispo", "policy loss", ["cispo", "dapo"])
-    eps_max: float = _f(5.0, "CISPO: truncation of the importance weight from above")
-    eps_low: float = _f(0.2, "DAPO: lower clip, ratio >= 1 - eps_low")
-    eps_high: float = _f(0.28, "DAPO: upper clip, ratio <= 1 + eps_high")
-    loss_agg: str = _f("prompt", "loss aggregation", ["prompt", "sample", "token"])
-    adv_norm: str = _f("batch", "advantage normalisation", ["batch", "prompt", "none"])
-    zero_variance_filter: bool = _f(True, "drop prompts whose G rewards are all equal from the loss")
-    npr_threshold: float = _f(0.9, "No-Positive-Resampling: drop a prompt from later epochs once its pass "
-                                   "rate reaches this (>= 1 disables)")
-    # off-policy loop [Sec. 3.1]
-    off_policy: str = _f("pipeline", "pipeline: PipelineRL-k, generation streams on while each update's weights are "
-                                     "pushed into the engine in flight (ScaleRL); ppo: PPO-off-policy-k, generate K "
-                                     "batches with the same weights, then take K optimiser steps", ["pipeline", "ppo"])
-    max_lag: int = _f(8, "K: a trained token is at most K updates older than the weights being updated (the paper: "
-                         "8; 4 did as well); 0: the synchronous loop (generate a batch, train on it, push the weights)")
-    refresh_kv: bool = _f(False, "pipeline: at each update, re-prefill the running sequences with the new weights "
-                                 "(default: they keep the KV cache computed with older weights, as PipelineRL does)")
-    lm_head_fp32: bool = _f(True, "compute the LM head (hidden -> logits) in float32, trainer and generator")
-    logprob_chunk: int = _f(1024, "tokens per chunk when computing log-probs (memory ~ chunk x vocab)")
-    # optimiser [Sec. 3.2, Appendix]
-    lr: float = _f(5e-4, "learning rate, constant after warm-up (the paper: 5e-7 for an 8B model)")
-    warmup_steps: int = _f(10, "linear learning-rate warm-up steps (the paper: 100)")
-    weight_decay: float = _f(0.01, "AdamW weight decay")
-    adam_eps: float = _f(1e-15, "AdamW epsilon (the paper: 1e-15)")
-    grad_clip: float = _f(1.0, "clip the global gradient norm to this")
-    micro_batch_tokens: int = _f(8192, "padded tokens per micro-batch (gradient accumulation)")
-    # checkpoints
     save_every: int = _f(0, "save a checkpoint every N steps (0: only at the end and when stopped by a signal)")
     keep_last: int = _f(2, "keep the newest K checkpoints")
     resume: str = _f("", "continue a run from a checkpoint directory, or 'auto': the newest in --out. Every setting "
                          "comes from the checkpoint except --steps (to extend a run), --save-every and --keep-last")
     max_skipped_updates: int = _f(3, "stop after this many non-finite updates (loss or gradient) in a row")
-    # evaluation
-    eval_every: int = _f(10, "evaluate every this many steps (and at step 0 and the last step)")
-    eval_samples: int = _f(8, "samples per held-out prompt: k of mean@k (the paper: 16)")
+    wandb: str = _f("", "also log every metrics row to this Weights & Biases project (needs `pip install wandb`; "
+                        "WANDB_MODE=offline works without network); metrics.jsonl stays the record")
+    wandb_name: str = _f("", "--wandb: the run's name (default: the --out directory's name)")
+    verbose: bool = _f(False, "show vLLM's and the libraries' own log lines and warnings (default: ours and errors)")
 
 
 # Named random streams: every random draw comes from np.random.SeedSequence([seed, RNG_..., ...]).
 RNG_TASK, RNG_SPLIT, RNG_EPOCH, RNG_ROLLOUT, RNG_EVAL = range(1, 6)
 
 
+def step_seed(seed, stream, n):
+    """An independent, reproducible seed for the n-th draw of a random stream (RNG_*) of a run."""
+    return int(np.random.SeedSequence([seed, stream, n]).generate_state(1)[0])
+
+# --------------------------------------------------------------------------------------------------
+# One ScaleRL step: the algorithm box of the module docstring, one call per arrow
+# --------------------------------------------------------------------------------------------------
+
+
+def rl_step(s, cfg):
+    """One update. Returns what happened, for the metrics row, or None when no prompt is left to train on."""
+    t0 = time.time()
+    groups, stale = next_batch(s, cfg)                                         # 1. [Sec. 3.1, 4] P complete groups
+    if groups is None:
+        return None
+    s.engine.sleep()                                                           # (vLLM sleep mode, when idle)
+    t_gen = time.time() - t0
+    prompts, comps, idx = [g.prompt for g in groups], [g.completions for g in groups], [g.info for g in groups]
+    correct, rewards, errors = score(s.tok, comps, [s.train[i][1] for i in idx], s.grader, cfg)  # 2. [Sec. 2]
+    samples, stats = build_batch(prompts, comps, rewards, cfg)                 # 3. [Sec. 3.2] the batch
+    update_curriculum(s.cur, idx, correct.mean(axis=1), cfg.npr_threshold)     # 4. [Sec. 3.2] NPR
+    lags = [s.version - v for x in samples for v, m in zip(x["versions"], x["mask"]) if m]
+    in_flight, t1 = len(s.ro.open), time.time()
+    update = train_step(s.model, s.opt, s.sched, samples, cfg, s.tok.pad_token_id, s.autocast) if samples else {}
+    t2 = time.time()                                                           # 5. [Sec. 3.2] CISPO, FP32 head
+    s.version += bool(update) and not update["skipped"]
+    push_weights(s, cfg)                                                       # 6. [Sec. 3.1] in flight
+    return dict(groups=groups, rewards=rewards, errors=errors, samples=samples, stats=stats, update=update,
+                lags=lags, stale=stale, in_flight=in_flight, t_gen=t_gen, t_train=t2 - t1, t_sync=time.time() - t2,
+                t_step=time.time() - t0)
+
+# --------------------------------------------------------------------------------------------------
+# 1. Rollouts with forced length interruptions [Sec. 2, 4]: a group is one prompt's G completions, streamed
+#    through an engine; every token keeps the generator's log-prob and the weight version that sampled it.
+#    The engines (Part II) share one contract: submit(key, token_ids, max_tokens, seed) queues a request; step()
+#    advances generation and returns the requests that finished, as (key, Completion), with the number of tokens
+#    decoded; push(model, version) loads new weights; `version` is the version it holds; `capacity` the number of
+#    sequences it decodes at once.
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Completion:
+    tokens: list          # generated token ids, EOS included when the completion stopped by itself
+    logprobs: list        # generator's log pi_gen(token) of each, at the sampling temperature
+    finished: bool        # stopped with EOS (False: hit a length limit, i.e. truncated)
+    mask: list            # 1 = sampled by the policy, 0 = injected (the interruption phrase)
+    versions: list        # weight version (optimiser updates so far) that sampled each token
+    interrupted: bool = False
+
+
+@dataclass
+class Group:
+    """One prompt and its G completions while they are being generated."""
+    key: tuple            # ("train", serial) or ("eval", seed, i)
+    prompt: list          # prompt token ids
+    completions: list
+    budgets: list         # each completion's thinking budget
+    seeds: list           # each completion's request seeds (first piece, continuation)
+    info: object = None   # the caller's (the training prompt's index)
+    left: int = 0         # completions not yet complete
+    oldest: int = None    # the oldest weight version of its sampled tokens, once complete (see group_lag)
+
+
+def next_request(c, budget, cfg, think_end):
+    """Forced length interruptions [Sec. 2, 4], one completion at a time. Its first request asks for at most its
+    thinking budget (drawn in [LO, HI]). When that piece comes back without EOS, the completion either closed its
+    reasoning (think_end) within the budget, and continues to --max-new-tokens in all, or it did not, and it is
+    interrupted: the phrase is appended and it gets --answer-budget more tokens. A model without a thinking format
+    never closes its reasoning, so each of its completions that reaches the budget is interrupted. Returns
+    'done', 'continue' or 'interrupt'."""
+    if cfg.length_control != "interrupt" or c.finished or c.interrupted or len(c.tokens) != budget:
+        return "done"  # ended by itself, answered after an interruption, or the rest of a closed reasoning
+    return "continue" if find_subsequence(c.tokens, think_end) is not None else "interrupt"
+
+
+class Rollouts:
+    """Groups of G completions streamed through an engine. add() queues a prompt's G first requests; poll() runs
+    one engine step, moves each finished piece on (done, continued or interrupted, see next_request) and collects
+    the groups whose G completions are complete in `done`."""
+
+    def __init__(self, cfg, engine, tok):
+        self.cfg, self.engine = cfg, engine
+        self.phrase = tok(cfg.interruption_phrase, add_special_tokens=False).input_ids
+        self.think_end = tok(cfg.think_end, add_special_tokens=False).input_ids
+        self.open, self.done = {}, []  # key -> Group being generated; complete groups, in completion order
+        self.decoded = self.steps = 0  # tokens decoded and engine steps, for engine_batch_mean
+
+    def add(self, key, prompt, n, seed, info=None):
+        """Start a group: n completions of prompt (token ids), with the random stream `seed` (thinking budgets and
+        request seeds)."""
+        lo, hi = self.cfg.think_budget if self.cfg.length_control == "interrupt" else (self.cfg.max_new_tokens,) * 2
+        rng = np.random.default_rng(seed)
+        seeds, budgets = rng.integers(2**63 - 1, size=(n, 2)).tolist(), rng.integers(lo, hi + 1, size=n).tolist()
+        g = Group(key, list(prompt), [Completion([], [], False, [], []) for _ in range(n)], budgets, seeds, info, n)
+        self.open[key] = g
+        for j in range(n):
+            self.engine.submit((key, j), g.prompt, budgets[j], seeds[j][0])
+
+    def poll(self):
+        pieces, decoded = self.engine.step()
+        self.decoded, self.steps = self.decoded + decoded, self.steps + 1
+        for (key, j), p in pieces:
+            g = self.open[key]
+            c = g.completions[j]
+            c.tokens, c.logprobs, c.mask, c.versions = (c.tokens + p.tokens, c.logprobs + p.logprobs,
+                                                        c.mask + p.mask, c.versions + p.versions)
+            c.finished = p.finished
+            action = next_request(c, g.budgets[j], self.cfg, self.think_end)
+            if action == "interrupt":  # the phrase was not sampled: loss mask 0, a placeholder log-prob
+                c.tokens, c.logprobs = c.tokens + self.phrase, c.logprobs + [0.0] * len(self.phrase)
+                c.mask, c.versions = c.mask + [0] * len(self.phrase), c.versions + [self.engine.version] * len(
+                    self.phrase)
+                c.interrupted = True
+            if action == "done":
+                g.left -= 1
+                if not g.left:
+                    self.done.append(self.open.pop(key))
+            else:
+                more = self.cfg.answer_budget if action == "interrupt" else self.cfg.max_new_tokens - len(c.tokens)
+                self.engine.submit((key, j), g.prompt + c.tokens, more, g.seeds[j][1])
+
+    def wait(self, keys):
+        """Poll until the groups `keys` are complete; take them out of `done` and return them in that order (other
+        groups that complete meanwhile stay in `done`)."""
+        want = set(keys)
+        while want - {g.key for g in self.done}:
+            self.poll()
+        got = {g.key: g for g in self.done if g.key in want}
+        self.done = [g for g in self.done if g.key not in want]
+        return [got[k] for k in keys]
+
+
+def rollout(ro, prompts, n, seed, kind="eval"):
+    """Generate n completions for each prompt with length control, now; returns the list of groups' completions."""
+    keys = [(kind, seed, i) for i in range(len(prompts))]
+    for k, p in zip(keys, prompts):
+        ro.add(k, p, n, step_seed(seed, RNG_ROLLOUT, k[2]))
+    return [g.completions for g in ro.wait(keys)]
+
+# --------------------------------------------------------------------------------------------------
+# 2. Scoring [Sec. 2]: a verifiable, binary reward (the reward functions and the grading pool are in Part II)
+# --------------------------------------------------------------------------------------------------
+
+
+def score(tok, groups, answers, grader, cfg):
+    """Correctness and reward of every completion: two arrays [n_prompts, G], and the grading errors. A completion
+    that did not end by itself (EOS) has no final answer: 0, ungraded. With --length-control penalty the overlong
+    penalty is added to the correct answers only (as the paper ablated it); otherwise reward = correct."""
+    specials, items, where = set(tok.all_special_ids), [], []
+    for i, (g, a) in enumerate(zip(groups, answers)):
+        for j, c in enumerate(g):
+            if c.finished:  # the stop token that ends it is not part of the text graded
+                items.append((tok.decode(c.tokens[:-1] if c.tokens and c.tokens[-1] in specials else c.tokens), a))
+                where.append((i, j))
+    rewards, errors = grader(items)
+    correct = np.zeros((len(groups), len(groups[0]) if groups else 0))
+    for (i, j), r in zip(where, rewards):
+        correct[i, j] = r
+    if cfg.length_control != "penalty":
+        return correct, correct, errors
+    pen = np.array([[overlong_penalty(len(c.tokens), cfg.max_len, cfg.cache_len) for c in g] for g in groups])
+    return correct, correct + correct * pen, errors
+
+
+def overlong_penalty(length, max_len, cache_len):
+    """DAPO's soft overlong punishment (the length-control alternative the paper ablated): 0 up to
+    L_max - L_cache tokens, then falling linearly to -1 at L_max, and -1 beyond."""
+    if length <= max_len - cache_len:
+        return 0.0
+    if length <= max_len:
+        return (max_len - cache_len - length) / cache_len
+    return -1.0
+
+# --------------------------------------------------------------------------------------------------
+# 3. The batch [Sec. 3.2]: truncated completions out, zero-variance filtering, advantages, aggregation
+# --------------------------------------------------------------------------------------------------
+
+
+def zero_variance_keep(rewards, valid=None):
+    """Zero-variance filtering [Sec. 3.2]: True for the prompts whose G rewards (over the `valid` completions, see
+    --mask-truncated) are not all equal. A flat group has zero advantage everywhere and only dilutes the loss; it
+    is dropped (the batch is not refilled). A group with fewer than two valid completions is flat."""
+    valid = np.ones(rewards.shape, bool) if valid is None else valid
+    return np.where(valid, rewards, -np.inf).max(axis=1) > np.where(valid, rewards, np.inf).min(axis=1)
+
+
+def compute_advantages(rewards, norm, valid=None, eps=1e-6):
+    """Group-centred advantages A_i = r_i - mean_j r_j [Sec. 2], then normalised:
+    batch  -- divided by the std of all advantages in the batch (ScaleRL) [Sec. 3.2]
+    prompt -- divided by the std of the prompt's own rewards (GRPO)
+    none   -- left as they are (Dr. GRPO).  Standard deviations are population ones (ddof=0).
+    Means and standard deviations run over the `valid` completions only; the others get advantage 0. Rewards are
+    0/1 here and +-1 in the paper: the same advantages under batch and prompt normalisation (a scale cancels), twice
+    as large with `none`."""
+    valid = np.ones(rewards.shape, bool) if valid is None else valid
+    n = np.maximum(valid.sum(axis=1, keepdims=True), 1)
+    adv = np.where(valid, rewards - (rewards * valid).sum(axis=1, keepdims=True) / n, 0.0)
+    if norm == "batch":
+        return adv / (adv[valid].std() + eps)
+    if norm == "prompt":
+        return adv / (np.sqrt((adv ** 2).sum(axis=1, keepdims=True) / n) + eps)
+    return adv
+
+
+def completion_weights(groups_lengths, agg):
+    """Loss aggregation [Sec. 3.2] as one weight per completion, applied to each of its tokens, so that the
+    step's loss is sum(weight * token_loss) however the tokens are split into micro-batches.
+    prompt -- per prompt: sum over its G completions / its total tokens; mean over prompts (ScaleRL; the paper
+              attributes it to DAPO, whose objective normalises by the tokens of each prompt's group)
+    sample -- per completion: mean over its tokens; mean over completions (GRPO)
+    token  -- sum over all tokens / all tokens of the batch (no grouping; common in DAPO implementations)"""
+    n_prompts = len(groups_lengths)
+    n_samples = sum(len(g) for g in groups_lengths)
+    n_tokens = sum(sum(g) for g in groups_lengths)
+    if agg == "prompt":
+        return [[1.0 / (n_prompts * max(sum(g), 1))] * len(g) for g in groups_lengths]
+    if agg == "sample":
+        return [[1.0 / (n_samples * max(L, 1)) for L in g] for g in groups_lengths]
+    return [[1.0 / max(n_tokens, 1)] * len(g) for g in groups_lengths]
+
+
+def build_batch(prompt_ids, groups, rewards, cfg):
+    """From one step's rollouts to the training batch: truncated completions out (--mask-truncated), zero-variance
+    filter, advantages, aggregation weights. Returns (samples, stats); each sample is a plain dict (prompt ids,
+    completion, its loss mask and weight versions, advantage, weight). Tokens with mask 0 (injected, not sampled)
+    and excluded completions count in no normaliser."""
+    valid = np.array([[c.finished or not cfg.mask_truncated for c in g] for g in groups]).reshape(rewards.shape)
+    varied = zero_variance_keep(rewards, valid)
+    kept = np.flatnonzero(varied if cfg.zero_variance_filter else valid.any(axis=1))
+    stats = {"zero_variance_frac": float(1 - varied.mean()), "active_prompts": len(kept),
+             "truncated_excluded": int((~valid).sum())}
+    if not len(kept):
+        return [], stats
+    adv = compute_advantages(rewards[kept], cfg.adv_norm, valid[kept])
+    members = [[j for j in range(len(groups[i])) if valid[i, j]] for i in kept]
+    weights = completion_weights([[sum(groups[i][j].mask) for j in js] for i, js in zip(kept, members)],
+                                 cfg.loss_agg)
+    samples = [{"prompt": prompt_ids[i], "tokens": groups[i][j].tokens, "gen_logprobs": groups[i][j].logprobs,
+                "mask": groups[i][j].mask, "versions": groups[i][j].versions, "advantage": float(adv[a, j]),
+                "weight": w}
+               for a, (i, js) in enumerate(zip(kept, members)) for j, w in zip(js, weights[a])]
+    return samples, stats
+
+# --------------------------------------------------------------------------------------------------
+# 4. Curriculum [Sec. 3.2]: epochs over the training prompts, with No-Positive-Resampling
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Curriculum:
+    """Epoch-wise sampling of training prompts with No-Positive-Resampling [Sec. 3.2]."""
+    n_prompts: int
+    seed: int
+    epoch: int = 0
+    pos: int = 0
+    order: list = field(default_factory=list)
+    pass_rate: dict = field(default_factory=dict)  # prompt index -> last observed pass rate
+    removed: set = field(default_factory=set)
+
+
+def next_prompts(cur, k):
+    """The next k prompt indices (fewer only when NPR has removed every prompt). Each epoch is a fresh shuffle of the
+    prompts NPR has not removed; a prompt removed during an epoch is skipped if its turn in that epoch is still to
+    come (with the off-policy loop its result can arrive after the next epoch has been shuffled)."""
+    out = []
+    while len(out) < k:
+        if cur.pos >= len(cur.order):
+            active = [i for i in range(cur.n_prompts) if i not in cur.removed]
+            if not active:
+                return out
+            cur.order = np.random.default_rng([cur.seed, RNG_EPOCH, cur.epoch]).permutation(active).tolist()
+            cur.epoch, cur.pos = cur.epoch + 1, 0
+        i, cur.pos = cur.order[cur.pos], cur.pos + 1
+        if i not in cur.removed:
+            out.append(i)
+    return out
+
+
+def update_curriculum(cur, indices, pass_rates, threshold):
+    """No-Positive-Resampling: record each prompt's pass rate; one that reaches the threshold (0.9) is
+    removed permanently from later epochs. The paper does not define the history; here it is
+    the last observed pass rate."""
+    for i, r in zip(indices, pass_rates):
+        cur.pass_rate[i] = float(r)
+        if threshold < 1.0 and r >= threshold:
+            cur.removed.add(i)
+
+# --------------------------------------------------------------------------------------------------
+# 5. Losses [Sec. 3.2]: log-probs with an FP32 LM head; CISPO, and DAPO and GSPO for the ablation
+# --------------------------------------------------------------------------------------------------
+
+
+def _chunk_logprobs(h, w, b, y, temperature, fp32):
+    if fp32:
+        with torch.autocast(h.device.type, enabled=False):
+            logits = F.linear(h.float(), w.float(), None if b is None else b.float())
+    else:
+        logits = F.linear(h, w, b).float()
+    logits = logits / temperature
+    return logits.gather(-1, y[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def token_logprobs(hidden, head, targets, temperature, fp32=True, chunk=1024):
+    """log softmax(head(hidden) / T)[target] for every row of hidden [N, H] [Sec. 3.2, FP32 LM head].
+    Rows are processed `chunk` at a time and each chunk is recomputed in the backward pass (activation
+    checkpointing), so peak memory grows with chunk x vocabulary, never with N x vocabulary."""
+    from torch.utils.checkpoint import checkpoint
+    parts = []
+    for s in range(0, hidden.shape[0], chunk):
+        args = (hidden[s:s + chunk], head.weight, head.bias, targets[s:s + chunk], temperature, fp32)
+        grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
+        parts.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if grad else _chunk_logprobs(*args))
+    return torch.cat(parts) if parts else hidden.new_zeros(0)
+
+
+def cispo_loss(logp, logp_gen, adv, eps_max):
+    """CISPO token loss [Sec. 3.2]: -sg(min(rho, eps_max)) * A * log pi_train, rho = pi_train / pi_gen.
+    Only the importance weight is truncated (from above) and it carries no gradient: every token keeps the
+    REINFORCE gradient A * grad log pi, scaled by the truncated weight."""
+    rho = torch.exp(logp.detach() - logp_gen)
+    return -torch.clamp(rho, max=eps_max) * adv * logp
+
+
+def dapo_loss(logp, logp_gen, adv, eps_low, eps_high):
+    """DAPO / PPO token loss with asymmetric clipping (the ablated alternative): -min(rho A, clip(rho) A).
+    Tokens whose clipped term is the minimum get no gradient."""
+    rho = torch.exp(logp - logp_gen)
+    return -torch.minimum(rho * adv, torch.clamp(rho, 1 - eps_low, 1 + eps_high) * adv)
+
+
+def gspo_ratio(logp, logp_gen, seq):
+    """GSPO's sequence-level importance ratio (Zheng et al. 2025), one value per token: s_i = (pi_train(y_i) /
+    pi_gen(y_i)) ** (1 / |y_i|) = exp(mean over the completion's tokens of log pi_train - log pi_gen), in its
+    token form sg(s_i) * pi_train(y_t) / sg(pi_train(y_t)): the value of s_i, and the gradient s_i * grad log
+    pi_train(y_t), so that averaging over a completion's tokens gives GSPO's gradient s_i * grad log s_i.
+    seq numbers the completion of each token."""
+    d = (logp - logp_gen).detach()
+    n = torch.zeros(int(seq.max()) + 1, dtype=d.dtype, device=d.device).index_add_(0, seq, torch.ones_like(d))
+    mean = torch.zeros_like(n).index_add_(0, seq, d) / n
+    return torch.exp(mean[seq] + logp - logp.detach())
+
+
+def gspo_loss(logp, logp_gen, adv, seq, eps_low, eps_high):
+    """GSPO token loss (the third loss the paper ablated): PPO's clipped objective -min(s A, clip(s) A) on the
+    sequence-level ratio s of gspo_ratio, with GSPO's own narrow range (3e-4 below, 4e-4 above). A completion
+    whose clipped term is the minimum gets no gradient. GSPO averages over each sequence's tokens
+    (--loss-agg sample); with ScaleRL's prompt average each token of a prompt weighs the same."""
+    s = gspo_ratio(logp, logp_gen, seq)
+    return -torch.minimum(s * adv, torch.clamp(s, 1 - eps_low, 1 + eps_high) * adv)
+
+
+def policy_loss(logp, logp_gen, adv, weight, seq, cfg):
+    """The step's objective restricted to these tokens: sum(weight * token_loss); plus the number of tokens whose
+    importance weight was truncated (CISPO) or clipped (DAPO, GSPO). seq numbers each token's completion."""
+    rho = torch.exp(logp.detach() - logp_gen) if cfg.loss != "gspo" else gspo_ratio(logp, logp_gen, seq).detach()
+    if cfg.loss == "cispo":
+        return (weight * cispo_loss(logp, logp_gen, adv, cfg.eps_max)).sum(), (rho > cfg.eps_max).sum().item()
+    if cfg.loss == "dapo":
+        tl = dapo_loss(logp, logp_gen, adv, cfg.eps_low, cfg.eps_high)
+    else:
+        tl = gspo_loss(logp, logp_gen, adv, seq, cfg.eps_low, cfg.eps_high)
+    clipped = ((rho > 1 + cfg.eps_high) & (adv > 0)) | ((rho < 1 - cfg.eps_low) & (adv < 0))
+    return (weight * tl).sum(), clipped.sum().item()
+
+# --------------------------------------------------------------------------------------------------
+# 6. The train step: AdamW with warm-up and clipping, gradients accumulated over micro-batches
+# --------------------------------------------------------------------------------------------------
+
+
+def make_optimizer(model, cfg):
+    """AdamW with a linear warm-up to a constant learning rate [Sec. 3.2 / Appendix]."""
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=cfg.adam_eps,
+                            weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
+    return opt, sched
+
+
+def sequence_logprobs(model, samples, cfg, pad_id):
+    """Trainer log-probs of every completion token of `samples`, concatenated in sample order."""
+    device = next(model.parameters()).device
+    seqs = [s["prompt"] + s["tokens"] for s in samples]
+    width = max(map(len, seqs))
+    ids = torch.tensor([q + [pad_id] * (width - len(q)) for q in seqs], device=device)  # right padding
+    attn = torch.tensor([[1] * len(q) + [0] * (width - len(q)) for q in seqs], device=device)
+    # position p predicts token p+1: mark the positions whose next token is a completion token
+    pred = torch.zeros(len(seqs), width - 1, dtype=torch.bool, device=device)
+    for r, s in enumerate(samples):
+        pred[r, len(s["prompt"]) - 1:len(s["prompt"]) - 1 + len(s["tokens"])] = True
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
+    return token_logprobs(hidden[:, :-1][pred], model.get_output_embeddings(), ids[:, 1:][pred],
+                          cfg.temperature, cfg.lm_head_fp32, cfg.logprob_chunk)
+
+
+def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None):
+    """One optimiser step on the batch: loss and backward per micro-batch (gradients accumulate; the
+    aggregation weights already hold the global normalisers), clip, AdamW step."""
+    device = next(model.parameters()).device
+    model.train()
+    loss_sum, clipped, n_tok, mismatch = 0.0, 0.0, 0, np.zeros(3)
+    for mb in micro_batches(samples, cfg.micro_batch_tokens):
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            logp = sequence_logprobs(model, mb, cfg, pad_id)
+        keep = torch.tensor([m == 1 for s in mb for m in s["mask"]], device=device)
+        per_tok = lambda key: torch.tensor([s[key] for s in mb for _ in s["tokens"]], device=device)[keep]  # noqa
+        logp_gen = torch.tensor([x for s in mb for x in s["gen_logprobs"]], device=device)[keep]
+        logp = logp[keep]  # injected tokens (mask 0) are context only: no ratio, no loss, no count
+        seq = torch.tensor([k for k, s in enumerate(mb) for _ in s["tokens"]], device=device)[keep]
+        loss, n_clipped = policy_loss(logp, logp_gen, per_tok("advantage"), per_tok("weight"), seq, cfg)
+        loss.backward()
+        loss_sum, clipped, n_tok = loss_sum + loss.item(), clipped + n_clipped, n_tok + len(logp)
+        mismatch += mismatch_sums(logp, logp_gen, cfg.eps_max)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
+    skipped = not (math.isfinite(loss_sum) and math.isfinite(grad_norm))
+    lr = opt.param_groups[0]["lr"]  # the rate of this update (the scheduler moves on after it)
+    if not skipped:  # a non-finite loss or gradient would poison the weights and AdamW's moments: skip it
+        opt.step()
+        sched.step()
+    opt.zero_grad(set_to_none=True)
+    m = mismatch / max(n_tok, 1)
+    return {"loss": loss_sum, "grad_norm": grad_norm, "clip_frac": clipped / max(n_tok, 1), "skipped": skipped,
+            "trained_tokens": 0 if skipped else n_tok, "lr": lr,
+            "mismatch_abs_logprob": m[0], "mismatch_kl_k3": m[1], "mismatch_trunc_frac": m[2]}
+
+
+# --------------------------------------------------------------------------------------------------
+# 7. The off-policy loop [Sec. 3.1]: which groups generate while the trainer updates, which are trained when
+# --------------------------------------------------------------------------------------------------
+
+
+def admission(cfg, in_flight, ready, unfinished, capacity):
+    """How many new groups to start now.
+    pipeline (PipelineRL-k, ScaleRL): keep the engine full (its `capacity` sequences decoding at once), but never
+    hold more than (K + 1) x P groups between admission and training, so that a group started now is trained
+    within K + 1 updates when groups complete in order; one that completes later than that is dropped as stale.
+    ppo (PPO-off-policy-k): K batches at a time, all with the same weights, once the previous K are trained.
+    K = 0: the synchronous loop, one batch at a time."""
+    P, K, G = cfg.prompts_per_step, cfg.max_lag, cfg.generations_per_prompt
+    if cfg.off_policy == "ppo" or K == 0:
+        return 0 if in_flight or ready else P * (max(K, 1) if cfg.off_policy == "ppo" else 1)
+    free = (capacity - unfinished) // G if in_flight else max(1, (capacity - unfinished) // G)
+    return int(max(0, min((K + 1) * P - in_flight - ready, free)))
+
+
+def admit(s, cfg, n):
+    """Start n new groups: the prompts in flight at a resumed checkpoint first, then the curriculum's next ones."""
+    idx = [i for i in (s.requeue.popleft() for _ in range(min(n, len(s.requeue)))) if i not in s.cur.removed]
+    for i in idx + next_prompts(s.cur, n - len(idx)):
+        s.ro.add(("train", s.serial), s.train_ids[i], cfg.generations_per_prompt,
+                 step_seed(cfg.seed, RNG_ROLLOUT, s.serial), info=i)
+        s.serial += 1
+
+
+def group_lag(g, version):
+    """Updates between the weights that sampled the group's oldest token and the weights being updated."""
+    if g.oldest is None:  # the group is complete: its versions no longer change
+        g.oldest = min(v for c in g.completions for v, m in zip(c.versions, c.mask) if m)
+    return version - g.oldest
+
+
+def next_batch(s, cfg):
+    """Run the engine until P complete groups are fresh enough to train on at this update (no sampled token more
+    than K updates old), admitting new groups as admission() allows. Returns (groups, stale): the P groups, oldest
+    first, and how many groups were dropped as stale; groups is None when nothing is left to generate."""
+    stale = 0
+    while True:
+        fresh = sorted((g for g in s.ro.done if group_lag(g, s.version) <= cfg.max_lag),
+                       key=lambda g: -group_lag(g, s.version))  # stable: completion order among equals
+        stale, s.ro.done = stale + len(s.ro.done) - len(fresh), fresh
+        if len(fresh) >= cfg.prompts_per_step:
+            batch, s.ro.done = fresh[:cfg.prompts_per_step], fresh[cfg.prompts_per_step:]
+            return batch, stale
+        admit(s, cfg, admission(cfg, len(s.ro.open), len(s.ro.done), s.engine.unfinished(), s.engine.capacity))
+        if not s.ro.open:
+            return None, stale
+        s.ro.poll()
+
+
+def push_weights(s, cfg):
+    """The engine gets each update at once (pipeline: sequences in flight go on with the new weights), except in
+    PPO-off-policy-k, where it waits until the round's K batches are trained."""
+    if s.engine.version != s.version and not (cfg.off_policy == "ppo" and s.ro.done):
+        s.engine.push(s.model, s.version)
+
+# --------------------------------------------------------------------------------------------------
+# 8. The run: setup, then rl_step after rl_step, evaluating every --eval-every steps
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class State:
+    """What the loop carries from step to step; setup() in Part II builds it."""
+    model: object
+    tok: object
+    opt: object
+    sched: object
+    autocast: object          # the compute dtype under autocast (bfloat16 on CUDA), or None
+    engine: object            # HFEngine or VLLMEngine (Part II)
+    ro: Rollouts
+    grader: object            # Grader (Part II)
+    train: list               # (prompt, answer) pairs and their token ids
+    train_ids: list
+    val_ids: list
+    val_answers: list
+    cur: Curriculum
+    totals: dict              # cumulative counters: device_hours, flops, ... (the scaling curve's x-axes)
+    version: int = 0          # optimiser updates so far: the version of the trainer's weights
+    serial: int = 0           # training groups started so far
+    requeue: collections.deque = field(default_factory=collections.deque)  # in flight at a resumed checkpoint
+
+
+def evaluate(s, cfg, step):
+    """Held-out mean pass rate, mean@k with k = --eval-samples (the paper's mean@16) [Sec. 2], with the current
+    weights, and the grading errors. Training groups in flight go on decoding meanwhile and stay apart."""
+    if s.engine.version != s.version:  # PPO-off-policy-k mid-round: the engine still holds older weights
+        s.engine.push(s.model, s.version)
+    groups = rollout(s.ro, s.val_ids, cfg.eval_samples, step_seed(cfg.seed, RNG_EVAL, step))
+    s.ro.decoded = s.ro.steps = 0  # the engine statistics of the metrics rows are the training steps' only
+    correct, _, errors = score(s.tok, groups, s.val_answers, s.grader, cfg)
+    return float(correct.mean()), errors
+
+
+def run(cfg):
+    """Train for --steps updates (or continue a run with --resume), writing config.json, metrics.jsonl and the
+    checkpoints to the run directory. Returns the metric rows."""
+    s, cfg, book = setup(cfg)  # Part II: data, model, engine, grader, optimiser, and a resumed run's state
+    with book:                 # Part II: metrics.jsonl, the progress line, checkpoints, signals, clean-up
+        if book.first == 1:
+            val, errors = evaluate(s, cfg, 0)
+            book.log(s, {"step": 0, **s.totals, "val_pass_rate": val}, errors)
+        for step in range(book.first, cfg.steps + 1):
+            result = rl_step(s, cfg)
+            if result is None:
+                print("every training prompt has been removed by No-Positive-Resampling; stopping")
+                break
+            row, errors = metrics_row(s, cfg, step, result), result["errors"]
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                row["val_pass_rate"], val_errors = evaluate(s, cfg, step)
+                errors = errors + val_errors
+            if book.log(s, row, errors):  # True: stopped by a signal, after saving a checkpoint
+                break
+    return book.rows
+
+# ==================================================================================================
+# PART II -- PLUMBING. Nothing below this line changes the recipe: the command line and its checks, the data
+# readers, rewards and the grading pool, the models and engines, setup, logging and checkpoints.
+# ==================================================================================================
+
+
+class ScaleRLError(Exception):
+    """Bad input (status 2, found before any compute is spent) or a failure later (status 1). The command line
+    prints it as one line and exits with the status; a notebook or a fork gets the exception."""
+
+    def __init__(self, msg, status=2):
+        super().__init__(msg)
+        self.status = status
+
+
 def die(msg, status=2):
-    """One-line error and exit status 2 (bad input, before any compute is spent) or 1 (a failure later)."""
-    print(f"scalerl.py: error: {msg}", file=sys.stderr)
-    sys.exit(status)
+    raise ScaleRLError(msg, status)
 
 
 def parse_args(argv=None):
-    """Turn every Config field into a flag: --name-with-dashes; booleans get --x / --no-x."""
+    """Turn every Config field into a flag: --name-with-dashes; booleans get --x / --no-x. Returns a checked Config
+    with its derived defaults filled in."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
-    p.error = die  # argparse's own errors also end in one line, status 2
+    p.error = die  # argparse's own errors end in one line, status 2, too
     for f in dataclasses.fields(Config):
         flag, kw = "--" + f.name.replace("_", "-"), {"default": f.default, "help": f.metadata["help"]}
         if f.type is bool:
@@ -165,57 +740,64 @@ def parse_args(argv=None):
             p.add_argument(flag, type=type(f.default[0]), nargs=f.metadata["nargs"], metavar=("LO", "HI"), **kw)
         else:
             p.add_argument(flag, type=type(f.default), choices=f.metadata["choices"], **kw)
-    cfg = Config(**vars(p.parse_args(argv)))
-    check_config(cfg)
-    return cfg
+    return validate(fill_defaults(Config(**vars(p.parse_args(argv)))))
 
 
-def resolve_length_budgets(cfg):
-    """Fill in the length-control defaults that depend on --max-new-tokens (0 means 'derive it')."""
-    if cfg.answer_budget == 0:
-        cfg.answer_budget = max(2, cfg.max_new_tokens // 8)
-    if tuple(cfg.think_budget) == (0, 0):
+def fill_defaults(cfg):
+    """Fill in the settings whose default depends on others (0, '' or 'auto' means 'derive it')."""
+    if cfg.mask_truncated is None:
+        cfg.mask_truncated = bool(cfg.model)
+    cfg.eps_low = cfg.eps_low or {"gspo": 3e-4}.get(cfg.loss, 0.2)
+    cfg.eps_high = cfg.eps_high or {"gspo": 4e-4}.get(cfg.loss, 0.28)
+    cfg.answer_budget = cfg.answer_budget or max(2, cfg.max_new_tokens // 8)
+    if tuple(cfg.think_budget) == (0, 0):  # the paper's 10k-12k of a 14k budget, scaled
         hi = max(1, cfg.max_new_tokens - cfg.answer_budget)
         cfg.think_budget = (max(1, hi - hi // 6), hi)
     cfg.think_budget = tuple(cfg.think_budget)
     cfg.max_len = cfg.max_len or cfg.max_new_tokens
     cfg.cache_len = cfg.cache_len or max(1, cfg.max_len // 5)
+    if not cfg.data:
+        cfg.train_size, cfg.val_size = cfg.train_size or 4096, cfg.val_size or 200
+    if cfg.reward == "auto":
+        cfg.reward = "math" if cfg.data else "largest-digit"
+    if cfg.engine == "auto":
+        cfg.engine = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+    if cfg.resume == "auto":
+        found = list_checkpoints(cfg.out) if cfg.out else []
+        if not found:
+            die(f"--resume auto: no checkpoint in --out {cfg.out or '(not given)'}")
+        cfg.resume = found[-1]
+    return cfg
 
 
-def _cuda_available():
-    import torch
-    return torch.cuda.is_available()
-
-
-def is_hub_id(name):
-    """'org/name' that is not an existing path is a hub id; anything path-like must exist locally."""
-    return not os.path.exists(name) and re.fullmatch(r"[\w-][\w.-]*/[\w.-]+", name) is not None
-
-
-def check_config(cfg):
-    """Refuse impossible settings before any model is loaded."""
-    positive = ["prompts_per_step", "max_new_tokens", "eval_every", "eval_samples", "micro_batch_tokens",
-                "logprob_chunk", "reward_timeout", "temperature", "lr", "eps_max", "eps_high",
-                "grad_clip", "npr_threshold", "vllm_kv_cache_mb", "keep_last", "max_skipped_updates"]
-    for name in positive:
+def validate(cfg):
+    """Refuse impossible settings before any model is loaded (one line, status 2). Returns cfg."""
+    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
+    for f in dataclasses.fields(cfg):  # nan and inf pass every comparison below the wrong way
+        if isinstance(getattr(cfg, f.name), float) and not math.isfinite(getattr(cfg, f.name)):
+            die(f"{flag(f.name)} must be a finite number (got {getattr(cfg, f.name)})")
+    for name in ["prompts_per_step", "max_new_tokens", "eval_every", "eval_samples", "micro_batch_tokens",
+                 "logprob_chunk", "reward_timeout", "temperature", "lr", "eps_max", "grad_clip", "npr_threshold",
+                 "vllm_kv_cache_mb", "keep_last", "max_skipped_updates"]:
         if getattr(cfg, name) <= 0:
-            die(f"--{name.replace('_', '-')} must be > 0 (got {getattr(cfg, name)})")
+            die(f"{flag(name)} must be > 0 (got {getattr(cfg, name)})")
     for name in ["steps", "warmup_steps", "weight_decay", "adam_eps", "vllm_max_model_len", "save_every",
-                 "train_size", "val_size", "max_lag"]:
+                 "train_size", "val_size", "max_lag", "seed", "answer_budget", "max_len", "cache_len", "eps_high"]:
         if getattr(cfg, name) < 0:
-            die(f"--{name.replace('_', '-')} must be >= 0 (got {getattr(cfg, name)})")
+            die(f"{flag(name)} must be >= 0 (got {getattr(cfg, name)})")
     if cfg.generations_per_prompt < 2:
         die("--generations-per-prompt must be >= 2: advantages are centred within each prompt's group")
-    resolve_length_budgets(cfg)
     lo, hi = cfg.think_budget
-    if cfg.length_control == "interrupt" and not 1 <= lo <= hi < cfg.max_new_tokens:
+    if min(lo, hi) < 0 or cfg.length_control == "interrupt" and not 1 <= lo <= hi < cfg.max_new_tokens:
         die(f"--think-budget {lo} {hi}: need 1 <= LO <= HI < --max-new-tokens ({cfg.max_new_tokens})")
-    if cfg.length_control == "interrupt" and cfg.answer_budget < 1:
-        die("--answer-budget must be >= 1")
     if cfg.length_control == "penalty" and not 0 < cfg.cache_len < cfg.max_len <= cfg.max_new_tokens:
         die(f"--cache-len {cfg.cache_len} --max-len {cfg.max_len}: need 0 < L_cache < L_max <= --max-new-tokens")
     if not 0 <= cfg.eps_low < 1:
         die(f"--eps-low must be in [0, 1) (got {cfg.eps_low})")
+    if not 0 < cfg.vllm_gpu_memory_utilization < 1:
+        die(f"--vllm-gpu-memory-utilization must be in (0, 1) (got {cfg.vllm_gpu_memory_utilization})")
+    if cfg.reward_workers < -1:
+        die(f"--reward-workers must be >= -1 (got {cfg.reward_workers})")
     if cfg.model and not is_hub_id(cfg.model) and not os.path.isfile(os.path.join(cfg.model, "config.json")):
         die(f"--model {cfg.model}: no such model directory (a local model needs config.json)")
     if cfg.model and cfg.tie_word_embeddings:
@@ -224,57 +806,57 @@ def check_config(cfg):
         die("--data needs --model: the embedded model's character tokenizer covers only the built-in task")
     for name in ("val_data", "prompt_key", "answer_key", "system_prompt", "skip_bad_rows"):
         if getattr(cfg, name) and not cfg.data:
-            die(f"--{name.replace('_', '-')} needs --data")
-    if not cfg.data:
-        cfg.train_size, cfg.val_size = cfg.train_size or 4096, cfg.val_size or 200
-        if cfg.train_size + cfg.val_size > MAX_TASK_PROMPTS:
-            die(f"--train-size + --val-size must be <= {MAX_TASK_PROMPTS} for the built-in task")
-        if cfg.prompts_per_step > cfg.train_size:
-            die(f"--prompts-per-step {cfg.prompts_per_step} exceeds --train-size {cfg.train_size}")
-    if cfg.reward == "auto":
-        cfg.reward = "math" if cfg.data else "largest-digit"
+            die(f"{flag(name)} needs --data")
+    if not cfg.data and cfg.train_size + cfg.val_size > MAX_TASK_PROMPTS:
+        die(f"--train-size + --val-size must be <= {MAX_TASK_PROMPTS} for the built-in task")
+    if not cfg.data and cfg.prompts_per_step > cfg.train_size:
+        die(f"--prompts-per-step {cfg.prompts_per_step} exceeds --train-size {cfg.train_size}")
     if cfg.reward == "math" and importlib.util.find_spec("math_verify") is None:
         die("--reward math needs math-verify: pip install math-verify (it is in requirements.txt)")
-    if cfg.reward_workers < -1:
-        die(f"--reward-workers must be >= -1 (got {cfg.reward_workers})")
-    if not 0 < cfg.vllm_gpu_memory_utilization < 1:
-        die(f"--vllm-gpu-memory-utilization must be in (0, 1) (got {cfg.vllm_gpu_memory_utilization})")
-    if cfg.device.startswith("cuda"):
-        import torch
-        if not torch.cuda.is_available():
-            die(f"--device {cfg.device}: CUDA is not available on this machine")
-    elif cfg.device not in ("auto", "cpu"):
+    if cfg.wandb and importlib.util.find_spec("wandb") is None:
+        die("--wandb needs the wandb package: pip install wandb")
+    if cfg.wandb_name and not cfg.wandb:
+        die("--wandb-name needs --wandb")
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        die(f"--device {cfg.device}: CUDA is not available on this machine")
+    if cfg.device not in ("auto", "cpu") and not re.fullmatch(r"cuda(:\d+)?", cfg.device):
         die(f"--device must be auto, cpu, cuda or cuda:N (got {cfg.device})")
-    vllm_installed = importlib.util.find_spec("vllm") is not None
-    if cfg.engine == "auto":
-        cfg.engine = "vllm" if vllm_installed else "hf"
-    elif cfg.engine == "vllm" and not vllm_installed:
+    if cfg.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         die("--engine vllm: vllm is not installed (pip install -r requirements.txt; on CPU see the README), "
             "or use --engine hf")
+    streaming = cfg.engine == "vllm" and cfg.off_policy == "pipeline" and cfg.max_lag > 0
     if cfg.vllm_sleep and cfg.engine != "vllm":
         die("--vllm-sleep needs --engine vllm")
-    streaming = cfg.engine == "vllm" and cfg.off_policy == "pipeline" and cfg.max_lag > 0
     if cfg.vllm_sleep and streaming:
         die("--vllm-sleep frees the KV cache of sequences in flight: it needs --max-lag 0 or --off-policy ppo")
+    if cfg.vllm_sleep and (cfg.device == "cpu" or cfg.device == "auto" and not torch.cuda.is_available()):
+        die("--vllm-sleep: vLLM's sleep mode needs CUDA; it is refused on CPU")
     if cfg.refresh_kv and not streaming:
         die("--refresh-kv applies to sequences in flight at an update: it needs --engine vllm, --off-policy pipeline "
             "and --max-lag > 0")
-    if cfg.vllm_sleep and (cfg.device == "cpu" or cfg.device == "auto" and not _cuda_available()):
-        die("--vllm-sleep: vLLM's sleep mode needs CUDA; it is refused on CPU")
-    if cfg.resume == "auto":
-        found = list_checkpoints(cfg.out) if cfg.out else []
-        if not found:
-            die(f"--resume auto: no checkpoint in --out {cfg.out or '(not given)'}")
-        cfg.resume = found[-1]
-    elif cfg.resume and not os.path.isfile(os.path.join(cfg.resume, "trainer_state.pt")):
+    if cfg.resume and not os.path.isfile(os.path.join(cfg.resume, "trainer_state.pt")):
         die(f"--resume {cfg.resume}: not a checkpoint directory (no trainer_state.pt)")
-    elif not cfg.resume and cfg.out and os.path.exists(os.path.join(cfg.out, "metrics.jsonl")):
+    if cfg.out and os.path.exists(cfg.out) and not os.path.isdir(cfg.out):
+        die(f"--out {cfg.out} exists and is not a directory")
+    if not cfg.resume and cfg.out and os.path.exists(os.path.join(cfg.out, "metrics.jsonl")):
         die(f"--out {cfg.out} already holds a run (metrics.jsonl); choose another directory or --resume auto")
+    return cfg
 
+
+def find_subsequence(seq, sub):
+    """Index of the first occurrence of sub in seq, or None."""
+    for i in range(len(seq) - len(sub) + 1):
+        if seq[i:i + len(sub)] == sub:
+            return i
+    return None
+
+
+def is_hub_id(name):
+    """'org/name' that is not an existing path is a hub id; anything path-like must exist locally."""
+    return not os.path.exists(name) and re.fullmatch(r"[\w-][\w.-]*/[\w.-]+", name) is not None
 
 # --------------------------------------------------------------------------------------------------
-# 2. Data and reward: the built-in task or a --data dataset, the rewards and the grader that runs them, and the
-#    embedded tiny model and tokenizer.
+# Data: the built-in task, or --data read from a file, a directory or the hub
 # --------------------------------------------------------------------------------------------------
 # Task: "what is the largest digit of this list?"  Prompt "3941:", answer "9". Answers cycle through 2-9, so
 # they are exactly uniform and the best constant answer scores 1/8 (with a skewed answer
@@ -306,13 +888,26 @@ def make_task(n_train, n_val, seed):
 PROMPT_KEYS, ANSWER_KEYS = ("prompt", "problem", "question"), ("answer", "final_answer", "ground_truth", "solution")
 
 
+# Datasets: --data FILE|DIR|NAME. Rows become (prompt, answer) pairs; a prompt is a string or a list of chat
+# messages, an answer a string. Every check runs before a model is loaded.
+PROMPT_KEYS, ANSWER_KEYS = ("prompt", "problem", "question"), ("answer", "final_answer", "ground_truth", "solution")
+
+
 def read_records(path):
     """Rows of a .jsonl/.json/.parquet file, a datasets.save_to_disk directory or a hub dataset NAME[:SPLIT], as
     (where, row) pairs: `where` names the line or row for error messages, `row` is a dict or what is wrong."""
     ext = os.path.splitext(path)[1]
-    if os.path.isfile(path) != (ext in (".jsonl", ".json", ".parquet")):  # a file of another kind, or none at all
+    if os.path.isfile(path) != (ext in (".jsonl", ".json", ".parquet", ".csv")):  # another kind of file, or none
         die(f"{path}: {'no such file' if not os.path.exists(path) else 'unsupported format'}; --data takes a .jsonl, "
-            ".json or .parquet file, a datasets.save_to_disk directory or a hub dataset name")
+            ".json, .csv or .parquet file, a datasets.save_to_disk directory or a hub dataset name")
+    if ext == ".csv":  # a header line, then one row per line (quoted fields may span lines)
+        import csv
+        try:
+            with open(path, encoding="utf-8-sig", newline="") as f:
+                reader = csv.DictReader(f)
+                return [(f"line {reader.line_num}", row) for row in reader]
+        except (OSError, UnicodeDecodeError, csv.Error) as e:
+            die(f"{path}: cannot read ({e})")
     if ext == ".parquet":
         import pyarrow.parquet as pq
         try:
@@ -321,7 +916,7 @@ def read_records(path):
             die(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})")
     if ext in (".jsonl", ".json"):
         try:
-            with open(path, encoding="utf-8") as f:
+            with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark, as spreadsheet tools write
                 text = f.read()
             if text.lstrip().startswith("["):  # a JSON array; else JSON Lines (datasets' to_json writes those too)
                 return [(f"item {i + 1}", r) for i, r in enumerate(json.loads(text))]
@@ -451,8 +1046,16 @@ def encode_prompt(tok, prompt, cfg):
     return tok("\n\n".join(m["content"] for m in msgs)).input_ids
 
 
-# Rewards: fn(completion_text, answer) -> float. score() gives 0 without grading to a completion that did not
-# end by itself (no final answer); a Grader runs the function with a time limit.
+def best_constant_pass_rate(answers):
+    """Pass rate of always giving the most common answer: the floor a policy must beat to have learned."""
+    values, counts = np.unique(answers, return_counts=True)
+    return values[counts.argmax()], counts.max() / len(answers)
+
+# --------------------------------------------------------------------------------------------------
+# Rewards, fn(completion_text, answer) -> float, and the grading pool that runs them with a time limit
+# --------------------------------------------------------------------------------------------------
+
+
 def reward_last_digit(completion_text, answer):
     """Built-in task's verifiable reward, binary [Sec. 2]: 1 if the last digit written after the reasoning is the
     answer."""
@@ -516,6 +1119,9 @@ def reward_exact(completion_text, answer):
     """Exact-match reward: the extracted final answer equals the reference, ignoring whitespace."""
     pred = extract_answer(completion_text)
     return float(pred is not None and re.sub(r"\s+", "", pred) == re.sub(r"\s+", "", answer))
+
+
+REWARDS = {"largest-digit": reward_last_digit, "math": reward_math, "exact": reward_exact}
 
 
 REWARDS = {"largest-digit": reward_last_digit, "math": reward_math, "exact": reward_exact}
@@ -611,21 +1217,9 @@ class Grader:
             p.join()
         self.procs = []
 
-
-def overlong_penalty(length, max_len, cache_len):
-    """DAPO's soft overlong punishment (the length-control alternative the paper ablated): 0 up to
-    L_max - L_cache tokens, then falling linearly to -1 at L_max, and -1 beyond."""
-    if length <= max_len - cache_len:
-        return 0.0
-    if length <= max_len:
-        return (max_len - cache_len - length) / cache_len
-    return -1.0
-
-
-def best_constant_pass_rate(answers):
-    """Pass rate of always giving the most common answer: the floor a policy must beat to have learned."""
-    values, counts = np.unique(answers, return_counts=True)
-    return values[counts.argmax()], counts.max() / len(answers)
+# --------------------------------------------------------------------------------------------------
+# Models and engines: the embedded tiny model, loading, Hugging Face generate and in-process vLLM
+# --------------------------------------------------------------------------------------------------
 
 
 def make_char_tokenizer():
@@ -658,7 +1252,6 @@ def save_atomically(model, tok, path):
 def build_tiny_model(cache_dir, seed, tied):
     """Build (once) the embedded default: a 2-layer Llama with head size 32 (vLLM's CPU backend needs 32 or
     more) and the character tokenizer, saved to a cache directory and then loaded like any --model."""
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     path = os.path.join(cache_dir, f"tiny-llama-v2-seed{seed}-{'tied' if tied else 'untied'}")
     if not os.path.isfile(os.path.join(path, "config.json")):
@@ -675,7 +1268,6 @@ def build_tiny_model(cache_dir, seed, tied):
 def load_model(cfg, device, path=None):
     """Load the model and tokenizer through from_pretrained (the embedded default too). Returns (model,
     tokenizer, path), the path (or hub id) being what the vLLM engine loads too."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
     path = path or cfg.model
@@ -692,29 +1284,9 @@ def load_model(cfg, device, path=None):
         tok.pad_token = tok.eos_token
     return model.to(device), tok, path
 
-# --------------------------------------------------------------------------------------------------
-# 3. Rollouts: G completions per prompt with forced length interruptions, streamed through an engine. Every
-#    token keeps the generator's log-prob and the weight version that sampled it (for the off-policy loop).
-#    An engine is a small object with one contract: submit(key, token_ids, max_tokens, seed) queues a request;
-#    step() advances generation and returns the requests that finished, as (key, Completion) pairs, with the
-#    number of tokens decoded; push(model, version) loads new weights; `version` is the weights it holds.
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Completion:
-    tokens: list          # generated token ids, EOS included when the completion stopped by itself
-    logprobs: list        # generator's log pi_gen(token) of each, at the sampling temperature
-    finished: bool        # stopped with EOS (False: hit a length limit, i.e. truncated)
-    mask: list            # 1 = sampled by the policy, 0 = injected (the interruption phrase)
-    versions: list        # weight version (optimiser updates so far) that sampled each token
-    interrupted: bool = False
-
 
 def fp32_head_hook(module, inputs, output):
     """Forward hook on the LM head: recompute its logits in float32 [Sec. 3.2, FP32 LM head]."""
-    import torch
-    import torch.nn.functional as F
     with torch.autocast(inputs[0].device.type, enabled=False):
         b = None if module.bias is None else module.bias.float()
         return F.linear(inputs[0].float(), module.weight.float(), b)
@@ -726,7 +1298,6 @@ def hf_generate(model, tok, prompts, max_tokens, temperature, seed, lm_head_fp32
     softmax(logits / T), exactly what the trainer's importance ratio assumes). A logits processor applies the
     temperature itself and records log_softmax(logits / T) of the token sampled at each step. Returns one
     Completion per prompt and the number of sequences decoded, summed over decode steps."""
-    import torch
     from transformers import GenerationConfig, LogitsProcessorList
     recorded, last = [], {}
 
@@ -809,10 +1380,8 @@ class VLLMEngine:
 
     def __init__(self, cfg, path, device, dtype, max_model_len):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-        import vllm
         kw = dict(model=path, tokenizer=path, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
-                  max_model_len=max_model_len, logprobs_mode="processed_logprobs")
+                  max_model_len=max_model_len, logprobs_mode="processed_logprobs", use_tqdm_on_load=cfg.verbose)
         if cfg.lm_head_fp32:
             kw["hf_overrides"] = {"head_dtype": "float32"}
         self.sleeps = cfg.vllm_sleep if cfg.vllm_sleep is not None else device.type == "cuda" and \
@@ -822,7 +1391,13 @@ class VLLMEngine:
                       enable_chunked_prefill=False)
         else:
             kw.update(gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=self.sleeps)
-        self.llm = vllm.LLM(**kw)
+        with quiet_stderr(cfg.verbose):  # its start-up warnings come from C++ too (NUMA binding, Triton)
+            import vllm
+            self.llm = vllm.LLM(**kw)
+        if cfg.lm_head_fp32 and self.head_dtypes() != ["torch.float32"]:
+            die(f"--lm-head-fp32: this vLLM ({vllm.__version__}) computes the LM head in {self.head_dtypes()}, not "
+                "float32: it does not honour hf_overrides head_dtype for this model. Use a vLLM that does (0.32 "
+                "does), or pass --no-lm-head-fp32", 1)
         # each weight push logs that rotary embeddings got no weights: they have none to get (their cache is computed)
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
             lambda r: not r.getMessage().startswith("RotaryEmbedding: Failed to load weights"))
@@ -830,6 +1405,15 @@ class VLLMEngine:
         self.capacity = self.core.vllm_config.scheduler_config.max_num_seqs  # sequences decoded at once
         self.version = 0
         self.core.set_weight_version("0")
+
+    def head_dtypes(self):
+        """The dtypes the engine's model computes its LM-head logits in, read off its LogitsProcessor modules (where
+        vLLM applies the head_dtype override): ['torch.float32'] with an FP32 head. A vLLM whose LogitsProcessor
+        has no head_dtype computes the head in the model's dtype."""
+        found = self.llm.apply_model(lambda model: sorted({str(getattr(m, "head_dtype", None))
+                                                           for m in model.modules()
+                                                           if type(m).__name__ == "LogitsProcessor"}))[0]
+        return [str(self.llm.llm_engine.model_config.dtype) if d == "None" else d for d in found]
 
     def submit(self, key, ids, max_tokens, seed):
         from vllm import SamplingParams
@@ -894,289 +1478,9 @@ class VLLMEngine:
             self.llm.wake_up()
             self.asleep = False
 
-
-def find_subsequence(seq, sub):
-    """Index of the first occurrence of sub in seq, or None."""
-    for i in range(len(seq) - len(sub) + 1):
-        if seq[i:i + len(sub)] == sub:
-            return i
-    return None
-
-
-def next_request(c, budget, cfg, think_end):
-    """Forced length interruptions [Sec. 3.2], one completion at a time. Its first request asks for at most its
-    thinking budget (drawn in [LO, HI]). When that piece comes back without EOS, the completion either closed its
-    reasoning (think_end) within the budget, and continues to --max-new-tokens in all, or it did not, and it is
-    interrupted: the phrase is appended and it gets --answer-budget more tokens. A model without a thinking format
-    never closes its reasoning, so each of its completions that reaches the budget is interrupted. Returns
-    'done', 'continue' or 'interrupt'."""
-    if cfg.length_control != "interrupt" or c.finished or c.interrupted or len(c.tokens) != budget:
-        return "done"  # ended by itself, answered after an interruption, or the rest of a closed reasoning
-    return "continue" if find_subsequence(c.tokens, think_end) is not None else "interrupt"
-
-
-@dataclass
-class Group:
-    """One prompt and its G completions while they are being generated."""
-    key: tuple            # ("train", serial) or ("eval", step, i)
-    prompt: list          # prompt token ids
-    completions: list
-    budgets: list         # each completion's thinking budget
-    seed: int
-    info: object = None   # the caller's (the training prompt's index)
-    left: int = 0         # completions not yet complete
-    oldest: int = None    # the oldest weight version of its sampled tokens, once complete (see group_lag)
-
-
-class Rollouts:
-    """Groups of G completions streamed through an engine. add() queues a prompt's G first requests; poll() runs
-    one engine step, moves each finished piece on (done, continued or interrupted, see next_request) and collects
-    the groups whose G completions are complete in `done`."""
-
-    def __init__(self, cfg, engine, tok):
-        self.cfg, self.engine = cfg, engine
-        self.phrase = tok(cfg.interruption_phrase, add_special_tokens=False).input_ids
-        self.think_end = tok(cfg.think_end, add_special_tokens=False).input_ids
-        self.open, self.done = {}, []  # key -> Group being generated; complete groups, in completion order
-        self.decoded = self.steps = 0  # tokens decoded and engine steps, for engine_batch_mean
-
-    def add(self, key, prompt, n, seed, info=None):
-        lo, hi = self.cfg.think_budget if self.cfg.length_control == "interrupt" else (self.cfg.max_new_tokens,) * 2
-        budgets = np.random.default_rng([seed, 0]).integers(lo, hi + 1, size=n).tolist()
-        g = Group(key, list(prompt), [Completion([], [], False, [], []) for _ in range(n)], budgets, seed, info, n)
-        self.open[key] = g
-        for j in range(n):
-            self.engine.submit((key, j), g.prompt, budgets[j], step_seed(seed, j, 0))
-
-    def poll(self):
-        pieces, decoded = self.engine.step()
-        self.decoded, self.steps = self.decoded + decoded, self.steps + 1
-        for (key, j), p in pieces:
-            g = self.open[key]
-            c = g.completions[j]
-            c.tokens, c.logprobs, c.mask, c.versions = (c.tokens + p.tokens, c.logprobs + p.logprobs,
-                                                        c.mask + p.mask, c.versions + p.versions)
-            c.finished = p.finished
-            action = next_request(c, g.budgets[j], self.cfg, self.think_end)
-            if action == "interrupt":  # the phrase was not sampled: loss mask 0, a placeholder log-prob
-                c.tokens, c.logprobs = c.tokens + self.phrase, c.logprobs + [0.0] * len(self.phrase)
-                c.mask, c.versions = c.mask + [0] * len(self.phrase), c.versions + [self.engine.version] * len(
-                    self.phrase)
-                c.interrupted = True
-            if action == "done":
-                g.left -= 1
-                if not g.left:
-                    self.done.append(self.open.pop(key))
-            else:
-                more = self.cfg.answer_budget if action == "interrupt" else self.cfg.max_new_tokens - len(c.tokens)
-                self.engine.submit((key, j), g.prompt + c.tokens, more, step_seed(g.seed, j, 1))
-
-    def wait(self, keys):
-        """Poll until the groups `keys` are complete; take them out of `done` and return them in that order (other
-        groups that complete meanwhile stay in `done`)."""
-        want = set(keys)
-        while want - {g.key for g in self.done}:
-            self.poll()
-        got = {g.key: g for g in self.done if g.key in want}
-        self.done = [g for g in self.done if g.key not in want]
-        return [got[k] for k in keys]
-
-
-def rollout(cfg, ro, prompts, n, seed, kind="eval"):
-    """Generate n completions for each prompt with length control, now; returns the list of groups' completions."""
-    keys = [(kind, seed, i) for i in range(len(prompts))]
-    for k, p in zip(keys, prompts):
-        ro.add(k, p, n, step_seed(seed, k[2], 0))
-    return [g.completions for g in ro.wait(keys)]
-
-
-def score(tok, groups, answers, grader, cfg=None):
-    """Correctness and reward of every completion: two arrays [n_prompts, G], and the grading errors. A completion
-    that did not end by itself (EOS) has no final answer: 0, ungraded. With --length-control penalty the overlong
-    penalty is added to the correct answers only (as the paper ablated it); otherwise reward = correct."""
-    specials, items, where = set(tok.all_special_ids), [], []
-    for i, (g, a) in enumerate(zip(groups, answers)):
-        for j, c in enumerate(g):
-            if c.finished:  # the stop token that ends it is not part of the text graded
-                items.append((tok.decode(c.tokens[:-1] if c.tokens and c.tokens[-1] in specials else c.tokens), a))
-                where.append((i, j))
-    rewards, errors = grader(items)
-    correct = np.zeros((len(groups), len(groups[0]) if groups else 0))
-    for (i, j), r in zip(where, rewards):
-        correct[i, j] = r
-    if cfg is None or cfg.length_control != "penalty":
-        return correct, correct, errors
-    pen = np.array([[overlong_penalty(len(c.tokens), cfg.max_len, cfg.cache_len) for c in g] for g in groups])
-    return correct, correct + correct * pen, errors
-
 # --------------------------------------------------------------------------------------------------
-# 4. Advantages and curriculum
+# Gradient accumulation and the train/inference mismatch diagnostic (used by train_step)
 # --------------------------------------------------------------------------------------------------
-
-
-def zero_variance_keep(rewards):
-    """Zero-variance filtering [Sec. 3.2]: True for the prompts whose G rewards are not all equal. A flat group
-    has zero advantage everywhere and only dilutes the loss; it is dropped (the batch is not refilled)."""
-    return rewards.max(axis=1) != rewards.min(axis=1)
-
-
-def compute_advantages(rewards, norm, eps=1e-6):
-    """Group-centred advantages A_i = r_i - mean_j r_j [Sec. 2], then normalised:
-    batch  -- divided by the std of all advantages in the batch (ScaleRL) [Sec. 3.2]
-    prompt -- divided by the std of the prompt's own rewards (GRPO)
-    none   -- left as they are (Dr. GRPO).  Standard deviations are population ones (ddof=0)."""
-    adv = rewards - rewards.mean(axis=1, keepdims=True)
-    if norm == "batch":
-        return adv / (adv.std() + eps)
-    if norm == "prompt":
-        return adv / (rewards.std(axis=1, keepdims=True) + eps)
-    return adv
-
-
-@dataclass
-class Curriculum:
-    """Epoch-wise sampling of training prompts with No-Positive-Resampling [Sec. 3.2]."""
-    n_prompts: int
-    seed: int
-    epoch: int = 0
-    pos: int = 0
-    order: list = field(default_factory=list)
-    pass_rate: dict = field(default_factory=dict)  # prompt index -> last observed pass rate
-    removed: set = field(default_factory=set)
-
-
-def next_prompts(cur, k):
-    """The next k prompt indices (fewer only when NPR has removed every prompt). Each epoch is a fresh shuffle of the
-    prompts NPR has not removed; a prompt removed during an epoch is skipped if its turn in that epoch is still to
-    come (with the off-policy loop its result can arrive after the next epoch has been shuffled)."""
-    out = []
-    while len(out) < k:
-        if cur.pos >= len(cur.order):
-            active = [i for i in range(cur.n_prompts) if i not in cur.removed]
-            if not active:
-                return out
-            cur.order = np.random.default_rng([cur.seed, RNG_EPOCH, cur.epoch]).permutation(active).tolist()
-            cur.epoch, cur.pos = cur.epoch + 1, 0
-        i, cur.pos = cur.order[cur.pos], cur.pos + 1
-        if i not in cur.removed:
-            out.append(i)
-    return out
-
-
-def update_curriculum(cur, indices, pass_rates, threshold):
-    """No-Positive-Resampling: record each prompt's pass rate; one that reaches the threshold (0.9) is
-    removed permanently from later epochs. The paper does not define the history; here it is
-    the last observed pass rate."""
-    for i, r in zip(indices, pass_rates):
-        cur.pass_rate[i] = float(r)
-        if threshold < 1.0 and r >= threshold:
-            cur.removed.add(i)
-
-
-def completion_weights(groups_lengths, agg):
-    """Loss aggregation [Sec. 3.2] as one weight per completion, applied to each of its tokens, so that the
-    step's loss is sum(weight * token_loss) however the tokens are split into micro-batches.
-    prompt -- per prompt: sum over its G completions / its total tokens; mean over prompts (ScaleRL)
-    sample -- per completion: mean over its tokens; mean over completions (GRPO)
-    token  -- sum over all tokens / all tokens of the batch (DAPO)"""
-    n_prompts = len(groups_lengths)
-    n_samples = sum(len(g) for g in groups_lengths)
-    n_tokens = sum(sum(g) for g in groups_lengths)
-    if agg == "prompt":
-        return [[1.0 / (n_prompts * max(sum(g), 1))] * len(g) for g in groups_lengths]
-    if agg == "sample":
-        return [[1.0 / (n_samples * max(L, 1)) for L in g] for g in groups_lengths]
-    return [[1.0 / max(n_tokens, 1)] * len(g) for g in groups_lengths]
-
-
-def build_batch(prompt_ids, groups, rewards, cfg):
-    """From one step's rollouts to the training batch: zero-variance filter, advantages, aggregation weights.
-    Returns (samples, stats); each sample is a plain dict (prompt ids, completion, its loss mask and weight
-    versions, advantage, weight). Tokens with mask 0 (injected, not sampled) count in no normaliser."""
-    keep = zero_variance_keep(rewards) if cfg.zero_variance_filter else np.ones(len(groups), bool)
-    kept = [i for i in range(len(groups)) if keep[i]]
-    stats = {"zero_variance_frac": float(1 - zero_variance_keep(rewards).mean()), "active_prompts": len(kept)}
-    if not kept:
-        return [], stats
-    adv = compute_advantages(rewards[kept], cfg.adv_norm)
-    weights = completion_weights([[sum(c.mask) for c in groups[i]] for i in kept], cfg.loss_agg)
-    samples = [{"prompt": prompt_ids[i], "tokens": c.tokens, "gen_logprobs": c.logprobs, "mask": c.mask,
-                "versions": c.versions, "advantage": float(adv[a, j]), "weight": weights[a][j]}
-               for a, i in enumerate(kept) for j, c in enumerate(groups[i])]
-    return samples, stats
-
-# --------------------------------------------------------------------------------------------------
-# 5. Loss: log-probs with an FP32 head, CISPO (and DAPO for the ablation)
-# --------------------------------------------------------------------------------------------------
-
-
-def _chunk_logprobs(h, w, b, y, temperature, fp32):
-    import torch
-    import torch.nn.functional as F
-    if fp32:
-        with torch.autocast(h.device.type, enabled=False):
-            logits = F.linear(h.float(), w.float(), None if b is None else b.float())
-    else:
-        logits = F.linear(h, w, b).float()
-    logits = logits / temperature
-    return logits.gather(-1, y[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-
-
-def token_logprobs(hidden, head, targets, temperature, fp32=True, chunk=1024):
-    """log softmax(head(hidden) / T)[target] for every row of hidden [N, H] [Sec. 3.2, FP32 LM head].
-    Rows are processed `chunk` at a time and each chunk is recomputed in the backward pass (activation
-    checkpointing), so peak memory grows with chunk x vocabulary, never with N x vocabulary."""
-    import torch
-    from torch.utils.checkpoint import checkpoint
-    parts = []
-    for s in range(0, hidden.shape[0], chunk):
-        args = (hidden[s:s + chunk], head.weight, head.bias, targets[s:s + chunk], temperature, fp32)
-        grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
-        parts.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if grad else _chunk_logprobs(*args))
-    return torch.cat(parts) if parts else hidden.new_zeros(0)
-
-
-def cispo_loss(logp, logp_gen, adv, eps_max):
-    """CISPO token loss [Sec. 3.2]: -sg(min(rho, eps_max)) * A * log pi_train, rho = pi_train / pi_gen.
-    Only the importance weight is truncated (from above) and it carries no gradient: every token keeps the
-    REINFORCE gradient A * grad log pi, scaled by the truncated weight."""
-    import torch
-    rho = torch.exp(logp.detach() - logp_gen)
-    return -torch.clamp(rho, max=eps_max) * adv * logp
-
-
-def dapo_loss(logp, logp_gen, adv, eps_low, eps_high):
-    """DAPO / PPO token loss with asymmetric clipping (the ablated alternative): -min(rho A, clip(rho) A).
-    Tokens whose clipped term is the minimum get no gradient."""
-    import torch
-    rho = torch.exp(logp - logp_gen)
-    return -torch.minimum(rho * adv, torch.clamp(rho, 1 - eps_low, 1 + eps_high) * adv)
-
-
-def policy_loss(logp, logp_gen, adv, weight, cfg):
-    """The step's objective restricted to these tokens: sum(weight * token_loss); plus the fraction of tokens
-    whose importance weight was truncated (CISPO) or clipped (DAPO)."""
-    import torch
-    rho = torch.exp(logp.detach() - logp_gen)
-    if cfg.loss == "cispo":
-        tl, clipped = cispo_loss(logp, logp_gen, adv, cfg.eps_max), rho > cfg.eps_max
-    else:
-        tl = dapo_loss(logp, logp_gen, adv, cfg.eps_low, cfg.eps_high)
-        clipped = ((rho > 1 + cfg.eps_high) & (adv > 0)) | ((rho < 1 - cfg.eps_low) & (adv < 0))
-    return (weight * tl).sum(), clipped.float().sum().item()
-
-# --------------------------------------------------------------------------------------------------
-# 6. Train step: micro-batches with gradient accumulation, AdamW, clipping, warm-up
-# --------------------------------------------------------------------------------------------------
-
-
-def make_optimizer(model, cfg):
-    """AdamW with a linear warm-up to a constant learning rate [Sec. 3.2 / Appendix]."""
-    import torch
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=cfg.adam_eps,
-                            weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
-    return opt, sched
 
 
 def micro_batches(samples, budget):
@@ -1194,107 +1498,251 @@ def micro_batches(samples, budget):
     return out + [cur] if cur else out
 
 
-def sequence_logprobs(model, samples, cfg, pad_id):
-    """Trainer log-probs of every completion token of `samples`, concatenated in sample order."""
-    import torch
-    device = next(model.parameters()).device
-    seqs = [s["prompt"] + s["tokens"] for s in samples]
-    width = max(map(len, seqs))
-    ids = torch.tensor([q + [pad_id] * (width - len(q)) for q in seqs], device=device)  # right padding
-    attn = torch.tensor([[1] * len(q) + [0] * (width - len(q)) for q in seqs], device=device)
-    # position p predicts token p+1: mark the positions whose next token is a completion token
-    pred = torch.zeros(len(seqs), width - 1, dtype=torch.bool, device=device)
-    for r, s in enumerate(samples):
-        pred[r, len(s["prompt"]) - 1:len(s["prompt"]) - 1 + len(s["tokens"])] = True
-    hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
-    return token_logprobs(hidden[:, :-1][pred], model.get_output_embeddings(), ids[:, 1:][pred],
-                          cfg.temperature, cfg.lm_head_fp32, cfg.logprob_chunk)
-
-
-def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None):
-    """One optimiser step on the batch: loss and backward per micro-batch (gradients accumulate; the
-    aggregation weights already hold the global normalisers), clip, AdamW step."""
-    import torch
-    device = next(model.parameters()).device
-    model.train()
-    loss_sum, clipped, n_tok, mismatch = 0.0, 0.0, 0, np.zeros(3)
-    for mb in micro_batches(samples, cfg.micro_batch_tokens):
-        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            logp = sequence_logprobs(model, mb, cfg, pad_id)
-        keep = torch.tensor([m == 1 for s in mb for m in s["mask"]], device=device)
-        per_tok = lambda key: torch.tensor([s[key] for s in mb for _ in s["tokens"]], device=device)[keep]  # noqa
-        logp_gen = torch.tensor([x for s in mb for x in s["gen_logprobs"]], device=device)[keep]
-        logp = logp[keep]  # injected tokens (mask 0) are context only: no ratio, no loss, no count
-        loss, c = policy_loss(logp, logp_gen, per_tok("advantage"), per_tok("weight"), cfg)
-        loss.backward()
-        loss_sum, clipped, n_tok = loss_sum + loss.item(), clipped + c, n_tok + len(logp)
-        mismatch += mismatch_sums(logp, logp_gen, cfg.eps_max)
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
-    skipped = not (math.isfinite(loss_sum) and math.isfinite(grad_norm))
-    if not skipped:  # a non-finite loss or gradient would poison the weights and AdamW's moments: skip it
-        opt.step()
-        sched.step()
-    opt.zero_grad(set_to_none=True)
-    m = mismatch / max(n_tok, 1)
-    return {"loss": loss_sum, "grad_norm": grad_norm, "clip_frac": clipped / max(n_tok, 1), "skipped": skipped,
-            "trained_tokens": 0 if skipped else n_tok,
-            "mismatch_abs_logprob": m[0], "mismatch_kl_k3": m[1], "mismatch_trunc_frac": m[2]}
-
-
 def mismatch_sums(logp, logp_gen, eps_max):
     """Train/inference mismatch on tokens sampled by the generator, before the update: sums over tokens of
     |log pi_train - log pi_gen|, of the k3 estimate of KL(pi_gen || pi_train) (r - 1 - log r with
     r = pi_train / pi_gen), and of the indicator r > eps_max (the ratio CISPO would truncate). With the same
     weights on both sides all three are ~0; bf16 logits or a stale engine make them grow [Sec. 3.2, FP32 head]."""
-    import torch
     d = (logp.detach() - logp_gen).double()
     return np.array([d.abs().sum().item(), (torch.exp(d) - 1 - d).sum().item(), (d > math.log(eps_max)).sum().item()])
 
 # --------------------------------------------------------------------------------------------------
-# 7. The off-policy loop [Sec. 3.1]: which groups are generating, which are trained at each update
+# Setup, logging and checkpoints
 # --------------------------------------------------------------------------------------------------
 
 
-def admission(cfg, in_flight, ready, unfinished, capacity):
-    """How many new groups to start now.
-    pipeline (PipelineRL-k, ScaleRL): keep the engine full (its `capacity` sequences decoding at once), but never
-    hold more than (K + 1) x P groups between admission and training, so that a group started now is trained
-    within K + 1 updates when groups complete in order; one that completes later than that is dropped as stale.
-    ppo (PPO-off-policy-k): K batches at a time, all with the same weights, once the previous K are trained.
-    K = 0: the synchronous loop, one batch at a time."""
-    P, K, G = cfg.prompts_per_step, cfg.max_lag, cfg.generations_per_prompt
-    if cfg.off_policy == "ppo" or K == 0:
-        return 0 if in_flight or ready else P * (max(K, 1) if cfg.off_policy == "ppo" else 1)
-    free = (capacity - unfinished) // G if in_flight else max(1, (capacity - unfinished) // G)
-    return int(max(0, min((K + 1) * P - in_flight - ready, free)))
+def setup(cfg):
+    """Everything the loop needs, in an order that spends nothing on bad input: the checks, the data (bad data stops
+    the run before a model is loaded), the grading pool, the model, the optimiser, the engine (started from exactly
+    the trainer's weights) and, with --resume, the checkpoint's state. Returns (State, the config in force, Book)."""
+    validate(fill_defaults(cfg))
+    quiet_libraries(cfg.verbose)
+    cfg, saved = resumed_config(cfg, cfg.resume) if cfg.resume else (cfg, None)
+    if cfg.engine == "hf" and cfg.off_policy == "pipeline" and cfg.max_lag > 0:
+        print("scalerl: --engine hf cannot stream; running the synchronous loop (--max-lag 0)", flush=True)
+        cfg.max_lag = 0
+    train, val = load_data(cfg)
+    if cfg.data:
+        print(f"scalerl: {len(train)} training and {len(val)} held-out prompts read; loading {cfg.model}", flush=True)
+    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if cfg.device == "auto" else cfg.device)
+    dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else \
+        torch.bfloat16 if device.type == "cuda" else torch.float32
+    cfg.out = cfg.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+    torch.manual_seed(cfg.seed)
+    workers = cfg.reward_workers if cfg.reward_workers >= 0 else 0 if cfg.reward == "largest-digit" else \
+        min(16, os.cpu_count() or 1)  # the built-in task's reward is one regex: not worth a process
+    grader = Grader(REWARDS[cfg.reward], workers, cfg.reward_timeout)
+    model, tok, path = load_model(cfg, device, cfg.resume or None)
+    train_ids, val_ids = ([encode_prompt(tok, p, cfg) for p, _ in items] for items in (train, val))
+    longest = max(map(len, train_ids + val_ids)) + cfg.max_new_tokens
+    if cfg.length_control == "interrupt":
+        phrase_len = len(tok(cfg.interruption_phrase, add_special_tokens=False).input_ids)
+        longest = max(longest, longest - cfg.max_new_tokens + cfg.think_budget[1] + phrase_len + cfg.answer_budget)
+    if longest > getattr(model.config, "max_position_embeddings", longest):
+        die(f"prompts + completions need {longest} positions; the model has {model.config.max_position_embeddings}")
+    if 0 < cfg.vllm_max_model_len < longest and cfg.engine == "vllm":
+        die(f"--vllm-max-model-len {cfg.vllm_max_model_len} is shorter than the longest prompt + completion "
+            f"({longest})")
+    autocast = None if dtype == getattr(torch, cfg.param_dtype) else dtype
+    engine = VLLMEngine(cfg, path, device, dtype, cfg.vllm_max_model_len or longest) if cfg.engine == "vllm" else \
+        HFEngine(model, tok, cfg, autocast)
+    opt, sched = make_optimizer(model, cfg)
+    s = State(model, tok, opt, sched, autocast, engine, Rollouts(cfg, engine, tok), grader, train, train_ids, val_ids,
+              [a for _, a in val], Curriculum(len(train), cfg.seed),
+              {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0, "skipped_updates": 0})
+    rows = restore(saved, s, cfg.out) if saved else []
+    engine.push(model, s.version)  # the engine starts from exactly the trainer's weights
+    return s, cfg, Book(cfg, s, rows, saved["step"] + 1 if saved else 1, device)
 
 
-def group_lag(g, version):
-    """Updates between the weights that sampled the group's oldest token and the weights being updated."""
-    if g.oldest is None:  # the group is complete: its versions no longer change
-        g.oldest = min(v for c in g.completions for v, m in zip(c.versions, c.mask) if m)
-    return version - g.oldest
+def metrics_row(s, cfg, step, r):
+    """The step's metrics row (see the README's table), with the cumulative counters it advances: device_hours,
+    the x-axis of the scaling curve (evaluation time not counted), flops (2N per prompt or generated token, 6N per
+    trained token), sampled and trained tokens, skipped updates."""
+    comps, samples, update = [c for g in r["groups"] for c in g.completions], r["samples"], r["update"]
+    n_params, n_gen = sum(p.numel() for p in s.model.parameters()), sum(len(c.tokens) for c in comps)
+    t = s.totals
+    t["device_hours"] += r["t_step"] / 3600
+    t["flops"] += 2 * n_params * (sum(len(g.prompt) for g in r["groups"]) + n_gen) + \
+        6 * n_params * sum(len(x["prompt"]) + len(x["tokens"]) for x in samples)
+    t["gen_tokens"] += sum(sum(c.mask) for c in comps)  # sampled tokens (injected phrases not counted)
+    t["train_tokens"] += update.get("trained_tokens", 0)
+    t["skipped_updates"] += int(update.get("skipped", False))
+    row = {"step": step, **t, "reward_mean": float(r["rewards"].mean()), **r["stats"],
+           "npr_removed": len(s.cur.removed), "pool_size": len(s.train) - len(s.cur.removed), "epoch": s.cur.epoch,
+           "truncated_frac": float(np.mean([not c.finished for c in comps])),
+           "interrupted_frac": float(np.mean([c.interrupted for c in comps])),
+           "mean_completion_tokens": n_gen / len(comps), "loss": update.get("loss", 0.0),
+           "grad_norm": update.get("grad_norm", 0.0), "clip_frac": update.get("clip_frac", 0.0),
+           "lr": update.get("lr", s.sched.get_last_lr()[0]),
+           "lag_mean": float(np.mean(r["lags"])) if r["lags"] else 0.0, "lag_max": max(r["lags"], default=0),
+           "stale_dropped": r["stale"], "inflight_groups": r["in_flight"],
+           "engine_batch_mean": s.ro.decoded / max(s.ro.steps, 1), "step_seconds": r["t_step"],
+           "gen_seconds": r["t_gen"], "train_seconds": r["t_train"], "sync_seconds": r["t_sync"],
+           **{k: v for k, v in update.items() if k.startswith("mismatch_")}}
+    s.ro.decoded = s.ro.steps = 0
+    if torch.cuda.is_available() and next(s.model.parameters()).is_cuda:
+        row["gpu_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    return row
 
 
-def next_batch(ro, admit, cfg, version):
-    """Run the engine until P complete groups are fresh enough to train on at this update (a token at most K updates
-    old), admitting new groups as admission() allows. Returns (groups, stale): the P groups, oldest first, and how
-    many groups were dropped as stale. groups is None when nothing is left to generate."""
-    stale = 0
-    while True:
-        fresh = sorted((g for g in ro.done if group_lag(g, version) <= cfg.max_lag),
-                       key=lambda g: -group_lag(g, version))  # stable: completion order among equals
-        stale, ro.done = stale + len(ro.done) - len(fresh), fresh
-        if len(fresh) >= cfg.prompts_per_step:
-            batch, ro.done = fresh[:cfg.prompts_per_step], fresh[cfg.prompts_per_step:]
-            return batch, stale
-        admit(admission(cfg, len(ro.open), len(ro.done), ro.engine.unfinished(), ro.engine.capacity))
-        if not ro.open:
-            return None, stale
-        ro.poll()
+class Book:
+    """The run's records and its ways out: config.json, metrics.jsonl (and W&B), the progress line, checkpoints
+    (every --save-every steps, at the end, and on SIGINT/SIGTERM once the step in progress is done; a second signal
+    abandons it), the stop after --max-skipped-updates non-finite updates in a row, and clean-up (grading
+    processes, requests in flight). A run that fails before its first metrics row leaves no directory behind."""
+
+    def __init__(self, cfg, s, rows, first, device):
+        self.cfg, self.s, self.rows, self.first, self.out = cfg, s, rows, first, cfg.out
+        self.saved = self.done = first - 1
+        self.stop, self.in_a_row, self.handlers = [], 0, {}
+        self.fresh = not os.path.isdir(self.out)
+        os.makedirs(self.out, exist_ok=True)
+        n_params = sum(p.numel() for p in s.model.parameters())
+        const, const_rate = best_constant_pass_rate(s.val_answers)
+        with open(os.path.join(self.out, "config.json"), "w") as f:
+            json.dump({**dataclasses.asdict(cfg), "n_params": n_params, "device": str(device),
+                       "best_constant_answer": const, "best_constant_pass_rate": const_rate}, f, indent=2)
+        print(f"scalerl: {n_params / 1e6:.2f}M parameters on {device} | {len(s.train)} train / {len(s.val_ids)} val "
+              f"prompts | best constant answer '{const}' scores {const_rate:.3f} | writing {self.out}"
+              + (f" | resuming after step {first - 1}" if first > 1 else ""), flush=True)
+        self.metrics = open(os.path.join(self.out, "metrics.jsonl"), "a" if first > 1 else "w")
+        self.tracker = start_wandb(cfg, self.out) if cfg.wandb else None
+
+    def __enter__(self):
+        import signal
+
+        def on_signal(signum, frame):
+            if self.stop:
+                raise KeyboardInterrupt
+            self.stop.append(signal.Signals(signum).name)
+            print(f"\n{self.stop[0]}: finishing this step, then saving a checkpoint (again to abandon the step)",
+                  file=sys.stderr, flush=True)
+
+        self.handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def log(self, s, row, errors):
+        """Record a row; save a checkpoint when it is time. Returns True when a signal asked the run to stop."""
+        row["reward_errors"] = len(errors)
+        self.rows.append(row)
+        self.metrics.write(json.dumps(row) + "\n")
+        self.metrics.flush()
+        if self.tracker:
+            self.tracker.log(row, step=row["step"])
+        step = row["step"]
+        print(progress_line(row, self.cfg.steps) if step else f"step    0/{self.cfg.steps} | val "
+              f"{row['val_pass_rate']:.3f}", flush=True)
+        report_grading_errors(step, errors)
+        if not step:
+            return False
+        self.done = step
+        before = self.rows[-2]["skipped_updates"] if len(self.rows) > 1 else 0
+        self.in_a_row = self.in_a_row + 1 if row["skipped_updates"] > before else 0
+        if self.in_a_row >= self.cfg.max_skipped_updates:
+            die(f"{self.in_a_row} updates in a row skipped for a non-finite loss or gradient norm (loss {row['loss']}, "
+                f"gradient norm {row['grad_norm']}); stopping. Last checkpoint: {last_checkpoint(self.out)}", 1)
+        if self.stop or self.cfg.save_every and step % self.cfg.save_every == 0:
+            ckpt = self.save()
+            if self.stop:
+                print(f"{self.stop[0]}: stopped after step {step}; checkpoint {ckpt}; continue with: "
+                      f"python scalerl.py --resume auto --out {self.out}", flush=True)
+        return bool(self.stop)
+
+    def save(self):
+        self.saved = self.done
+        return save_checkpoint(self.out, self.done, self.s, self.cfg)
+
+    def __exit__(self, kind, exc, tb):
+        import signal
+        try:
+            if kind is None and not self.stop:  # the run ended: its final checkpoint
+                ckpt = self.save() if self.done > self.saved else last_checkpoint(self.out)
+                print(f"done: model and training state in {ckpt}, metrics in {self.out}/metrics.jsonl")
+            elif kind is KeyboardInterrupt:
+                print(f"\nstep {self.done + 1} abandoned; {self.done} steps are in {self.out}/metrics.jsonl; last "
+                      f"checkpoint: {last_checkpoint(self.out)}", file=sys.stderr)
+        finally:
+            for sig, handler in self.handlers.items():
+                signal.signal(sig, handler)
+            self.metrics.close()
+            self.s.grader.close()
+            self.s.engine.abort()
+            if self.tracker:
+                self.tracker.finish()
+            if kind is not None and self.fresh and not self.rows:
+                import shutil
+                shutil.rmtree(self.out, ignore_errors=True)
+        return False
+
+
+def progress_line(row, steps):
+    val = f" | val {row['val_pass_rate']:.3f}" if "val_pass_rate" in row else ""
+    return (f"step {row['step']:>4}/{steps} | reward {row['reward_mean']:.3f}{val} | zero-var "
+            f"{row['zero_variance_frac']:.2f} | active {row['active_prompts']:>3} | npr {row['npr_removed']:>4} | "
+            f"lag {row['lag_mean']:.1f}/{row['lag_max']} | intr {row['interrupted_frac']:.2f} | trunc "
+            f"{row['truncated_frac']:.2f} | len {row['mean_completion_tokens']:.1f} | loss {row['loss']:+.4f} | gnorm "
+            f"{row['grad_norm']:.3f} | mismatch {row.get('mismatch_abs_logprob', 0.0):.1e} | "
+            f"{row['step_seconds']:.2f}s (gen {row['gen_seconds']:.2f} train {row['train_seconds']:.2f} sync "
+            f"{row['sync_seconds']:.2f})")
+
+
+def report_grading_errors(step, errors):
+    """Grading errors cost their completions only (reward 0); say how many there were, and the first."""
+    if errors:
+        print(f"step {step}: {len(errors)} completions could not be graded (reward 0); first: {errors[0]}",
+              file=sys.stderr, flush=True)
+
+
+def quiet_libraries(verbose):
+    """Without --verbose, the libraries' own chatter (vLLM's warnings and info lines, Python warnings, progress bars
+    of weight loading) stays off the screen: the first lines a user sees are ours, and errors still show."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if verbose else "ERROR")
+    if verbose:
+        return
+    import warnings
+    from transformers.utils import logging as hf_logging
+    warnings.filterwarnings("ignore")
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+@contextlib.contextmanager
+def quiet_stderr(verbose):
+    """Hold back what C++ and Python write to stderr (file descriptor 2) inside the block, unless --verbose; if the
+    block raises, what was held back is written out first, so that a real error keeps its context."""
+    if verbose:
+        yield
+        return
+    import tempfile
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            held.seek(0)
+            sys.stderr.write(held.read().decode(errors="replace"))
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def start_wandb(cfg, out):
+    """Weights & Biases, when asked for: the config, then every metrics row as it is logged (metrics.jsonl stays
+    the record, and what fit_curve.py reads). Files go under the run directory."""
+    import wandb
+    return wandb.init(project=cfg.wandb, name=cfg.wandb_name or os.path.basename(os.path.abspath(out)),
+                      config=dataclasses.asdict(cfg), dir=out)
 
 # --------------------------------------------------------------------------------------------------
-# 8. Checkpoints: written atomically, resumed exactly
+# Checkpoints: written atomically, resumed exactly (the synchronous loop) or with the groups in flight
+# regenerated (the pipeline)
 # --------------------------------------------------------------------------------------------------
 
 
@@ -1310,22 +1758,29 @@ def last_checkpoint(out):
     return (list_checkpoints(out) or ["none"])[-1]
 
 
-def save_checkpoint(out, step, model, tok, opt, sched, cur, totals, loop, cfg):
+def pending_prompts(s):
+    """The prompts of the training groups started but not trained yet (still to regenerate after a resume, in
+    flight, or complete), in the order they were started: a resumed run generates them again first."""
+    started = sorted((g for g in [*s.ro.open.values(), *s.ro.done] if g.key[0] == "train"), key=lambda g: g.key)
+    return list(s.requeue) + [g.info for g in started]
+
+
+def save_checkpoint(out, step, s, cfg):
     """Save everything a run needs to continue: the model (safetensors, loadable with from_pretrained),
     optimiser and scheduler state, the step, the compute counters, the curriculum, the RNG state, the config and
     the off-policy loop's state (weight version, group counter, the prompts of the groups still in flight, which
-    a resumed run generates again). Written to a temporary directory and renamed into place, so a crash mid-write leaves the previous
-    checkpoint intact; then only the newest --keep-last are kept."""
+    a resumed run generates again). Written to a temporary directory and renamed into place, so a crash mid-write
+    leaves the previous checkpoint intact; then only the newest --keep-last are kept."""
     import shutil
-    import torch
     final = os.path.join(out, "checkpoints", f"step_{step:06d}")
     tmp = f"{final}.tmp{os.getpid()}"
     try:
         shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        torch.save({"step": step, "totals": dict(totals), "curriculum": dataclasses.asdict(cur), "loop": loop,
-                    "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+        s.model.save_pretrained(tmp)
+        s.tok.save_pretrained(tmp)
+        torch.save({"step": step, "totals": dict(s.totals), "curriculum": dataclasses.asdict(s.cur),
+                    "loop": {"version": s.version, "serial": s.serial, "pending": pending_prompts(s)},
+                    "optimizer": s.opt.state_dict(), "scheduler": s.sched.state_dict(),
                     "torch_rng": torch.get_rng_state(), "config": dataclasses.asdict(cfg),
                     "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
                    os.path.join(tmp, "trainer_state.pt"))
@@ -1342,7 +1797,6 @@ def save_checkpoint(out, step, model, tok, opt, sched, cur, totals, loop, cfg):
 
 def resumed_config(cfg, ckpt):
     """The checkpoint's config, except what may change between the parts of one run."""
-    import torch
     state = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=False)
     saved = {**state["config"], "think_budget": tuple(state["config"]["think_budget"])}
     steps = cfg.steps if cfg.steps != Config.steps else saved["steps"]
@@ -1350,15 +1804,15 @@ def resumed_config(cfg, ckpt):
                      "resume": ckpt}), state
 
 
-def restore(state, opt, sched, cur, totals, loop, out):
+def restore(state, s, out):
     """Put a checkpoint's state back, and cut metrics.jsonl back to its step (rows logged after the checkpoint
     are written again by the resumed run): no step is duplicated or missing."""
-    import torch
-    opt.load_state_dict(state["optimizer"])
-    sched.load_state_dict(state["scheduler"])
-    cur.__dict__.update({**state["curriculum"], "removed": set(state["curriculum"]["removed"])})
-    totals.update(state["totals"])
-    loop.update(state["loop"])
+    s.opt.load_state_dict(state["optimizer"])
+    s.sched.load_state_dict(state["scheduler"])
+    s.cur.__dict__.update({**state["curriculum"], "removed": set(state["curriculum"]["removed"])})
+    s.totals.update(state["totals"])
+    s.version, s.serial = state["loop"]["version"], state["loop"]["serial"]
+    s.requeue.extend(state["loop"]["pending"])
     torch.set_rng_state(state["torch_rng"])
     if state["cuda_rng"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
@@ -1370,232 +1824,16 @@ def restore(state, opt, sched, cur, totals, loop, out):
     os.replace(path + ".tmp", path)
     return rows
 
-# --------------------------------------------------------------------------------------------------
-# 9. Evaluation and logging
-# --------------------------------------------------------------------------------------------------
 
-
-def evaluate(cfg, ro, tok, val_ids, val_answers, grader, seed):
-    """Held-out mean pass rate with k = --eval-samples samples per prompt (the paper's mean@16) [Sec. 2], and the
-    grading errors. The engine holds the current weights; training groups in flight go on decoding meanwhile and
-    stay apart from the evaluation's."""
-    groups = rollout(cfg, ro, val_ids, cfg.eval_samples, seed)
-    correct, _, errors = score(tok, groups, val_answers, grader)
-    return float(correct.mean()), errors
-
-
-def step_seed(seed, kind, step):
-    """Independent, reproducible seed for each (run seed, purpose, step); the purposes are the RNG_* streams."""
-    return int(np.random.SeedSequence([seed, kind, step]).generate_state(1)[0])
-
-
-def report_grading_errors(step, errors):
-    """Grading errors cost their completions only (reward 0); say how many there were, and the first."""
-    if errors:
-        print(f"step {step}: {len(errors)} completions could not be graded (reward 0); first: {errors[0]}",
-              file=sys.stderr, flush=True)
-
-
-def progress_line(row, steps):
-    val = f" | val {row['val_pass_rate']:.3f}" if "val_pass_rate" in row else ""
-    return (f"step {row['step']:>4}/{steps} | reward {row['reward_mean']:.3f}{val} | zero-var "
-            f"{row['zero_variance_frac']:.2f} | active {row['active_prompts']:>3} | npr {row['npr_removed']:>4} | "
-            f"lag {row['lag_mean']:.1f}/{row['lag_max']} | "
-            f"intr {row['interrupted_frac']:.2f} | trunc {row['truncated_frac']:.2f} | len "
-            f"{row['mean_completion_tokens']:.1f} | loss {row['loss']:+.4f} | gnorm {row['grad_norm']:.3f} | "
-            f"mismatch {row.get('mismatch_abs_logprob', 0.0):.1e} | {row['step_seconds']:.2f}s (gen "
-            f"{row['gen_seconds']:.2f} train {row['train_seconds']:.2f} sync {row['sync_seconds']:.2f})")
-
-# --------------------------------------------------------------------------------------------------
-# 10. Main: the loop
-# --------------------------------------------------------------------------------------------------
-
-
-def run(cfg):
-    """Train for cfg.steps steps, or continue a run with --resume; write config.json, metrics.jsonl and the
-    checkpoints to the run directory. Returns the metric rows."""
-    import collections
-    import signal
-    import torch
-    check_config(cfg)
-    cfg, state = resumed_config(cfg, cfg.resume) if cfg.resume else (cfg, None)
-    if cfg.engine == "hf" and cfg.off_policy == "pipeline" and cfg.max_lag > 0:
-        print("scalerl: --engine hf cannot stream; running the synchronous loop (--max-lag 0)", flush=True)
-        cfg.max_lag = 0
-    train, val = load_data(cfg)  # bad data stops the run here, before a model is loaded or a file written
-    if cfg.data:
-        print(f"scalerl: {len(train)} training and {len(val)} held-out prompts read; loading {cfg.model}", flush=True)
-    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if cfg.device == "auto" else cfg.device)
-    dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else \
-        torch.bfloat16 if device.type == "cuda" else torch.float32
-    autocast = None if dtype == getattr(torch, cfg.param_dtype) else dtype
-    out = cfg.out = cfg.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
-    os.makedirs(out, exist_ok=True)
-    torch.manual_seed(cfg.seed)
-
-    workers = cfg.reward_workers if cfg.reward_workers >= 0 else 0 if cfg.reward == "largest-digit" else \
-        min(16, os.cpu_count() or 1)  # the built-in task's reward is one regex: not worth a process
-    grader = Grader(REWARDS[cfg.reward], workers, cfg.reward_timeout)
-    model, tok, path = load_model(cfg, device, cfg.resume or None)
-    n_params = sum(p.numel() for p in model.parameters())
-    train_ids, val_ids = ([encode_prompt(tok, p, cfg) for p, _ in items] for items in (train, val))
-    val_answers = [a for _, a in val]
-    const, const_rate = best_constant_pass_rate(val_answers)
-    opt, sched = make_optimizer(model, cfg)
-    longest = max(map(len, train_ids + val_ids)) + cfg.max_new_tokens
-    if cfg.length_control == "interrupt":
-        phrase_len = len(tok(cfg.interruption_phrase, add_special_tokens=False).input_ids)
-        longest = max(longest, longest - cfg.max_new_tokens + cfg.think_budget[1] + phrase_len + cfg.answer_budget)
-    if longest > getattr(model.config, "max_position_embeddings", longest):
-        die(f"prompts + completions need {longest} positions; the model has {model.config.max_position_embeddings}")
-    cur = Curriculum(len(train), cfg.seed)
-    totals = {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0, "skipped_updates": 0}
-    loop = {"version": 0, "serial": 0, "pending": []}  # weights' version = optimiser updates; groups started
-    rows = restore(state, opt, sched, cur, totals, loop, out) if state else []
-    if cfg.engine == "vllm":
-        if 0 < cfg.vllm_max_model_len < longest:
-            die(f"--vllm-max-model-len {cfg.vllm_max_model_len} is shorter than the longest prompt + "
-                f"completion ({longest})")
-        engine = VLLMEngine(cfg, path, device, dtype, cfg.vllm_max_model_len or longest)
-    else:
-        engine = HFEngine(model, tok, cfg, autocast)
-    engine.push(model, loop["version"])  # the engine starts from exactly the trainer's weights
-    ro = Rollouts(cfg, engine, tok)
-    first = state["step"] + 1 if state else 1
-    with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump({**dataclasses.asdict(cfg), "n_params": n_params, "device": str(device),
-                   "best_constant_answer": const, "best_constant_pass_rate": const_rate}, f, indent=2)
-    print(f"scalerl: {n_params / 1e6:.2f}M parameters on {device} | {len(train)} train / {len(val)} val prompts "
-          f"| best constant answer '{const}' scores {const_rate:.3f} | writing {out}"
-          + (f" | resuming after step {first - 1}" if state else ""), flush=True)
-    metrics = open(os.path.join(out, "metrics.jsonl"), "a" if state else "w")
-    requeue = collections.deque(loop.pop("pending"))  # prompts in flight at the checkpoint: generated again
-
-    def admit(n):
-        """Start n new groups: prompts in flight at a resumed checkpoint first, then the curriculum's next ones."""
-        idx = [i for i in (requeue.popleft() for _ in range(min(n, len(requeue)))) if i not in cur.removed]
-        for i in idx + next_prompts(cur, n - len(idx)):
-            ro.add(("train", loop["serial"]), train_ids[i], cfg.generations_per_prompt,
-                   step_seed(cfg.seed, RNG_ROLLOUT, loop["serial"]), info=i)
-            loop["serial"] += 1
-
-    def push_weights():
-        """The engine gets every update at once (pipeline: running sequences go on with the new weights), except
-        in PPO-off-policy-k, where it waits until the round's K batches are trained."""
-        if engine.version != loop["version"] and not (cfg.off_policy == "ppo" and ro.done):
-            engine.push(model, loop["version"])
-
-    def pending():
-        return [g.info for g in sorted([*ro.open.values(), *ro.done], key=lambda g: g.key)]
-
-    def log(row):
-        rows.append(row)
-        metrics.write(json.dumps(row) + "\n")
-        metrics.flush()
-
-    if not state:
-        r0, errors = evaluate(cfg, ro, tok, val_ids, val_answers, grader, step_seed(cfg.seed, RNG_EVAL, 0))
-        log({"step": 0, **totals, "val_pass_rate": r0, "reward_errors": len(errors)})
-        print(f"step    0/{cfg.steps} | val {r0:.3f}", flush=True)
-        report_grading_errors(0, errors)
-    ro.decoded = ro.steps = 0
-    stop = []  # SIGINT / SIGTERM: finish the step, save a checkpoint, exit; a second signal abandons the step
-
-    def on_signal(signum, frame):
-        if stop:
-            raise KeyboardInterrupt
-        stop.append(signal.Signals(signum).name)
-        print(f"\n{stop[0]}: finishing this step, then saving a checkpoint (again to abandon the step)",
-              file=sys.stderr, flush=True)
-
-    handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    saved, done, in_a_row = first - 1, first - 1, 0
+def main(argv=None):
     try:
-        for step in range(first, cfg.steps + 1):
-            t0 = time.time()
-            groups, stale = next_batch(ro, admit, cfg, loop["version"])
-            if groups is None:
-                print("every training prompt has been removed by No-Positive-Resampling; stopping")
-                break
-            engine.sleep()  # vLLM sleep mode (CUDA), when nothing is in flight
-            t_gen = time.time() - t0
-            idx, comps = [g.info for g in groups], [g.completions for g in groups]
-            correct, rewards, errors = score(tok, comps, [train[i][1] for i in idx], grader, cfg)
-            samples, stats = build_batch([g.prompt for g in groups], comps, rewards, cfg)
-            update_curriculum(cur, idx, correct.mean(axis=1), cfg.npr_threshold)
-            lags = [loop["version"] - v for s in samples for v, m in zip(s["versions"], s["mask"]) if m]
-            in_flight = len(ro.open)
-            t1 = time.time()
-            tr = train_step(model, opt, sched, samples, cfg, tok.pad_token_id, autocast) if samples else {}
-            t2 = time.time()
-            if samples and not tr["skipped"]:
-                loop["version"] += 1
-            push_weights()
-            t_sync = time.time() - t2
-            t_train = t2 - t1
-            step_s = time.time() - t0
-            in_a_row = in_a_row + 1 if tr.get("skipped") else 0
-            comps = [c for g in comps for c in g]
-            n_gen = sum(len(c.tokens) for c in comps)  # sampled + injected tokens, all in the context
-            n_train_fwd = sum(len(s["prompt"]) + len(s["tokens"]) for s in samples)
-            totals["device_hours"] += step_s / 3600
-            totals["flops"] += 2 * n_params * (sum(len(g.prompt) for g in groups) + n_gen) + 6 * n_params * n_train_fwd
-            totals["gen_tokens"] += sum(sum(c.mask) for c in comps)
-            totals["train_tokens"] += tr.get("trained_tokens", 0)
-            totals["skipped_updates"] += int(tr.get("skipped", False))
-            row = {"step": step, **totals, "reward_mean": float(rewards.mean()), **stats,
-                   "npr_removed": len(cur.removed), "pool_size": len(train) - len(cur.removed), "epoch": cur.epoch,
-                   "truncated_frac": float(np.mean([not c.finished for c in comps])),
-                   "interrupted_frac": float(np.mean([c.interrupted for c in comps])),
-                   "mean_completion_tokens": n_gen / len(comps), "loss": tr.get("loss", 0.0),
-                   "grad_norm": tr.get("grad_norm", 0.0), "clip_frac": tr.get("clip_frac", 0.0),
-                   "lr": sched.get_last_lr()[0], "lag_mean": float(np.mean(lags)) if lags else 0.0,
-                   "lag_max": max(lags, default=0), "stale_dropped": stale, "inflight_groups": in_flight,
-                   "engine_batch_mean": ro.decoded / max(ro.steps, 1), "step_seconds": step_s, "gen_seconds": t_gen,
-                   "train_seconds": t_train, "sync_seconds": t_sync,
-                   **{k: v for k, v in tr.items() if k.startswith("mismatch_")}}
-            if device.type == "cuda":
-                row["gpu_peak_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
-            if step % cfg.eval_every == 0 or step == cfg.steps:
-                if engine.version != loop["version"]:  # PPO-off-policy-k mid-round: evaluate the current weights
-                    engine.push(model, loop["version"])
-                row["val_pass_rate"], val_errors = evaluate(cfg, ro, tok, val_ids, val_answers, grader,
-                                                            step_seed(cfg.seed, RNG_EVAL, step))
-                errors += val_errors
-            ro.decoded = ro.steps = 0
-            row["reward_errors"] = len(errors)
-            log(row)
-            print(progress_line(row, cfg.steps), flush=True)
-            report_grading_errors(step, errors)
-            done = step
-            if in_a_row >= cfg.max_skipped_updates:
-                die(f"{in_a_row} updates in a row skipped for a non-finite loss or gradient norm (loss {tr['loss']}, "
-                    f"gradient norm {tr['grad_norm']}); stopping. Last checkpoint: {last_checkpoint(out)}", 1)
-            if stop or cfg.save_every and step % cfg.save_every == 0:
-                saved = step
-                ckpt = save_checkpoint(out, step, model, tok, opt, sched, cur, totals,
-                                       {**loop, "pending": list(requeue) + pending()}, cfg)
-            if stop:
-                print(f"{stop[0]}: stopped after step {step}; checkpoint {ckpt}; continue with: "
-                      f"python scalerl.py --resume auto --out {out}", flush=True)
-                return rows
-    except KeyboardInterrupt:
-        print(f"\nstep {done + 1} abandoned; {done} steps are in {out}/metrics.jsonl; last checkpoint: "
-              f"{last_checkpoint(out)}", file=sys.stderr)
+        run(parse_args(argv))
+    except ScaleRLError as e:
+        print(f"scalerl.py: error: {e}", file=sys.stderr)
+        sys.exit(e.status)
+    except KeyboardInterrupt:  # a second SIGINT/SIGTERM abandoned the step in progress
         sys.exit(130)
-    finally:
-        metrics.close()
-        grader.close()
-        engine.abort()
-        for sig, h in handlers.items():
-            signal.signal(sig, h)
-    ckpt = save_checkpoint(out, done, model, tok, opt, sched, cur, totals,
-                           {**loop, "pending": list(requeue) + pending()}, cfg) if done > saved else \
-        last_checkpoint(out)
-    print(f"done: model and training state in {ckpt}, metrics in {out}/metrics.jsonl")
-    return rows
 
 
 if __name__ == "__main__":
-    run(parse_args())
+    main()

@@ -195,6 +195,33 @@ def test_each_format_loads_the_same_prompts(records, expected, tmp_path):
         assert S.load_rows(path, cfg) == expected, kind
 
 
+@pytest.mark.parametrize("records", [ARITH, GSM], ids=["arith", "gsm8k"])
+def test_bom_jsonl_and_csv_load_like_plain_jsonl(records, tmp_path):
+    """A JSONL file with a UTF-8 byte-order mark (as spreadsheet tools write) and a CSV file (with and without a
+    BOM) load to the same rows as the plain JSONL."""
+    import csv
+    plain = write_all_formats(records, tmp_path)["jsonl"]
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + open(plain, "rb").read())
+    want = S.load_rows(plain, S.Config())
+    for name, encoding in (("d.csv", "utf-8"), ("excel.csv", "utf-8-sig")):
+        with open(tmp_path / name, "w", encoding=encoding, newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(records[0]))
+            writer.writeheader()
+            writer.writerows(records)
+        assert S.load_rows(str(tmp_path / name), S.Config()) == want, name
+    assert S.load_rows(str(bom), S.Config()) == want and len(want) == len(records)
+
+
+def test_a_bad_csv_row_is_named_with_its_line(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text('problem,answer\n"What is\n1 + 1?",2\n,3\n')  # a quoted prompt over two lines, then no prompt
+    assert S.load_rows(str(path), S.Config(skip_bad_rows=True)) == [("What is\n1 + 1?", "2")]
+    with pytest.raises(S.ScaleRLError) as e:
+        S.load_rows(str(path), S.Config())
+    assert "line 4: empty prompt" in str(e.value)
+
+
 def write_jsonl(path, lines):
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -220,10 +247,10 @@ BAD_ROWS = [  # (line 2 of the file, what the error says)
 @pytest.mark.parametrize("line,message", BAD_ROWS)
 def test_each_kind_of_bad_row_is_named_with_its_line(line, message, tmp_path, capsys):
     path = write_jsonl(tmp_path / "d.jsonl", [GOOD, line, GOOD])
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(S.ScaleRLError) as e:
         S.load_rows(path, S.Config())
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and path in err and f"line 2: {message}" in err and "--skip-bad-rows" in err
+    err = str(e.value)
+    assert e.value.status == 2 and path in err and f"line 2: {message}" in err and "--skip-bad-rows" in err
     rows = S.load_rows(path, S.Config(skip_bad_rows=True))
     assert rows == [("What is 1 + 1?", "2")] * 2
     assert "skipped 1 of 3 rows (first: line 2" in capsys.readouterr().err
@@ -231,7 +258,7 @@ def test_each_kind_of_bad_row_is_named_with_its_line(line, message, tmp_path, ca
 
 @pytest.mark.parametrize("name,content,message", [
     ("missing.jsonl", None, "no such file"),
-    ("d.csv", "problem,answer\nq,1\n", "unsupported format"),
+    ("d.txt", "problem,answer\nq,1\n", "unsupported format"),
     ("d.parquet", "not parquet", "not a readable Parquet file"),
     ("d.jsonl", b"\xff\xfe\x00", "cannot read"),
     ("d.json", '[{"problem": "q", "answer": 1},', "cannot read (Expecting value: line 1"),
@@ -241,15 +268,15 @@ def test_each_kind_of_bad_row_is_named_with_its_line(line, message, tmp_path, ca
     ("d.jsonl", '{"problem": "q", "label": 1}\n', "no field 'answer'"),
     ("empty_dir", "dir", "cannot load with datasets"),
 ])
-def test_unreadable_data_gives_one_clear_error(name, content, message, tmp_path, capsys):
+def test_unreadable_data_gives_one_clear_error(name, content, message, tmp_path):
     path = tmp_path / name
     if content == "dir":
         path.mkdir()
     elif content is not None:
         path.write_bytes(content if isinstance(content, bytes) else content.encode())
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(S.ScaleRLError) as e:
         S.load_rows(str(path), S.Config())
-    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert e.value.status == 2 and message in str(e.value)
 
 
 def test_field_names_can_be_given(tmp_path):
@@ -308,12 +335,12 @@ def test_val_data_file_is_held_out(tmp_path):
     assert val == [("p3", "3"), ("p30", "30")] and len(train) == 19 and ("p3", "3") not in train
 
 
-def test_too_little_data_is_refused(tmp_path, capsys):
+def test_too_little_data_is_refused(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [json.dumps({"problem": f"p{k}", "answer": k}) for k in range(8)])
     for kw, message in [({"val_size": 8}, "--val-size 8: "), ({"val_size": 5}, "--prompts-per-step 4 exceeds the 3")]:
-        with pytest.raises(SystemExit):
+        with pytest.raises(S.ScaleRLError) as e:
             S.load_data(data_cfg(path, **kw))
-        assert message in capsys.readouterr().err
+        assert message in str(e.value)
 
 
 # ---------------------------------------------------------------------------------------------- prompting

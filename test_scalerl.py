@@ -1,6 +1,8 @@
 """Tests of scalerl.py: every recipe component against values computed by hand or by a slow, obviously
 correct reference; then the whole loop end to end on the CPU. Run: python -m pytest -q"""
+import collections
 import copy
+import dataclasses
 import importlib.util
 import json
 import math
@@ -72,12 +74,42 @@ def test_dapo_clipping_by_hand():
     assert logp.grad.tolist() == pytest.approx([0.0, 1.5, 0.0, -0.5, -1.1], abs=1e-12)
 
 
-def test_policy_loss_reports_truncated_fraction():
+def test_policy_loss_reports_truncated_count():
     cfg = S.Config(eps_max=2.0)
     logp = torch.log(torch.tensor([0.9, 0.5, 0.1]))
     logp_gen = torch.log(torch.tensor([0.3, 0.5, 0.1]))  # ratios 3, 1, 1
-    _, clipped = S.policy_loss(logp, logp_gen, torch.ones(3), torch.ones(3), cfg)
+    _, clipped = S.policy_loss(logp, logp_gen, torch.ones(3), torch.ones(3), torch.tensor([0, 0, 1]), cfg)
     assert clipped == 1
+
+
+def test_gspo_ratio_and_loss_by_hand():
+    """GSPO: one ratio per completion, the geometric mean of its token ratios, clipped PPO-style in GSPO's narrow
+    range; its gradient is s_i * grad log pi for every token of an unclipped completion, none for a clipped one."""
+    el, eh = 3e-4, 4e-4
+    # completion 0: token ratios e^0.0002 and e^0.0004 -> s = e^0.0003 (inside the range); completion 1: three
+    # tokens with ratios e^0.003 each -> s = e^0.003, above 1 + eh (clipped when A > 0); completion 2: s = e^-0.001
+    # below 1 - el with A < 0 (clipped); completion 3: the same ratio with A > 0 (not clipped: min picks s A)
+    d = [0.0002, 0.0004, 0.003, 0.003, 0.003, -0.001, -0.001]
+    seq = torch.tensor([0, 0, 1, 1, 1, 2, 3])
+    adv = torch.tensor([1.0, 1.0, 2.0, 2.0, 2.0, -1.0, 0.5], dtype=torch.float64)
+    logp_gen = torch.tensor([-1.0, -2.0, -0.5, -0.7, -0.9, -1.5, -1.5], dtype=torch.float64)
+    logp = (logp_gen + torch.tensor(d, dtype=torch.float64)).requires_grad_()
+    s = S.gspo_ratio(logp, logp_gen, seq)
+    want_s = [math.exp(0.0003)] * 2 + [math.exp(0.003)] * 3 + [math.exp(-0.001)] * 2
+    assert s.tolist() == pytest.approx(want_s, rel=1e-12)
+    loss = S.gspo_loss(logp, logp_gen, adv, seq, el, eh)
+    clip = lambda x: min(max(x, 1 - el), 1 + eh)  # noqa: E731
+    want = [-min(si * a, clip(si) * a) for si, a in zip(want_s, adv.tolist())]
+    assert loss.tolist() == pytest.approx(want, rel=1e-12)
+    (loss * torch.tensor([0.5, 0.5, 1 / 3, 1 / 3, 1 / 3, 1.0, 1.0], dtype=torch.float64)).sum().backward()
+    # d/d logp_t of the sample-averaged loss: -A s_i / |y_i| for unclipped completions, 0 for clipped ones
+    grad = [-1.0 * want_s[0] / 2] * 2 + [0.0] * 3 + [0.0, -0.5 * want_s[6]]
+    assert logp.grad.tolist() == pytest.approx(grad, rel=1e-9, abs=1e-15)
+    cfg = S.Config(loss="gspo")
+    S.fill_defaults(cfg)
+    assert (cfg.eps_low, cfg.eps_high) == (el, eh)
+    total, clipped = S.policy_loss(logp.detach(), logp_gen, adv, torch.ones(7, dtype=torch.float64), seq, cfg)
+    assert total.item() == pytest.approx(sum(want)) and clipped == 4  # the tokens of completions 1 and 2
 
 
 # ---------------------------------------------------------------------------------------------- aggregation
@@ -104,10 +136,78 @@ def test_aggregations_on_unequal_lengths(agg):
 
 
 def test_aggregations_differ():
-    """The three modes are really different on unequal lengths (so the tests above can tell them apart)."""
+    """completion_weights' three modes really differ on unequal lengths (so the tests above can tell them apart):
+    per-token losses 1 on two completions and 0 elsewhere give 1/4, 4/15 and 10/19 (by hand)."""
     losses = [[[1.0] * 1, [0.0] * 5], [[0.0] * 2, [0.0] * 2, [1.0] * 9]]  # lengths [[1, 5], [2, 2, 9]]
-    vals = {a: reference_aggregate(losses, a) for a in ["prompt", "sample", "token"]}
-    assert len(set(round(v, 9) for v in vals.values())) == 3
+    lengths = [[len(t) for t in g] for g in losses]
+    got = {agg: sum(w * sum(t) for gw, gl in zip(S.completion_weights(lengths, agg), losses) for w, t in zip(gw, gl))
+           for agg in ["prompt", "sample", "token"]}
+    # prompt: (1/6 + 9/13) / 2; sample: (1 + 0 + 0 + 0 + 1) / 5; token: 10 / 19
+    assert got == pytest.approx({"prompt": (1 / 6 + 9 / 13) / 2, "sample": 2 / 5, "token": 10 / 19}, rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------- truncation
+def test_truncated_completions_leave_the_batch_by_hand():
+    """--mask-truncated (default): a completion that did not end is out of the group mean, the zero-variance test,
+    the batch std and the aggregation counts; with --no-mask-truncated it is a failure with reward 0."""
+    C = lambda n, finished: S.Completion([5] * n, [-1.0] * n, finished, [1] * n, [0] * n)  # noqa: E731
+    groups = [[C(2, True), C(4, True), C(6, False)],    # rewards 1, 0, 0 (truncated)
+              [C(3, True), C(3, False), C(5, True)],    # rewards 0, 0 (truncated), 1
+              [C(1, True), C(8, False), C(2, False)]]   # rewards 1, and two truncated: one valid, flat
+    rewards = np.array([[1.0, 0, 0], [0, 0, 1.0], [1.0, 0, 0]])
+    prompts = [[1, 10], [1, 11], [1, 12]]
+    samples, stats = S.build_batch(prompts, groups, rewards, S.Config(mask_truncated=True))
+    # valid: group 0 -> rewards (1, 0), group 1 -> (0, 1): advantages +-0.5, batch std 0.5; group 2 has one valid
+    assert stats == {"zero_variance_frac": pytest.approx(1 / 3), "active_prompts": 2, "truncated_excluded": 4}
+    assert [(s["prompt"][1], len(s["tokens"])) for s in samples] == [(10, 2), (10, 4), (11, 3), (11, 5)]
+    assert [s["advantage"] for s in samples] == pytest.approx([1, -1, -1, 1], abs=1e-5)
+    # prompt-level aggregation over the valid tokens only: group 0 has 6, group 1 has 8
+    assert [s["weight"] for s in samples] == pytest.approx([1 / 12, 1 / 12, 1 / 16, 1 / 16])
+    samples, stats = S.build_batch(prompts, groups, rewards, S.Config(mask_truncated=False))
+    assert stats == {"zero_variance_frac": 0.0, "active_prompts": 3, "truncated_excluded": 0} and len(samples) == 9
+    centred = rewards - rewards.mean(axis=1, keepdims=True)
+    np.testing.assert_allclose([s["advantage"] for s in samples], (centred / (centred.std() + 1e-6)).ravel())
+    assert [s["weight"] for s in samples] == pytest.approx([1 / 36] * 3 + [1 / 33] * 3 + [1 / 33] * 3)
+    # without the zero-variance filter, the group with one valid completion enters with advantage 0
+    samples, stats = S.build_batch(prompts, groups, rewards, S.Config(mask_truncated=True, zero_variance_filter=False))
+    assert stats["active_prompts"] == 3 and [s["advantage"] for s in samples][-1] == 0.0 and len(samples) == 5
+
+
+def test_mask_truncated_default_depends_on_the_model():
+    assert S.fill_defaults(S.Config(model="org/name")).mask_truncated is True   # the paper's choice
+    assert S.fill_defaults(S.Config()).mask_truncated is False  # the embedded model starts from random weights
+    assert S.fill_defaults(S.Config(mask_truncated=True)).mask_truncated is True
+
+
+def test_masked_advantages_by_hand():
+    rewards = np.array([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
+    valid = np.array([[True, True, True, False], [True, True, True, True]])
+    # group 0 over its 3 valid: mean 1/3, advantages 2/3, -1/3, -1/3 (and 0 for the excluded one)
+    want = np.array([[2 / 3, -1 / 3, -1 / 3, 0], [0.5, 0.5, -0.5, -0.5]])
+    np.testing.assert_allclose(S.compute_advantages(rewards, "none", valid), want)
+    batch_std = math.sqrt(((2 / 3) ** 2 + 2 * (1 / 3) ** 2 + 4 * 0.25) / 7)  # over the 7 valid advantages
+    np.testing.assert_allclose(S.compute_advantages(rewards, "batch", valid), want / (batch_std + 1e-6))
+    group_std = np.array([[math.sqrt(2 / 9)], [0.5]])
+    np.testing.assert_allclose(S.compute_advantages(rewards, "prompt", valid), want / (group_std + 1e-6))
+    assert S.zero_variance_keep(np.array([[1.0, 0, 0]]), np.array([[True, False, False]])).tolist() == [False]
+
+
+@pytest.mark.parametrize("adv_norm", ["batch", "prompt", "none"])
+@pytest.mark.parametrize("loss_agg", ["prompt", "sample", "token"])
+def test_build_batch_uses_the_configured_advantages_and_aggregation(adv_norm, loss_agg):
+    """The switches reach the batch: advantages and weights are exactly those of the selected modes."""
+    lengths = [[2, 5, 1, 3], [4, 4, 7, 1], [3, 1, 2, 2], [6, 2, 2, 5]]
+    groups = [[S.Completion([9] * n, [-1.0] * n, True, [1] * n, [0] * n) for n in g] for g in lengths]
+    rewards = np.array([[1.0, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1], [0, 1, 1, 1]])  # group stds differ; one flat
+    samples, _ = S.build_batch([[1, i] for i in range(4)], groups, rewards, S.Config(adv_norm=adv_norm,
+                                                                                     loss_agg=loss_agg))
+    kept = [i for i in range(4) if rewards[i].max() > rewards[i].min()]
+    adv = S.compute_advantages(rewards[kept], adv_norm)
+    weights = S.completion_weights([lengths[i] for i in kept], loss_agg)
+    assert [s["advantage"] for s in samples] == adv.ravel().tolist()
+    assert [s["weight"] for s in samples] == [w for g in weights for w in g]
+    others = {m for m in ["batch", "prompt", "none"] if m != adv_norm}
+    assert all(not np.allclose(S.compute_advantages(rewards[kept], m), adv) for m in others)
 
 
 # ---------------------------------------------------------------------------------------------- advantages
@@ -129,8 +229,8 @@ def test_zero_variance_filter_drops_exactly_flat_groups():
     prompts = [[1, 10 + i] for i in range(4)]
     samples, stats = S.build_batch(prompts, groups, rewards, S.Config())
     assert sorted({tuple(s["prompt"]) for s in samples}) == [(1, 12), (1, 13)]
-    assert stats == {"zero_variance_frac": 0.5, "active_prompts": 2}
-    samples, stats = S.build_batch(prompts, groups, rewards, S.Config(zero_variance_filter=False))
+    assert stats == {"zero_variance_frac": 0.5, "active_prompts": 2, "truncated_excluded": 0}
+    samples, stats = S.build_batch(prompts, groups, rewards, S.Config(mask_truncated=True, zero_variance_filter=False))
     assert len(samples) == 12 and stats["active_prompts"] == 4
     # flat groups kept without the filter carry zero advantage
     assert all(s["advantage"] == 0 for s in samples if s["prompt"][1] in (10, 11))
@@ -330,7 +430,7 @@ def test_penalty_is_added_to_correct_answers_only(default_model):
 def interrupt_cfg(engine, length_control="interrupt"):
     cfg = S.Config(engine=engine, length_control=length_control, max_new_tokens=8, think_budget=(2, 3),
                    answer_budget=3, temperature=1.0, max_lag=0)
-    S.check_config(cfg)
+    S.validate(S.fill_defaults(cfg))
     return cfg
 
 
@@ -380,6 +480,79 @@ def test_interruptions_with_each_engine(engine, default_model):
             assert 1 <= len(answer) <= cfg.answer_budget and c.mask[b + len(phrase):] == [1] * len(answer)
             assert c.finished == (answer[-1] == tok.eos_token_id)
     assert n_interrupted >= 12  # a random policy rarely stops within 3 tokens
+
+
+def stale_samples(model, tok, seed=0):
+    """Completions with generator log-probs from other ("stale") weights: a copy of `model`, perturbed."""
+    rng = np.random.default_rng(seed)
+    old = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in old.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    samples = []
+    for i in range(6):
+        x = {"prompt": tok("4712:").input_ids, "tokens": rng.integers(6, 30, 3 + i).tolist(), "advantage": (-1.0) ** i,
+             "weight": 0.05, "mask": [1] * (3 + i)}
+        with torch.no_grad():
+            x["gen_logprobs"] = S.sequence_logprobs(old, [x], S.Config(), tok.pad_token_id).tolist()
+        samples.append(x)
+    return samples
+
+
+@pytest.mark.parametrize("loss", ["cispo", "dapo", "gspo"])
+def test_train_step_uses_the_configured_loss_and_measures_the_mismatch(loss, default_model):
+    """With data from stale weights (a positive control), train_step's loss is the selected loss on the trainer's
+    log-probs, and the mismatch metrics equal their definitions computed here from the two models."""
+    model, tok = default_model
+    samples = stale_samples(model, tok)
+    cfg = S.fill_defaults(S.Config(loss=loss, eps_max=1.5))
+    with torch.no_grad():
+        lp = S.sequence_logprobs(model, samples, cfg, tok.pad_token_id).double()
+    gen = torch.tensor([x for s in samples for x in s["gen_logprobs"]], dtype=torch.float64)
+    adv = torch.tensor([s["advantage"] for s in samples for _ in s["tokens"]], dtype=torch.float64)
+    seq = torch.tensor([k for k, s in enumerate(samples) for _ in s["tokens"]])
+    want = {"cispo": lambda: S.cispo_loss(lp, gen, adv, 1.5), "dapo": lambda: S.dapo_loss(lp, gen, adv, 0.2, 0.28),
+            "gspo": lambda: S.gspo_loss(lp, gen, adv, seq, 3e-4, 4e-4)}[loss]().sum().item() * 0.05
+    m = copy.deepcopy(model)
+    opt = torch.optim.SGD(m.parameters(), lr=0.0)
+    out = S.train_step(m, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), samples, cfg, tok.pad_token_id)
+    assert out["loss"] == pytest.approx(want, rel=1e-4)
+    d = lp - gen
+    assert d.abs().mean().item() > 0.05  # the control is really off-policy
+    assert out["mismatch_abs_logprob"] == pytest.approx(d.abs().mean().item(), rel=1e-4)
+    assert out["mismatch_kl_k3"] == pytest.approx((d.exp() - 1 - d).mean().item(), rel=1e-4)
+    assert out["mismatch_trunc_frac"] == pytest.approx((d > math.log(1.5)).double().mean().item())
+    assert out["mismatch_trunc_frac"] > 0
+    others = {"cispo": S.dapo_loss(lp, gen, adv, 0.2, 0.28), "dapo": S.cispo_loss(lp, gen, adv, 1.5),
+              "gspo": S.cispo_loss(lp, gen, adv, 1.5)}[loss].sum().item() * 0.05
+    assert abs(others - want) > 1e-3  # the losses really differ here, so the check above tells them apart
+
+
+def test_warmup_is_linear_then_constant(tmp_path):
+    rows = S.run(small_cfg(tmp_path, engine="hf", steps=6, warmup_steps=4, lr=1e-3, zero_variance_filter=False,
+                           eval_every=100))
+    assert [r["lr"] for r in rows[1:]] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+
+
+def test_the_switches_reach_the_components_in_a_run(tmp_path, monkeypatch):
+    """A run with --loss dapo --adv-norm prompt --loss-agg token calls exactly those components."""
+    seen = collections.Counter()
+
+    def spy(name):
+        real = getattr(S, name)
+
+        def wrapped(*a, **kw):
+            seen[name, tuple(x for x in a if isinstance(x, str))] += 1
+            return real(*a, **kw)
+        monkeypatch.setattr(S, name, wrapped)
+
+    for name in ("dapo_loss", "cispo_loss", "compute_advantages", "completion_weights"):
+        spy(name)
+    S.run(small_cfg(tmp_path, engine="hf", steps=2, loss="dapo", adv_norm="prompt", loss_agg="token",
+                    zero_variance_filter=False, eval_every=100))
+    assert seen[("dapo_loss", ())] > 0 and not seen[("cispo_loss", ())]
+    assert set(k for k in seen if k[0] != "dapo_loss") == {("compute_advantages", ("prompt",)),
+                                                           ("completion_weights", ("token",))}
 
 
 def test_loss_ignores_injected_tokens(default_model):
@@ -453,9 +626,15 @@ def test_short_run_lifts_training_reward(tmp_path):
     assert late > early + 0.15, (early, late)
 
 
-def test_tied_embeddings_run(tmp_path):
-    rows = S.run(small_cfg(tmp_path, steps=2, tie_word_embeddings=True, engine="hf"))
-    assert len(rows) == 3 and all(math.isfinite(r.get("loss", 0.0)) for r in rows)
+def test_tied_embeddings_train_and_stay_tied(tmp_path):
+    s, cfg, book = S.setup(small_cfg(tmp_path, steps=2, tie_word_embeddings=True, engine="hf",
+                                     zero_variance_filter=False, warmup_steps=0))
+    with book:
+        before = s.model.get_input_embeddings().weight.detach().clone()
+        result = S.rl_step(s, cfg)
+    assert result["update"]["trained_tokens"] > 0 and not result["update"]["skipped"] and s.version == 1
+    assert s.model.get_output_embeddings().weight is s.model.get_input_embeddings().weight  # still one tensor
+    assert not torch.equal(before, s.model.get_input_embeddings().weight)  # and it was trained
 
 
 # ---------------------------------------------------------------------------------------------- vLLM engine
@@ -514,7 +693,7 @@ def test_vllm_push_after_a_training_step(vllm_engine):
     assert torch.allclose(engine_logprobs(engine, seq), trainer_logprobs(model, seq, tok.pad_token_id), atol=1e-4)
     # one real training step on the engine's own samples
     prompts = [tok("3941:").input_ids, tok("27:").input_ids]
-    groups = S.rollout(cfg, S.Rollouts(cfg, engine, tok), prompts, 4, seed=0)
+    groups = S.rollout(S.Rollouts(cfg, engine, tok), prompts, 4, seed=0)
     samples = [{"prompt": p, "tokens": c.tokens, "gen_logprobs": c.logprobs, "mask": c.mask, "advantage": (-1.0) ** j,
                 "weight": 0.1} for p, g in zip(prompts, groups) for j, c in enumerate(g)]
     opt, sched = S.make_optimizer(model, S.Config(lr=1e-2, warmup_steps=0))
@@ -536,10 +715,10 @@ def test_vllm_push_after_a_training_step(vllm_engine):
 def test_vllm_samples_differ_within_and_across_prompts(vllm_engine):
     cfg, model, tok, engine = vllm_engine
     p = tok("3941:").input_ids
-    g1, g2 = S.rollout(cfg, S.Rollouts(cfg, engine, tok), [p, p], 8, seed=5)
+    g1, g2 = S.rollout(S.Rollouts(cfg, engine, tok), [p, p], 8, seed=5)
     assert len({tuple(c.tokens) for c in g1}) > 1
     assert [c.tokens for c in g1] != [c.tokens for c in g2]  # each prompt gets its own random stream
-    again = S.rollout(cfg, S.Rollouts(cfg, engine, tok), [p, p], 8, seed=5)
+    again = S.rollout(S.Rollouts(cfg, engine, tok), [p, p], 8, seed=5)
     assert [[c.tokens for c in g] for g in again] == [[c.tokens for c in g1], [c.tokens for c in g2]]
     for c in g1 + g2:  # the recorded log-probs are the trainer's log-probs of the same tokens (same weights)
         assert c.finished == (c.tokens[-1] == tok.eos_token_id) and c.versions == [engine.version] * len(c.tokens)
@@ -568,6 +747,7 @@ def test_vllm_default_run_from_the_command_line(tmp_path):
                         "--lr", "2e-3", "--out", str(tmp_path / "run")], capture_output=True, text=True, env=env,
                        timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stderr == "" and p.stdout.startswith("scalerl: ")  # a quiet first screen: our lines only
     rows = read_metrics(str(tmp_path / "run"))
     assert [r["step"] for r in rows] == list(range(26))
     cfg = json.load(open(tmp_path / "run" / "config.json"))
@@ -575,6 +755,37 @@ def test_vllm_default_run_from_the_command_line(tmp_path):
     assert np.mean([r["reward_mean"] for r in rows[-3:]]) > np.mean([r["reward_mean"] for r in rows[1:4]]) + 0.1
     assert max(r["lag_max"] for r in rows[1:]) >= 1  # really off-policy: updates landed while groups were decoding
     assert any(r["inflight_groups"] > 0 for r in rows[1:]) and all(r["lag_max"] <= 8 for r in rows[1:])
+
+
+def test_fp32_head_is_checked_at_engine_start(default_model, monkeypatch):
+    """With --lm-head-fp32 the engine's LM head must really compute in float32: with a bfloat16 engine it does when
+    vLLM honours the head_dtype override, and the run stops with a clear error when the override is lost."""
+    need_vllm()
+    import vllm
+    cfg = S.Config(engine="vllm")
+    S.validate(S.fill_defaults(cfg))
+    path = S.build_tiny_model(os.environ["XDG_CACHE_HOME"] + "/scalerl", 0, False)
+    engine = S.VLLMEngine(cfg, path, torch.device("cpu"), torch.bfloat16, 64)
+    assert engine.head_dtypes() == ["torch.float32"]
+    del engine
+    real = vllm.LLM
+    monkeypatch.setattr(vllm, "LLM", lambda **kw: real(**{k: v for k, v in kw.items() if k != "hf_overrides"}))
+    with pytest.raises(S.ScaleRLError) as e:
+        S.VLLMEngine(cfg, path, torch.device("cpu"), torch.bfloat16, 64)
+    assert e.value.status == 1 and "computes the LM head in ['torch.bfloat16'], not float32" in str(e.value)
+
+
+def test_quiet_stderr_holds_back_noise_but_not_errors(capfd):
+    with S.quiet_stderr(verbose=False):
+        os.write(2, b"library chatter\n")
+    assert capfd.readouterr().err == ""
+    with pytest.raises(ValueError), S.quiet_stderr(verbose=False):
+        os.write(2, b"context of the error\n")
+        raise ValueError("real error")
+    assert capfd.readouterr().err == "context of the error\n"
+    with S.quiet_stderr(verbose=True):
+        os.write(2, b"shown\n")
+    assert capfd.readouterr().err == "shown\n"
 
 
 # ---------------------------------------------------------------------------------------------- off-policy loop
@@ -629,7 +840,7 @@ def test_recorded_logprobs_are_those_of_the_weights_live_at_each_token(refresh, 
     need_vllm()
     model0, tok = default_model
     cfg = S.Config(engine="vllm", length_control="truncate", max_new_tokens=12, temperature=0.8, refresh_kv=refresh)
-    S.check_config(cfg)
+    S.validate(S.fill_defaults(cfg))
     engine = make_engine("vllm", cfg, model0, tok)
     models = [copy.deepcopy(model0) for _ in range(3)]
     for m in models[1:]:
@@ -694,17 +905,13 @@ def test_next_batch_keeps_the_lag_bound_and_drops_stale_groups():
             return type("E", (), {"input_ids": [1]})()
 
     engine = ScriptedEngine(lambda key: 8 if key[0][1] == 2 else 1)
-    ro, serial = S.Rollouts(cfg, engine, Tok()), [0]
-
-    def admit(n):
-        for _ in range(n):
-            ro.add(("train", serial[0]), [1], 2, seed=serial[0])
-            serial[0] += 1
-
+    ro = S.Rollouts(cfg, engine, Tok())
+    s = S.State(None, Tok(), None, None, None, engine, ro, None, [], [[1]] * 100, [], [], S.Curriculum(100, 0), {})
     stale_total, trained = 0, []
     for version in range(12):
         engine.push(None, version)
-        groups, stale = S.next_batch(ro, admit, cfg, version)
+        s.version = version
+        groups, stale = S.next_batch(s, cfg)
         lags = [S.group_lag(g, version) for g in groups]
         assert len(groups) == 2 and max(lags) <= cfg.max_lag and lags == sorted(lags, reverse=True)
         assert len(ro.open) + len(ro.done) <= (cfg.max_lag + 1) * cfg.prompts_per_step  # admission's bound
@@ -779,7 +986,7 @@ def test_evaluation_in_pipeline_mode_stays_apart(vllm_engine):
     for i in range(3):
         ro.add(("train", i), tok("12:").input_ids, 4, seed=i)
     ro.poll()
-    evals = S.rollout(cfg, ro, [tok("3941:").input_ids, tok("27:").input_ids], 5, seed=1)
+    evals = S.rollout(ro, [tok("3941:").input_ids, tok("27:").input_ids], 5, seed=1)
     assert [len(g) for g in evals] == [5, 5]
     assert all(c.versions == [engine.version] * len(c.tokens) for g in evals for c in g)
     train = ro.wait([("train", i) for i in range(3)])
@@ -817,6 +1024,8 @@ def test_evaluation_in_pipeline_mode_stays_apart(vllm_engine):
     (["--reward-timeout", "0"], "--reward-timeout must be > 0"),
     (["--reward-workers", "-2"], "--reward-workers must be >= -1"),
     (["--max-lag", "-1"], "--max-lag must be >= 0"),
+    (["--lr", "nan"], "--lr must be a finite number"),
+    (["--wandb-name", "x"], "--wandb-name needs --wandb"),
     (["--off-policy", "sometimes"], "invalid choice"),
     (["--engine", "hf", "--refresh-kv"], "--refresh-kv applies to sequences in flight"),
 ])
@@ -829,6 +1038,96 @@ def test_cli_bad_input(args, message, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("scalerl.py: error:") and message in lines[0], p.stderr
     assert "Traceback" not in p.stderr and p.stdout == ""
     assert not (tmp_path / "cache").exists() and not (tmp_path / "o").exists()  # nothing built, nothing written
+
+
+BOUNDS = {  # every numeric flag: a value just out of its range (each must also refuse nan and inf if it is a float)
+    "seed": -1, "vllm_gpu_memory_utilization": 1.0, "vllm_max_model_len": -1, "vllm_kv_cache_mb": 0,
+    "train_size": -1, "val_size": -1, "reward_workers": -2, "reward_timeout": 0.0, "steps": -1,
+    "prompts_per_step": 0, "generations_per_prompt": 1, "max_new_tokens": 0, "temperature": 0.0,
+    "answer_budget": -1, "max_len": -1, "cache_len": -1, "eps_max": 0.0, "eps_low": 1.0, "eps_high": -0.1,
+    "npr_threshold": 0.0, "logprob_chunk": 0, "max_lag": -1, "lr": 0.0, "warmup_steps": -1, "weight_decay": -0.1,
+    "adam_eps": -1e-9, "grad_clip": 0.0, "micro_batch_tokens": 0, "save_every": -1, "keep_last": 0,
+    "max_skipped_updates": 0, "eval_every": 0, "eval_samples": 0}
+
+
+def numeric_fields():
+    return [f for f in dataclasses.fields(S.Config) if type(f.default) in (int, float)]
+
+
+def test_every_numeric_flag_has_a_bound():
+    assert sorted(f.name for f in numeric_fields()) == sorted(BOUNDS)
+
+
+@pytest.mark.parametrize("name,value", [(n, v) for n, v in BOUNDS.items()] +
+                         [(f.name, bad) for f in numeric_fields() if type(f.default) is float
+                          for bad in ("nan", "inf", "-inf")])
+def test_bad_numbers_are_refused_in_one_line(name, value):
+    with pytest.raises(S.ScaleRLError) as e:
+        S.parse_args([f"--{name.replace('_', '-')}={value}"])  # = form: argparse reads "-inf" as a flag
+    lines = str(e.value).splitlines()
+    assert e.value.status == 2 and len(lines) == 1 and lines[0].startswith("--"), lines
+    assert name.replace("_", "-") in lines[0] and ("finite" in lines[0] if value in ("nan", "inf", "-inf") else True)
+
+
+def test_bad_think_budget_is_refused():
+    for budget in (["-1", "4"], ["nan", "4"]):
+        with pytest.raises(S.ScaleRLError) as e:
+            S.parse_args(["--think-budget", *budget])
+        assert e.value.status == 2 and "--think-budget" in str(e.value)
+
+
+def test_cli_out_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "o").write_text("x")
+    p = subprocess.run([sys.executable, os.path.join(HERE, "scalerl.py"), "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "exists and is not a directory" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_run_that_fails_before_training_leaves_no_directory(tmp_path, monkeypatch):
+    def broken(*a, **kw):
+        raise RuntimeError("the engine fell over")
+
+    monkeypatch.setattr(S, "evaluate", broken)
+    with pytest.raises(RuntimeError, match="fell over"):
+        S.run(small_cfg(tmp_path, engine="hf"))
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "mine").mkdir()  # a directory the user made is left as it was
+    with pytest.raises(RuntimeError):
+        S.run(small_cfg(tmp_path, engine="hf", out=str(tmp_path / "mine")))
+    assert (tmp_path / "mine").is_dir()
+
+
+def wandb_history(path):
+    """The rows logged to a W&B run file (.wandb): LevelDB-style log records (7-byte headers in 32 KiB blocks)
+    holding protobuf Records, read here without the wandb service."""
+    from wandb.proto import wandb_internal_pb2 as pb
+    data, pos, buf, rows = open(path, "rb").read(), 7, b"", []  # the file starts with a 7-byte W&B header
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a header is padding
+            pos += 32768 - pos % 32768
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        buf, pos = buf + data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):  # a full record, or the last piece of one
+            record = pb.Record()
+            record.ParseFromString(buf)
+            buf = b""
+            if record.WhichOneof("record_type") == "history":
+                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                rows.append({k: v for k, v in items.items() if not k.startswith("_")})
+        elif kind == 0:
+            pos += 32768 - pos % 32768
+    return rows
+
+
+def test_wandb_offline_logs_the_metrics_rows(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    import glob
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    rows = S.run(small_cfg(tmp_path, engine="hf", steps=3, wandb="scalerl-test", wandb_name="t"))
+    (path,) = glob.glob(str(tmp_path / "run" / "wandb" / "offline-run-*" / "*.wandb"))
+    assert wandb_history(path) == rows == read_metrics(str(tmp_path / "run")) and len(rows) == 4
 
 
 def test_cli_refuses_to_overwrite_a_run(tmp_path):
@@ -951,16 +1250,16 @@ def test_nan_skips_the_update_then_stops(tmp_path, monkeypatch):
     monkeypatch.setattr(S, "policy_loss", lambda *a: (lambda loss, c: (loss * float("nan"), c))(*real(*a)))
     cfg = ckpt_cfg(tmp_path, steps=10, max_skipped_updates=2, zero_variance_filter=False)
     model0, _, _ = S.load_model(cfg, torch.device("cpu"))
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(S.ScaleRLError) as e:
         S.run(cfg)
-    assert e.value.code == 1
+    assert e.value.status == 1 and "2 updates in a row skipped" in str(e.value)
     rows = read_metrics(str(tmp_path))
     assert [r["step"] for r in rows] == [0, 1, 2] and [r["skipped_updates"] for r in rows[1:]] == [1, 2]
     assert all(r["train_tokens"] == 0 for r in rows)
     assert not S.list_checkpoints(str(tmp_path))  # nothing saved from a run that went wrong
 
 
-def test_a_failing_checkpoint_write_keeps_the_last_good_one(tmp_path, monkeypatch, capsys):
+def test_a_failing_checkpoint_write_keeps_the_last_good_one(tmp_path, monkeypatch):
     real, calls = torch.save, []
 
     def flaky_save(obj, path, *a, **kw):
@@ -970,10 +1269,8 @@ def test_a_failing_checkpoint_write_keeps_the_last_good_one(tmp_path, monkeypatc
         return real(obj, path, *a, **kw)
 
     monkeypatch.setattr(torch, "save", flaky_save)
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(S.ScaleRLError) as e:
         S.run(ckpt_cfg(tmp_path, steps=4, save_every=1))
-    assert e.value.code == 1
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "No space left on device" in err and "step_000001" in err
+    assert e.value.status == 1 and "No space left on device" in str(e.value) and "step_000001" in str(e.value)
     assert [os.path.basename(c) for c in S.list_checkpoints(str(tmp_path))] == ["step_000001"]
     assert os.listdir(tmp_path / "checkpoints") == ["step_000001"]  # no half-written directory left
