@@ -888,11 +888,6 @@ def make_task(n_train, n_val, seed):
 PROMPT_KEYS, ANSWER_KEYS = ("prompt", "problem", "question"), ("answer", "final_answer", "ground_truth", "solution")
 
 
-# Datasets: --data FILE|DIR|NAME. Rows become (prompt, answer) pairs; a prompt is a string or a list of chat
-# messages, an answer a string. Every check runs before a model is loaded.
-PROMPT_KEYS, ANSWER_KEYS = ("prompt", "problem", "question"), ("answer", "final_answer", "ground_truth", "solution")
-
-
 def read_records(path):
     """Rows of a .jsonl/.json/.parquet file, a datasets.save_to_disk directory or a hub dataset NAME[:SPLIT], as
     (where, row) pairs: `where` names the line or row for error messages, `row` is a dict or what is wrong."""
@@ -1119,9 +1114,6 @@ def reward_exact(completion_text, answer):
     """Exact-match reward: the extracted final answer equals the reference, ignoring whitespace."""
     pred = extract_answer(completion_text)
     return float(pred is not None and re.sub(r"\s+", "", pred) == re.sub(r"\s+", "", answer))
-
-
-REWARDS = {"largest-digit": reward_last_digit, "math": reward_math, "exact": reward_exact}
 
 
 REWARDS = {"largest-digit": reward_last_digit, "math": reward_math, "exact": reward_exact}
