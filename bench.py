@@ -5,6 +5,7 @@ or time the math grader on a step's worth of long synthetic completions.
         --max-new-tokens 512 --length-control truncate --no-zero-variance-filter
     python bench.py --grading 768 --workers 0 1 2
     python bench.py --long-tail
+    python bench.py --loo --out runs/loo --seeds 3 -- --task hidden
 --long-tail compares the off-policy loop's pipeline (--max-lag 8) with the synchronous loop (--max-lag 0) at equal
 batch sizes, on a policy whose completion lengths are long-tailed: a bigram policy built by hand in the embedded
 model's architecture (its attention and MLP outputs zeroed, so the next token depends on the previous one only).
@@ -17,6 +18,8 @@ import argparse
 import json
 import os
 import random
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -145,6 +148,109 @@ def bench_long_tail(rest):
           f"{results[8]['engine_batch_mean']:.0f} vs {results[0]['engine_batch_mean']:.0f} sequences per step")
 
 
+# The leave-one-out study (--loo): the ScaleRL recipe, and each component left out in turn [Sec. 4], plus the
+# off-policy loop's other arms. The FP32 head changes nothing in float32, so it is compared in bfloat16 compute.
+VARIANTS = {
+    "scalerl": [], "loss-dapo": ["--loss", "dapo"], "loss-gspo": ["--loss", "gspo"],
+    "agg-sample": ["--loss-agg", "sample"], "agg-token": ["--loss-agg", "token"],
+    "adv-prompt": ["--adv-norm", "prompt"], "adv-none": ["--adv-norm", "none"],
+    "no-zero-var-filter": ["--no-zero-variance-filter"], "no-npr": ["--npr-threshold", "1"],
+    "length-penalty": ["--length-control", "penalty"], "ppo-off-policy": ["--off-policy", "ppo"],
+    "synchronous": ["--max-lag", "0"], "bf16": ["--dtype", "bfloat16"],
+    "bf16-no-fp32-head": ["--dtype", "bfloat16", "--no-lm-head-fp32"],
+    # not a leave-one-out: the loop without the three components that act on flat groups, for the small-batch question
+    "token-no-filter-no-npr": ["--loss-agg", "token", "--no-zero-variance-filter", "--npr-threshold", "1"],
+}
+
+
+def loo_run_dirs(out, variants, seeds):
+    return [(v, seed, os.path.join(out, v, f"seed{seed}")) for v in variants for seed in range(seeds)]
+
+
+def run_finished(d, steps):
+    ckpts = scalerl.list_checkpoints(d)
+    return bool(ckpts) and int(ckpts[-1].rsplit("_", 1)[1]) >= steps
+
+
+def bench_loo(args, rest):
+    """Run every variant with every seed into OUT/VARIANT/seedS (each a scalerl.py process), skipping finished runs
+    and resuming interrupted ones from their last checkpoint, then fit them all (loo_summary)."""
+    runs = loo_run_dirs(args.out, args.variants, args.seeds)
+    t_start = time.time()
+    for k, (v, seed, d) in enumerate(runs, 1):
+        if run_finished(d, args.steps):
+            print(f"loo: [{k}/{len(runs)}] {v} seed {seed}: finished before, skipped", flush=True)
+            continue
+        cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scalerl.py"),
+               "--steps", str(args.steps), "--out", d, "--save-every", "25"]
+        if scalerl.list_checkpoints(d):  # interrupted: go on from its last checkpoint (its flags are saved there)
+            cmd += ["--resume", "auto"]
+        else:
+            shutil.rmtree(d, ignore_errors=True)
+            cmd += ["--seed", str(seed), *VARIANTS[v], *rest]
+        os.makedirs(os.path.dirname(d), exist_ok=True)
+        t0 = time.time()
+        with open(d + ".log", "a") as log:
+            p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+        if p.returncode != 0:
+            sys.exit(f"loo: {v} seed {seed} failed (exit {p.returncode}); its output is in {d}.log")
+        rows = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
+        left = (time.time() - t_start) / k * (len(runs) - k)
+        print(f"loo: [{k}/{len(runs)}] {v} seed {seed}: {time.time() - t0:.0f} s, held-out pass rate "
+              f"{rows[-1].get('val_pass_rate', float('nan')):.3f} at step {rows[-1]['step']}; about {left / 60:.0f} "
+              "min left", flush=True)
+    loo_summary(args)
+
+
+def loo_summary(args):
+    """Fit every run (fit_curve.fit_rows: against --x, the first epoch left out as in the paper), then per variant:
+    A, B, C_mid (mean and spread over seeds, and the bootstrap interval of each run's A); B with A fixed to the
+    mean over all runs (the paper's comparison when asymptotes agree within its noise); the error of a fit on the
+    first half of the compute extrapolated to the second; and how early the live fit's interval first contained the
+    run's final A. Writes OUT/summary.json and prints a Markdown table."""
+    import numpy as np
+    import fit_curve
+    fits = {}
+    for v, seed, d in loo_run_dirs(args.out, args.variants, args.seeds):
+        rows = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
+        f = fit_curve.fit_rows(rows, x=args.x, exclude_first_epoch=True, bootstrap=args.bootstrap, name=d)
+        try:
+            half = fit_curve.fit_rows(rows, x=args.x, exclude_first_epoch=True, bootstrap=0, name=d,
+                                      fit_until=rows[-1][args.x] / 2)
+        except fit_curve.NotEnoughPoints:  # too few points in the first half
+            half = {}
+        first = next((r["step"] for r in rows if "fit_A_ci" in r and r["fit_A_ci"][0] <= f["A"] <= r["fit_A_ci"][1]),
+                     None)
+        fits[v, seed] = {"A": f["A"], "A_ci": f["A_ci"], "B": f["B"], "C_mid": f["C_mid"], "R0": f["R0"],
+                         "final_val": rows[-1]["val_pass_rate"], "at_grid_edge": f["at_grid_edge"],
+                         "extrapolation_error": half.get("extrapolation_max_abs_error"),
+                         "live_interval_first_step": first, "steps": rows[-1]["step"], "rows": rows}
+    shared = float(np.mean([f["A"] for f in fits.values()]))
+    for (v, seed), f in fits.items():
+        f["B_shared_A"] = fit_curve.fit_rows(f.pop("rows"), x=args.x, exclude_first_epoch=True, bootstrap=0,
+                                             fixed_a=shared)["B"]
+    table = {}
+    for v in args.variants:
+        runs = [fits[v, seed] for seed in range(args.seeds)]
+        stat = lambda key: [r[key] for r in runs if r[key] is not None]  # noqa: E731
+        table[v] = {k: (float(np.mean(stat(k))), float(np.std(stat(k))), float(min(stat(k))), float(max(stat(k))))
+                    for k in ("A", "B", "C_mid", "B_shared_A", "final_val", "extrapolation_error") if stat(k)}
+        table[v]["live_interval_first_step"] = stat("live_interval_first_step")
+        table[v]["at_grid_edge"] = sorted({e for r in runs for e in r["at_grid_edge"]})
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump({"x": args.x, "shared_A": shared, "runs": {f"{v}/seed{s}": r for (v, s), r in fits.items()},
+                   "variants": table}, f, indent=1)
+    ms = lambda k, t, fmt: f"{format(t[k][0], fmt)} ± {format(t[k][1], fmt)}" if k in t else "-"  # noqa: E731
+    print(f"\n| variant | A (mean ± sd over {args.seeds} seeds) | B | C_mid ({args.x}) | B with A = {shared:.3f} | "
+          "final held-out | extrapolation error (half → end) | live interval first holds final A (step) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for v, t in table.items():
+        print(f"| `{v}` | {ms('A', t, '.3f')} | {ms('B', t, '.2f')} | {ms('C_mid', t, '.3g')} | "
+              f"{ms('B_shared_A', t, '.2f')} | {ms('final_val', t, '.3f')} | {ms('extrapolation_error', t, '.3f')} | "
+              f"{', '.join(map(str, t['live_interval_first_step'])) or '-'} |"
+              + (f" (at grid edge: {', '.join(t['at_grid_edge'])})" if t["at_grid_edge"] else ""))
+
+
 def main():
     argv = sys.argv[1:]
     rest = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -154,7 +260,18 @@ def main():
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="--grading: process counts to try")
     p.add_argument("--chars", type=int, default=16000, help="--grading: reasoning length per completion")
     p.add_argument("--long-tail", action="store_true", help="pipeline vs synchronous loop on long-tailed lengths")
+    p.add_argument("--loo", action="store_true", help="the leave-one-out study: every variant, every seed, fitted")
+    p.add_argument("--out", default="runs/loo", help="--loo: the study's directory (a rerun resumes it)")
+    p.add_argument("--seeds", type=int, default=3, help="--loo: seeds per variant")
+    p.add_argument("--steps", type=int, default=200, help="--loo: steps per run")
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS)[:-1], choices=list(VARIANTS),
+                   help="--loo: which (default: all but token-no-filter-no-npr)")
+    p.add_argument("--x", default="device_hours", help="--loo: the compute axis of the fits")
+    p.add_argument("--bootstrap", type=int, default=200, help="--loo: bootstrap resamples per fit")
+    p.add_argument("--summary-only", action="store_true", help="--loo: fit the runs in --out, run nothing")
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    if args.loo:
+        return loo_summary(args) if args.summary_only else bench_loo(args, rest)
     if args.long_tail:
         return bench_long_tail(rest)
     if args.grading:

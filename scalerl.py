@@ -131,6 +131,9 @@ class Config:
     vllm_sleep: bool = _f(None, "vLLM on CUDA: free the KV cache while training, wake before the next generation "
                                 "(default: on with CUDA when nothing is in flight during training; refused on CPU)")
     vllm_kv_cache_mb: int = _f(256, "vLLM on CPU: KV cache size in MiB")
+    task: str = _f("largest", "the built-in task, without --data: largest (the largest digit of a list), hidden (the "
+                              "same with one digit hidden, so that the best possible pass rate is below 1) or "
+                              "second (the second-largest distinct digit)", ["largest", "hidden", "second"])
     data: str = _f("", "training prompts: a .jsonl/.json/.csv/.parquet file, a datasets.save_to_disk directory or a "
                        "hub dataset NAME[:SPLIT] (needs `datasets` and network); empty = the built-in task")
     val_data: str = _f("", "held-out prompts, same formats (default: --val-size prompts split off --data)")
@@ -145,8 +148,9 @@ class Config:
                           "--data: appended to each prompt (default: ask for the answer in \\boxed{}; '' for none)")
     chat_template: bool = _f(True, "--data: format prompts with the model's chat template when it has one "
                                    "(--no-chat-template for base models)")
-    reward: str = _f("auto", "math: the final answer checked with math-verify; exact: string match; largest-digit: "
-                             "the built-in task (auto: math with --data)", ["auto", "math", "exact", "largest-digit"])
+    reward: str = _f("auto", "math: the final answer checked with math-verify; exact: string match; digit: the last "
+                             "digit after the reasoning, for the built-in tasks (auto: math with --data, else digit)",
+                     ["auto", "math", "exact", "digit"])
     reward_workers: int = _f(-1, "grading processes (-1: min(16, CPUs) for math/exact, 0 for the built-in task; "
                                  "0: grade in this process, without a time limit)")
     reward_timeout: float = _f(10.0, "seconds allowed to grade one completion; over it, reward 0 and an error")
@@ -155,6 +159,8 @@ class Config:
     resume: str = _f("", "continue a run from a checkpoint directory, or 'auto': the newest in --out. Every setting "
                          "comes from the checkpoint except --steps (to extend a run), --save-every and --keep-last")
     max_skipped_updates: int = _f(3, "stop after this many non-finite updates (loss or gradient) in a row")
+    live_fit: bool = _f(True, "at each evaluation, fit the scaling curve to the run so far (fit_curve.py) and log the "
+                              "predicted asymptote: fit_A, fit_B, fit_C_mid, fit_A_ci")
     wandb: str = _f("", "also log every metrics row to this Weights & Biases project (needs `pip install wandb`; "
                         "WANDB_MODE=offline works without network); metrics.jsonl stays the record")
     wandb_name: str = _f("", "--wandb: the run's name (default: the --out directory's name)")
@@ -704,6 +710,7 @@ def run(cfg):
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 row["val_pass_rate"], val_errors = evaluate(s, cfg, step)
                 errors = errors + val_errors
+                row.update(live_fit(book.rows + [row]) if cfg.live_fit else {})  # Part II: the run's predicted end
             if book.log(s, row, errors):  # True: stopped by a signal, after saving a checkpoint
                 break
     return book.rows
@@ -759,7 +766,7 @@ def fill_defaults(cfg):
     if not cfg.data:
         cfg.train_size, cfg.val_size = cfg.train_size or 4096, cfg.val_size or 200
     if cfg.reward == "auto":
-        cfg.reward = "math" if cfg.data else "largest-digit"
+        cfg.reward = "math" if cfg.data else "digit"
     if cfg.engine == "auto":
         cfg.engine = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
     if cfg.resume == "auto":
@@ -804,6 +811,8 @@ def validate(cfg):
         die("--tie-word-embeddings applies to the embedded model only; a --model brings its own head")
     if cfg.data and not cfg.model:
         die("--data needs --model: the embedded model's character tokenizer covers only the built-in task")
+    if cfg.data and cfg.task != "largest":
+        die("--task chooses a built-in task; it does not apply with --data")
     for name in ("val_data", "prompt_key", "answer_key", "system_prompt", "skip_bad_rows"):
         if getattr(cfg, name) and not cfg.data:
             die(f"{flag(name)} needs --data")
@@ -858,34 +867,55 @@ def is_hub_id(name):
 # --------------------------------------------------------------------------------------------------
 # Data: the built-in task, or --data read from a file, a directory or the hub
 # --------------------------------------------------------------------------------------------------
-# Task: "what is the largest digit of this list?"  Prompt "3941:", answer "9". Answers cycle through 2-9, so
-# they are exactly uniform and the best constant answer scores 1/8 (with a skewed answer
-# distribution a policy looks good by always answering the most common digit). 0 and 1 are left out
-# because too few distinct lists have them as their largest digit.
+# Tasks: "what is the largest digit of this list?"  Prompt "3941:", answer "9". Answers cycle through 2-9, so
+# they are exactly uniform and the best constant answer scores 1/8 (with a skewed answer distribution a policy
+# looks good by always answering the most common digit). 0 and 1 are left out because too few distinct lists
+# have them as their largest digit. "hidden": the same lists with two digits hidden behind "." ("3.4.:"), so
+# that some answers cannot be known: the best possible pass rate is below 1 (hidden_task_ceiling). "second": the
+# second-largest distinct digit ("3941:" -> "4"), answers 1-8.
 CHARS = "0123456789: " + "".join(sorted(set(Config.interruption_phrase.replace("</think>", "")) - set("0123456789: ")))
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<think>", "</think>"]
 MAX_TASK_PROMPTS = 20_000  # 8 answers x 3,019 distinct lists of length 3-7 whose largest digit is 2
 
 
-def make_task(n_train, n_val, seed):
+def make_task(n_train, n_val, seed, task="largest"):
     """Return (train, val): lists of (prompt_text, answer), all prompts distinct, none shared between them."""
     rng = np.random.default_rng([seed, RNG_TASK])
     seen, items = set(), []
     while len(items) < n_train + n_val:
-        top = 2 + len(items) % 8
-        length = int(rng.integers(3, 8))
-        digits = rng.integers(0, top + 1, size=length)
-        digits[rng.integers(0, length)] = top
-        prompt = "".join(map(str, digits)) + ":"
-        if prompt not in seen:
-            seen.add(prompt)
-            items.append((prompt, str(top)))
+        k, length = len(items) % 8, int(rng.integers(3, 8))
+        if task == "second":  # digits up to the answer, and one larger digit at another position
+            answer, top = 1 + k, int(rng.integers(2 + k, 10))
+            digits = rng.integers(0, answer + 1, size=length)
+            digits[rng.permutation(length)[:2]] = [top, answer]
+        else:  # digits up to the answer, which one position holds
+            answer = top = 2 + k
+            digits = rng.integers(0, top + 1, size=length)
+            digits[rng.integers(0, length)] = top
+        prompt = "".join(map(str, digits))
+        if task == "hidden":  # two digits hidden
+            hide = set(rng.permutation(length)[:2].tolist())
+            prompt = "".join("." if i in hide else c for i, c in enumerate(prompt))
+        if prompt + ":" not in seen:
+            seen.add(prompt + ":")
+            items.append((prompt + ":", str(answer)))
     return items[n_val:], items[:n_val]
 
 
-# Datasets: --data FILE|DIR|NAME. Rows become (prompt, answer) pairs; a prompt is a string or a list of chat
-# messages, an answer a string. Every check runs before a model is loaded.
-PROMPT_KEYS, ANSWER_KEYS = ("prompt", "problem", "question"), ("answer", "final_answer", "ground_truth", "solution")
+def hidden_task_ceiling(prompts):
+    """The best pass rate any policy can reach on "hidden" prompts: the mean over prompts of the posterior
+    probability of the most likely answer t under make_task's generator (t uniform on 2-9, the digits uniform on
+    0..t with one position forced to t, m positions hidden). With V visible digits, P(visible digits | t) up to
+    factors that do not depend on t: the forced position is one of the m hidden ones, m (t+1)^-V, or a visible
+    one showing t, (t+1)^-(V-1) each; 0 when a visible digit exceeds t."""
+    total = 0.0
+    for p in prompts:
+        visible = [int(c) for c in p.rstrip(":") if c != "."]
+        m, v = p.count("."), len(visible)
+        like = np.array([0.0 if max(visible) > t else m * (t + 1.0) ** -v + visible.count(t) * (t + 1.0) ** -(v - 1)
+                         for t in range(2, 10)])
+        total += like.max() / like.sum()
+    return total / len(prompts)
 
 
 # Datasets: --data FILE|DIR|NAME. Rows become (prompt, answer) pairs; a prompt is a string or a list of chat
@@ -1011,7 +1041,7 @@ def load_data(cfg):
     (--val-data, or --val-size prompts split off by the seed [Sec. 2]). A training prompt equal to a held-out
     one is dropped, so validation prompts are never trained on."""
     if not cfg.data:
-        return make_task(cfg.train_size, cfg.val_size, cfg.seed)
+        return make_task(cfg.train_size, cfg.val_size, cfg.seed, cfg.task)
     rows = load_rows(cfg.data, cfg)
     rows = [rows[i] for i in np.random.default_rng([cfg.seed, RNG_SPLIT]).permutation(len(rows))]
     if cfg.val_data:
@@ -1057,8 +1087,8 @@ def best_constant_pass_rate(answers):
 
 
 def reward_last_digit(completion_text, answer):
-    """Built-in task's verifiable reward, binary [Sec. 2]: 1 if the last digit written after the reasoning is the
-    answer."""
+    """The built-in tasks' verifiable reward, binary [Sec. 2]: 1 if the last digit written after the reasoning is
+    the answer."""
     digits = re.findall(r"\d", completion_text.split("</think>")[-1])
     return float(bool(digits) and digits[-1] == answer)
 
@@ -1121,10 +1151,7 @@ def reward_exact(completion_text, answer):
     return float(pred is not None and re.sub(r"\s+", "", pred) == re.sub(r"\s+", "", answer))
 
 
-REWARDS = {"largest-digit": reward_last_digit, "math": reward_math, "exact": reward_exact}
-
-
-REWARDS = {"largest-digit": reward_last_digit, "math": reward_math, "exact": reward_exact}
+REWARDS = {"digit": reward_last_digit, "math": reward_math, "exact": reward_exact}
 
 
 def grade_one(fn, text, answer):
@@ -1530,7 +1557,7 @@ def setup(cfg):
         torch.bfloat16 if device.type == "cuda" else torch.float32
     cfg.out = cfg.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
     torch.manual_seed(cfg.seed)
-    workers = cfg.reward_workers if cfg.reward_workers >= 0 else 0 if cfg.reward == "largest-digit" else \
+    workers = cfg.reward_workers if cfg.reward_workers >= 0 else 0 if cfg.reward == "digit" else \
         min(16, os.cpu_count() or 1)  # the built-in task's reward is one regex: not worth a process
     grader = Grader(REWARDS[cfg.reward], workers, cfg.reward_timeout)
     model, tok, path = load_model(cfg, device, cfg.resume or None)
@@ -1553,7 +1580,27 @@ def setup(cfg):
               {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0, "skipped_updates": 0})
     rows = restore(saved, s, cfg.out) if saved else []
     engine.push(model, s.version)  # the engine starts from exactly the trainer's weights
-    return s, cfg, Book(cfg, s, rows, saved["step"] + 1 if saved else 1, device)
+    ceiling = hidden_task_ceiling([p for p, _ in val]) if not cfg.data and cfg.task == "hidden" else None
+    return s, cfg, Book(cfg, s, rows, saved["step"] + 1 if saved else 1, device, ceiling)
+
+
+def live_fit(rows, bootstrap=100):
+    """The paper's prediction while the run goes on: fit R(C) to the evaluations so far (against device_hours,
+    leaving out the first epoch as the paper does) with fit_curve.py's own fit_rows, and return fit_A, fit_B,
+    fit_C_mid and the bootstrap interval fit_A_ci; {} while the points cannot support a fit (fewer than four past the
+    first epoch, or a parameter at the edge of its search range, as before the curve bends) or where fit_curve.py
+    is not beside this file."""
+    try:
+        import fit_curve
+    except ImportError:
+        return {}
+    try:
+        f = fit_curve.fit_rows(rows, x="device_hours", exclude_first_epoch=True, bootstrap=bootstrap, seed=0)
+    except fit_curve.NotEnoughPoints:
+        return {}
+    if f["at_grid_edge"]:
+        return {}
+    return {"fit_A": f["A"], "fit_B": f["B"], "fit_C_mid": f["C_mid"], "fit_A_ci": list(f["A_ci"])}
 
 
 def metrics_row(s, cfg, step, r):
@@ -1593,7 +1640,7 @@ class Book:
     abandons it), the stop after --max-skipped-updates non-finite updates in a row, and clean-up (grading
     processes, requests in flight). A run that fails before its first metrics row leaves no directory behind."""
 
-    def __init__(self, cfg, s, rows, first, device):
+    def __init__(self, cfg, s, rows, first, device, ceiling=None):
         self.cfg, self.s, self.rows, self.first, self.out = cfg, s, rows, first, cfg.out
         self.saved = self.done = first - 1
         self.stop, self.in_a_row, self.handlers = [], 0, {}
@@ -1603,9 +1650,11 @@ class Book:
         const, const_rate = best_constant_pass_rate(s.val_answers)
         with open(os.path.join(self.out, "config.json"), "w") as f:
             json.dump({**dataclasses.asdict(cfg), "n_params": n_params, "device": str(device),
-                       "best_constant_answer": const, "best_constant_pass_rate": const_rate}, f, indent=2)
+                       "best_constant_answer": const, "best_constant_pass_rate": const_rate,
+                       "best_possible_pass_rate": ceiling}, f, indent=2)
         print(f"scalerl: {n_params / 1e6:.2f}M parameters on {device} | {len(s.train)} train / {len(s.val_ids)} val "
-              f"prompts | best constant answer '{const}' scores {const_rate:.3f} | writing {self.out}"
+              f"prompts | best constant answer '{const}' scores {const_rate:.3f}"
+              + (f" | best possible pass rate {ceiling:.3f}" if ceiling else "") + f" | writing {self.out}"
               + (f" | resuming after step {first - 1}" if first > 1 else ""), flush=True)
         self.metrics = open(os.path.join(self.out, "metrics.jsonl"), "a" if first > 1 else "w")
         self.tracker = start_wandb(cfg, self.out) if cfg.wandb else None
@@ -1679,6 +1728,8 @@ class Book:
 
 def progress_line(row, steps):
     val = f" | val {row['val_pass_rate']:.3f}" if "val_pass_rate" in row else ""
+    if "fit_A" in row:
+        val += f" (A {row['fit_A']:.3f} [{row['fit_A_ci'][0]:.3f}, {row['fit_A_ci'][1]:.3f}])"
     return (f"step {row['step']:>4}/{steps} | reward {row['reward_mean']:.3f}{val} | zero-var "
             f"{row['zero_variance_frac']:.2f} | active {row['active_prompts']:>3} | npr {row['npr_removed']:>4} | "
             f"lag {row['lag_mean']:.1f}/{row['lag_max']} | intr {row['interrupted_frac']:.2f} | trunc "

@@ -384,6 +384,98 @@ def test_task_is_verifiable_uniform_and_held_out():
     assert S.reward_last_digit("", "9") == 0.0
 
 
+@pytest.mark.parametrize("task", ["hidden", "second"])
+def test_the_other_tasks_are_distinct_held_out_uniform_and_verifiable(task):
+    train, val = S.make_task(3000, 400, seed=1, task=task)
+    assert len({p for p, _ in train}) == 3000 and not {p for p, _ in train} & {p for p, _ in val}
+    for split in (train, val):
+        counts = np.unique([a for _, a in split], return_counts=True)[1]
+        assert len(counts) == 8 and counts.max() - counts.min() <= 1
+        assert S.best_constant_pass_rate([a for _, a in split])[1] <= 0.15
+    for p, a in train[:300]:
+        digits = p[:-1]
+        assert p.endswith(":") and 3 <= len(digits) <= 7
+        if task == "hidden":  # two digits hidden; the answer is at least every visible digit
+            assert digits.count(".") == 2 and int(a) >= max(int(c) for c in digits if c != ".")
+        else:  # the second-largest distinct digit
+            assert "." not in digits and a == sorted(set(digits))[-2]
+    assert S.reward_last_digit("<think>87</think>the answer is 4", "4") == 1.0  # the reward, by hand
+    assert S.reward_last_digit("<think>4</think>7", "4") == 0.0
+
+
+def test_hidden_task_ceiling_by_hand():
+    # "9..:": the visible 9 is the largest digit: certain. "0..:": the forced largest digit t is hidden, and
+    # P(visible 0 | t) is proportional to 2 / (t + 1): the best guess t = 2 is right with (1/3) / sum_t 1/(t+1).
+    assert S.hidden_task_ceiling(["9..:"]) == pytest.approx(1.0)
+    assert S.hidden_task_ceiling(["0..:"]) == pytest.approx((1 / 3) / sum(1 / (t + 1) for t in range(2, 10)))
+    assert S.hidden_task_ceiling(["9..:", "0..:"]) == pytest.approx((1 + 0.23327) / 2, abs=1e-5)
+    # "2.2.:": t = 2 (both visible digits may be the forced one, or a hidden one is) against t = 3..9
+    like = [2 * (t + 1.0) ** -2 + (2 if t == 2 else 0) * (t + 1.0) ** -1 for t in range(2, 10)]
+    assert S.hidden_task_ceiling(["2.2.:"]) == pytest.approx(max(like) / sum(like))
+    _, val = S.make_task(100, 400, seed=0, task="hidden")
+    assert 0.6 < S.hidden_task_ceiling([p for p, _ in val]) < 0.9  # below 1, so that the task does not saturate
+
+
+# ---------------------------------------------------------------------------------------------- live fit
+def sigmoid_rows(n, a=0.7, b=2.0, c_mid=0.01, r0=0.05, noise=0.01, seed=0, epoch_len=5):
+    rng = np.random.default_rng(seed)
+    rows = [{"step": 0, "device_hours": 0.0, "val_pass_rate": r0}]
+    for k in range(1, n + 1):
+        x = 0.002 * k
+        rows.append({"step": k, "device_hours": x, "epoch": 1 + k // epoch_len,
+                     "val_pass_rate": float(r0 + (a - r0) / (1 + (c_mid / x) ** b) + noise * rng.normal())})
+    return rows
+
+
+def test_live_fit_is_fit_curves_fit_and_absent_until_supported():
+    import fit_curve
+    rows = sigmoid_rows(40)
+    got = S.live_fit(rows)
+    want = fit_curve.fit_rows(rows, x="device_hours", exclude_first_epoch=True, bootstrap=100, seed=0)
+    assert got == {"fit_A": want["A"], "fit_B": want["B"], "fit_C_mid": want["C_mid"], "fit_A_ci": list(want["A_ci"])}
+    assert abs(got["fit_A"] - 0.7) < 0.03 and got["fit_A_ci"][0] < got["fit_A"] < got["fit_A_ci"][1]
+    assert S.live_fit(rows[:7]) == {}  # two points past the first epoch (steps 5 and 6): too few
+    assert S.live_fit(sigmoid_rows(12, c_mid=1.0)) == {}  # far from bending: A at the edge of its grid
+
+
+def test_live_fit_in_a_run_matches_its_rows(tmp_path):
+    rows = S.run(small_cfg(tmp_path, engine="hf", steps=12, eval_every=1, train_size=32, prompts_per_step=8,
+                           zero_variance_filter=False, lr=3e-3))
+    fitted = [k for k, r in enumerate(rows) if "fit_A" in r]
+    for k, r in enumerate(rows):
+        keys = {"fit_A", "fit_B", "fit_C_mid", "fit_A_ci"}
+        assert keys <= set(r) or not keys & set(r)  # all or nothing: never NaN, never half a fit
+        if k in fitted:
+            assert {key: r[key] for key in keys} == S.live_fit(rows[:k + 1])
+    assert all(r["step"] >= 8 for r in rows if "fit_A" in r)  # not before the first epoch (4 steps) + 4 points
+
+
+def test_loo_runner_writes_fittable_runs_and_resumes(tmp_path):
+    out = tmp_path / "loo"
+    study = ["--loo", "--out", str(out), "--seeds", "1", "--variants", "scalerl", "loss-dapo", "--bootstrap", "20"]
+    small = ["--", "--engine", "hf", "--task", "hidden", "--train-size", "32", "--prompts-per-step", "8",
+             "--generations-per-prompt", "4", "--val-size", "16", "--eval-every", "1", "--eval-samples", "2"]
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    bench = lambda steps: subprocess.run([sys.executable, os.path.join(HERE, "bench.py"), *study, "--steps",  # noqa
+                                          str(steps), *small], capture_output=True, text=True, env=env, timeout=600)
+    p = bench(10)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    summary = json.load(open(out / "summary.json"))
+    assert set(summary["variants"]) == {"scalerl", "loss-dapo"} and len(summary["runs"]) == 2
+    for name, r in summary["runs"].items():
+        rows = read_metrics(str(out / name))
+        assert rows[-1]["step"] == 10 and 0 <= r["A"] <= 1 and r["final_val"] == rows[-1]["val_pass_rate"]
+    assert json.load(open(out / "loss-dapo" / "seed0" / "config.json"))["loss"] == "dapo"
+    mtimes = {f: os.path.getmtime(out / f / "seed0" / "metrics.jsonl") for f in ("scalerl", "loss-dapo")}
+    p = bench(10)  # finished runs are not run again
+    assert p.returncode == 0 and p.stdout.count("finished before, skipped") == 2
+    assert mtimes == {f: os.path.getmtime(out / f / "seed0" / "metrics.jsonl") for f in mtimes}
+    p = bench(12)  # a longer study goes on from each run's last checkpoint
+    assert p.returncode == 0 and "skipped" not in p.stdout, p.stdout
+    rows = read_metrics(str(out / "scalerl" / "seed0"))
+    assert [r["step"] for r in rows] == list(range(13))
+
+
 # ---------------------------------------------------------------------------------------------- length control
 def test_next_request_by_hand():
     """Forced interruptions as a state machine: what a completion needs after each piece of generation."""
@@ -937,7 +1029,7 @@ def test_ppo_takes_k_steps_per_generated_batch(tmp_path, monkeypatch):
     """PPO-off-policy-k: K batches generated with the same weights, then K optimiser steps: the first step of each
     round is on-policy (ratios 1), the later ones train on data 1, 2, ... updates old."""
     # a reward a random policy gets half the time (completions that end, by parity), so every batch has a gradient
-    monkeypatch.setitem(S.REWARDS, "largest-digit", lambda text, answer: float(len(text) % 2 == 0))
+    monkeypatch.setitem(S.REWARDS, "digit", lambda text, answer: float(len(text) % 2 == 0))
     rows = S.run(small_cfg(tmp_path, engine="hf", steps=6, off_policy="ppo", max_lag=3, zero_variance_filter=False,
                            eval_every=100, lr=3e-3, warmup_steps=0))
     assert all(r["zero_variance_frac"] < 1 for r in rows[1:])
@@ -1026,6 +1118,8 @@ def test_evaluation_in_pipeline_mode_stays_apart(vllm_engine):
     (["--max-lag", "-1"], "--max-lag must be >= 0"),
     (["--lr", "nan"], "--lr must be a finite number"),
     (["--wandb-name", "x"], "--wandb-name needs --wandb"),
+    (["--model", "org/name", "--data", "d.jsonl", "--task", "hidden"], "--task chooses a built-in task"),
+    (["--task", "sum"], "invalid choice"),
     (["--off-policy", "sometimes"], "invalid choice"),
     (["--engine", "hf", "--refresh-kv"], "--refresh-kv applies to sequences in flight"),
 ])
