@@ -109,14 +109,17 @@ def test_first_half_predicts_second_half(run_file):
     assert r["extrapolation_max_abs_error"] == pytest.approx(np.max(np.abs(predicted - y[later])), abs=1e-9)
 
 
-def test_shared_a_ranks_recipes_by_b(tmp_path):
-    # Table 1: batch 2048 (C_mid 10909, B 1.70) and 32k generation length (11272, 1.89) share A = 0.645.
+def two_recipes_sharing_a(tmp_path):
+    """Table 1: batch 2048 (C_mid 10909, B 1.70) and 32k generation length (11272, 1.89) share A = 0.645."""
     recipes = {"batch2048": dict(A=0.645, B=1.70, C_mid=10909.0), "gen32k": dict(A=0.645, B=1.89, C_mid=11272.0)}
-    paths = []
     for seed, (name, params) in enumerate(recipes.items()):
         (tmp_path / name).mkdir()
         write_jsonl(tmp_path / name / "metrics.jsonl", *synthetic(seed=10 + seed, params=params))
-        paths.append(tmp_path / name)
+    return recipes, [tmp_path / name for name in recipes]
+
+
+def test_shared_a_ranks_recipes_by_b(tmp_path):
+    recipes, paths = two_recipes_sharing_a(tmp_path)
     results = fit_json(*paths, "--shared-a", "--bootstrap", 100)
     assert [r["run"] for r in results] == list(recipes)
     assert all(r["shared_a"] and r["A_ci"] is None for r in results)
@@ -266,12 +269,7 @@ def test_paper_grid_weights_are_repeated_points():
 
 
 def test_paper_grid_with_shared_a_bootstrap_and_fit_until(tmp_path):
-    recipes = {"batch2048": dict(A=0.645, B=1.70, C_mid=10909.0), "gen32k": dict(A=0.645, B=1.89, C_mid=11272.0)}
-    paths = []
-    for seed, (name, params) in enumerate(recipes.items()):
-        (tmp_path / name).mkdir()
-        write_jsonl(tmp_path / name / "metrics.jsonl", *synthetic(seed=10 + seed, params=params))
-        paths.append(tmp_path / name)
+    recipes, paths = two_recipes_sharing_a(tmp_path)
     until = 50_000
     results = fit_json(*paths, "--paper-grid", "--shared-a", "--bootstrap", 20, "--fit-until", until)
     shared = results[0]["A"]
