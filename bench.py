@@ -203,7 +203,8 @@ def bench_loo(args, rest):
 
 
 def loo_summary(args):
-    """Fit every run (fit_curve.fit_rows: against --x, the first epoch left out as in the paper), then per variant:
+    """Fit every run (fit_curve.fit_rows against --x with its default exclusion, the first 1.5% of the compute: the
+    paper's first-epoch rule would leave out 128 of a run's 160 steps here), then per variant:
     A, B, C_mid (mean and spread over seeds, and the bootstrap interval of each run's A); B with A fixed to the
     mean over all runs (the paper's comparison when asymptotes agree within its noise); the error of a fit on the
     first half of the compute extrapolated to the second; and how early the live fit's interval first contained the
@@ -213,22 +214,22 @@ def loo_summary(args):
     fits = {}
     for v, seed, d in loo_run_dirs(args.out, args.variants, args.seeds):
         rows = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
-        f = fit_curve.fit_rows(rows, x=args.x, exclude_first_epoch=True, bootstrap=args.bootstrap, name=d)
+        f = fit_curve.fit_rows(rows, x=args.x, bootstrap=args.bootstrap, name=d)
         try:
-            half = fit_curve.fit_rows(rows, x=args.x, exclude_first_epoch=True, bootstrap=0, name=d,
-                                      fit_until=rows[-1][args.x] / 2)
+            half = fit_curve.fit_rows(rows, x=args.x, bootstrap=0, name=d, fit_until=rows[-1][args.x] / 2)
         except fit_curve.NotEnoughPoints:  # too few points in the first half
             half = {}
-        first = next((r["step"] for r in rows if "fit_A_ci" in r and r["fit_A_ci"][0] <= f["A"] <= r["fit_A_ci"][1]),
-                     None)
+        # the live prediction, replayed evaluation by evaluation as the run computes it (scalerl.live_fit)
+        live = [(r["step"], scalerl.live_fit(rows[:k + 1]).get("fit_A_ci")) for k, r in enumerate(rows)
+                if "val_pass_rate" in r and r["step"] > 0]
+        first = next((step for step, ci in live if ci and ci[0] <= f["A"] <= ci[1]), None)
         fits[v, seed] = {"A": f["A"], "A_ci": f["A_ci"], "B": f["B"], "C_mid": f["C_mid"], "R0": f["R0"],
                          "final_val": rows[-1]["val_pass_rate"], "at_grid_edge": f["at_grid_edge"],
                          "extrapolation_error": half.get("extrapolation_max_abs_error"),
                          "live_interval_first_step": first, "steps": rows[-1]["step"], "rows": rows}
     shared = float(np.mean([f["A"] for f in fits.values()]))
     for (v, seed), f in fits.items():
-        f["B_shared_A"] = fit_curve.fit_rows(f.pop("rows"), x=args.x, exclude_first_epoch=True, bootstrap=0,
-                                             fixed_a=shared)["B"]
+        f["B_shared_A"] = fit_curve.fit_rows(f.pop("rows"), x=args.x, bootstrap=0, fixed_a=shared)["B"]
     table = {}
     for v in args.variants:
         runs = [fits[v, seed] for seed in range(args.seeds)]
@@ -300,4 +301,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except scalerl.ScaleRLError as e:  # a bad flag for scalerl.py: its one-line message
+        sys.exit(f"bench.py: error: {e}")

@@ -1585,17 +1585,18 @@ def setup(cfg):
 
 
 def live_fit(rows, bootstrap=100):
-    """The paper's prediction while the run goes on: fit R(C) to the evaluations so far (against device_hours,
-    leaving out the first epoch as the paper does) with fit_curve.py's own fit_rows, and return fit_A, fit_B,
-    fit_C_mid and the bootstrap interval fit_A_ci; {} while the points cannot support a fit (fewer than four past the
-    first epoch, or a parameter at the edge of its search range, as before the curve bends) or where fit_curve.py
-    is not beside this file."""
+    """The paper's prediction while the run goes on: fit R(C) to the evaluations so far (against device_hours) with
+    fit_curve.py's own fit_rows, as `python fit_curve.py RUN` would, and return fit_A, fit_B, fit_C_mid and the
+    bootstrap interval fit_A_ci; {} while the points cannot support a fit (fewer than four, or a parameter at the
+    edge of its search range, as before the curve bends) or where fit_curve.py is not beside this file. The paper
+    leaves the first epoch out of its fits; here that would leave nothing to fit in most runs (the built-in tasks'
+    first epoch is 128 of 150 steps), so the first 1.5% of the compute is left out, fit_curve.py's default."""
     try:
         import fit_curve
     except ImportError:
         return {}
     try:
-        f = fit_curve.fit_rows(rows, x="device_hours", exclude_first_epoch=True, bootstrap=bootstrap, seed=0)
+        f = fit_curve.fit_rows(rows, x="device_hours", bootstrap=bootstrap, seed=0)
     except fit_curve.NotEnoughPoints:
         return {}
     if f["at_grid_edge"]:

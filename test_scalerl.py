@@ -431,10 +431,10 @@ def test_live_fit_is_fit_curves_fit_and_absent_until_supported():
     import fit_curve
     rows = sigmoid_rows(40)
     got = S.live_fit(rows)
-    want = fit_curve.fit_rows(rows, x="device_hours", exclude_first_epoch=True, bootstrap=100, seed=0)
+    want = fit_curve.fit_rows(rows, x="device_hours", bootstrap=100, seed=0)
     assert got == {"fit_A": want["A"], "fit_B": want["B"], "fit_C_mid": want["C_mid"], "fit_A_ci": list(want["A_ci"])}
     assert abs(got["fit_A"] - 0.7) < 0.03 and got["fit_A_ci"][0] < got["fit_A"] < got["fit_A_ci"][1]
-    assert S.live_fit(rows[:7]) == {}  # two points past the first epoch (steps 5 and 6): too few
+    assert S.live_fit(rows[:4]) == {}  # three points: too few
     assert S.live_fit(sigmoid_rows(12, c_mid=1.0)) == {}  # far from bending: A at the edge of its grid
 
 
@@ -447,7 +447,7 @@ def test_live_fit_in_a_run_matches_its_rows(tmp_path):
         assert keys <= set(r) or not keys & set(r)  # all or nothing: never NaN, never half a fit
         if k in fitted:
             assert {key: r[key] for key in keys} == S.live_fit(rows[:k + 1])
-    assert all(r["step"] >= 8 for r in rows if "fit_A" in r)  # not before the first epoch (4 steps) + 4 points
+    assert all(r["step"] >= 4 for r in rows if "fit_A" in r)  # not before four evaluations
 
 
 def test_loo_runner_writes_fittable_runs_and_resumes(tmp_path):
