@@ -176,7 +176,7 @@ def bench_loo(args, rest):
     """Run every variant with every seed into OUT/VARIANT/seedS (each a scalerl.py process), skipping finished runs
     and resuming interrupted ones from their last checkpoint, then fit them all (loo_summary)."""
     runs = loo_run_dirs(args.out, args.variants, args.seeds)
-    t_start = time.time()
+    t_start, ran = time.time(), 0
     for k, (v, seed, d) in enumerate(runs, 1):
         if run_finished(d, args.steps):
             print(f"loo: [{k}/{len(runs)}] {v} seed {seed}: finished before, skipped", flush=True)
@@ -195,7 +195,8 @@ def bench_loo(args, rest):
         if p.returncode != 0:
             sys.exit(f"loo: {v} seed {seed} failed (exit {p.returncode}); its output is in {d}.log")
         rows = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
-        left = (time.time() - t_start) / k * (len(runs) - k)
+        ran += 1
+        left = (time.time() - t_start) / ran * (len(runs) - k)  # from the runs this invocation ran
         print(f"loo: [{k}/{len(runs)}] {v} seed {seed}: {time.time() - t0:.0f} s, held-out pass rate "
               f"{rows[-1].get('val_pass_rate', float('nan')):.3f} at step {rows[-1]['step']}; about {left / 60:.0f} "
               "min left", flush=True)
@@ -208,7 +209,8 @@ def loo_summary(args):
     A, B, C_mid (mean and spread over seeds, and the bootstrap interval of each run's A); B with A fixed to the
     mean over all runs (the paper's comparison when asymptotes agree within its noise); the error of a fit on the
     first half of the compute extrapolated to the second; and how early the live fit's interval first contained the
-    run's final A. Writes OUT/summary.json and prints a Markdown table."""
+    run's final A. Writes OUT/summary.json, OUT/means/VARIANT.csv (the evaluations averaged over seeds) and prints
+    a Markdown table."""
     import numpy as np
     import fit_curve
     fits = {}
@@ -238,6 +240,17 @@ def loo_summary(args):
                     for k in ("A", "B", "C_mid", "B_shared_A", "final_val", "extrapolation_error") if stat(k)}
         table[v]["live_interval_first_step"] = stat("live_interval_first_step")
         table[v]["at_grid_edge"] = sorted({e for r in runs for e in r["at_grid_edge"]})
+    # each variant's evaluations averaged over its seeds, step by step, for a figure: fit_curve.py OUT/means/*.csv --plot
+    os.makedirs(os.path.join(args.out, "means"), exist_ok=True)
+    for v in args.variants:
+        runs = [[json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
+                for _, _, d in loo_run_dirs(args.out, [v], args.seeds)]
+        evals = [{r["step"]: r for r in rows if "val_pass_rate" in r} for rows in runs]
+        with open(os.path.join(args.out, "means", f"{v}.csv"), "w") as f:
+            f.write(f"step,{args.x},val_pass_rate\n")
+            for step in sorted(set.intersection(*(set(e) for e in evals))):
+                mean = lambda key: float(np.mean([e[step][key] for e in evals]))  # noqa: E731
+                f.write(f"{step},{mean(args.x)!r},{mean('val_pass_rate')!r}\n")
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump({"x": args.x, "shared_A": shared, "runs": {f"{v}/seed{s}": r for (v, s), r in fits.items()},
                    "variants": table}, f, indent=1)

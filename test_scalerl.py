@@ -466,6 +466,11 @@ def test_loo_runner_writes_fittable_runs_and_resumes(tmp_path):
         rows = read_metrics(str(out / name))
         assert rows[-1]["step"] == 10 and 0 <= r["A"] <= 1 and r["final_val"] == rows[-1]["val_pass_rate"]
     assert json.load(open(out / "loss-dapo" / "seed0" / "config.json"))["loss"] == "dapo"
+    import fit_curve  # the seed means for the figure: with one seed, that seed's evaluations
+    label, x, y = fit_curve.load_points(str(out / "means" / "scalerl.csv"), "device_hours", "val_pass_rate")
+    evals = [r for r in read_metrics(str(out / "scalerl" / "seed0")) if "val_pass_rate" in r]
+    assert label == "scalerl" and list(y) == [r["val_pass_rate"] for r in evals]
+    assert list(x) == [r["device_hours"] for r in evals]
     mtimes = {f: os.path.getmtime(out / f / "seed0" / "metrics.jsonl") for f in ("scalerl", "loss-dapo")}
     p = bench(10)  # finished runs are not run again
     assert p.returncode == 0 and p.stdout.count("finished before, skipped") == 2
