@@ -206,8 +206,9 @@ def bench_loo(args, rest):
 def loo_summary(args):
     """Fit every run (fit_curve.fit_rows against --x with its default exclusion, the first 1.5% of the compute: the
     paper's first-epoch rule would leave out 128 of a run's 160 steps here), then per variant:
-    A, B, C_mid (mean and spread over seeds, and the bootstrap interval of each run's A); B with A fixed to the
-    mean over all runs (the paper's comparison when asymptotes agree within its noise); the error of a fit on the
+    A, B, C_mid (mean and spread over seeds, and the bootstrap interval of each run's A); B of the variant and of
+    the baseline (the first variant) with A fixed to their common mean (the paper's comparison when asymptotes
+    agree within the noise); the error of a fit on the
     first half of the compute extrapolated to the second; and how early the live fit's interval first contained the
     run's final A. Writes OUT/summary.json, OUT/means/VARIANT.csv (the evaluations averaged over seeds) and prints
     a Markdown table."""
@@ -229,18 +230,26 @@ def loo_summary(args):
                          "final_val": rows[-1]["val_pass_rate"], "at_grid_edge": f["at_grid_edge"],
                          "extrapolation_error": half.get("extrapolation_max_abs_error"),
                          "live_interval_first_step": first, "steps": rows[-1]["step"], "rows": rows}
-    shared = float(np.mean([f["A"] for f in fits.values()]))
-    for (v, seed), f in fits.items():
-        f["B_shared_A"] = fit_curve.fit_rows(f.pop("rows"), x=args.x, bootstrap=0, fixed_a=shared)["B"]
-    table = {}
+    # the paper's comparison of efficiencies: each variant and the baseline (the first variant) refitted with A fixed
+    # to the mean A of both, meaningful where their A differ by less than the seeds' spread
+    base, table = args.variants[0], {}
     for v in args.variants:
         runs = [fits[v, seed] for seed in range(args.seeds)]
-        stat = lambda key: [r[key] for r in runs if r[key] is not None]  # noqa: E731
+        stat = lambda key: [r[key] for r in runs if r.get(key) is not None]  # noqa: E731
         table[v] = {k: (float(np.mean(stat(k))), float(np.std(stat(k))), float(min(stat(k))), float(max(stat(k))))
-                    for k in ("A", "B", "C_mid", "B_shared_A", "final_val", "extrapolation_error") if stat(k)}
-        table[v]["live_interval_first_step"] = stat("live_interval_first_step")
+                    for k in ("A", "B", "C_mid", "final_val", "extrapolation_error") if stat(k)}
+        table[v]["live_interval_first_step"] = [r["live_interval_first_step"] for r in runs]  # None: never
         table[v]["at_grid_edge"] = sorted({e for r in runs for e in r["at_grid_edge"]})
-    # each variant's evaluations averaged over its seeds, step by step, for a figure: fit_curve.py OUT/means/*.csv --plot
+        if v != base:
+            shared = float(np.mean([fits[w, seed]["A"] for w in (base, v) for seed in range(args.seeds)]))
+            b = {w: float(np.mean([fit_curve.fit_rows(fits[w, seed]["rows"], x=args.x, bootstrap=0, fixed_a=shared)["B"]
+                                   for seed in range(args.seeds)])) for w in (base, v)}
+            (a, sd), (a0, sd0) = table[v]["A"][:2], table[base]["A"][:2]
+            table[v].update(shared_A=shared, B_shared_A=b[v], B_base_shared_A=b[base],
+                            A_within_noise=abs(a - a0) <= sd + sd0)
+    for f in fits.values():
+        f.pop("rows")
+    # each variant's evaluations averaged over its seeds, step by step, for a figure (fit_curve.py --plot)
     os.makedirs(os.path.join(args.out, "means"), exist_ok=True)
     for v in args.variants:
         runs = [[json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
@@ -252,17 +261,21 @@ def loo_summary(args):
                 mean = lambda key: float(np.mean([e[step][key] for e in evals]))  # noqa: E731
                 f.write(f"{step},{mean(args.x)!r},{mean('val_pass_rate')!r}\n")
     with open(os.path.join(args.out, "summary.json"), "w") as f:
-        json.dump({"x": args.x, "shared_A": shared, "runs": {f"{v}/seed{s}": r for (v, s), r in fits.items()},
+        json.dump({"x": args.x, "baseline": base, "runs": {f"{v}/seed{s}": r for (v, s), r in fits.items()},
                    "variants": table}, f, indent=1)
     ms = lambda k, t, fmt: f"{format(t[k][0], fmt)} ± {format(t[k][1], fmt)}" if k in t else "-"  # noqa: E731
-    print(f"\n| variant | A (mean ± sd over {args.seeds} seeds) | B | C_mid ({args.x}) | B with A = {shared:.3f} | "
-          "final held-out | extrapolation error (half → end) | live interval first holds final A (step) |")
-    print("|---|---|---|---|---|---|---|---|")
+    shared_b = lambda v, t: "-" if v == base else (  # noqa: E731
+        f"{t['B_shared_A']:.2f} vs {t['B_base_shared_A']:.2f} (A = {t['shared_A']:.3f})"
+        + ("" if t["A_within_noise"] else ", A differ"))
+    print(f"\n| variant | A (mean ± sd over {args.seeds} seeds) | B | C_mid ({args.x}) | "
+          f"B vs `{base}`'s at a shared A | final held-out | extrapolation error (half → end) | "
+          "live interval first holds final A (step) | fits at a grid edge |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for v, t in table.items():
         print(f"| `{v}` | {ms('A', t, '.3f')} | {ms('B', t, '.2f')} | {ms('C_mid', t, '.3g')} | "
-              f"{ms('B_shared_A', t, '.2f')} | {ms('final_val', t, '.3f')} | {ms('extrapolation_error', t, '.3f')} | "
-              f"{', '.join(map(str, t['live_interval_first_step'])) or '-'} |"
-              + (f" (at grid edge: {', '.join(t['at_grid_edge'])})" if t["at_grid_edge"] else ""))
+              f"{shared_b(v, t)} | {ms('final_val', t, '.3f')} | {ms('extrapolation_error', t, '.3f')} | "
+              f"{', '.join('never' if k is None else str(k) for k in t['live_interval_first_step'])} | "
+              f"{', '.join(t['at_grid_edge']) or '-'} |")
 
 
 def main():

@@ -465,8 +465,16 @@ def test_loo_runner_writes_fittable_runs_and_resumes(tmp_path):
     for name, r in summary["runs"].items():
         rows = read_metrics(str(out / name))
         assert rows[-1]["step"] == 10 and 0 <= r["A"] <= 1 and r["final_val"] == rows[-1]["val_pass_rate"]
+        holds = [row["step"] for k, row in enumerate(rows) if row["step"] and "val_pass_rate" in row
+                 and (lambda ci: ci and ci[0] <= r["A"] <= ci[1])(S.live_fit(rows[:k + 1]).get("fit_A_ci"))]
+        assert r["live_interval_first_step"] == (holds[0] if holds else None)
     assert json.load(open(out / "loss-dapo" / "seed0" / "config.json"))["loss"] == "dapo"
-    import fit_curve  # the seed means for the figure: with one seed, that seed's evaluations
+    import fit_curve
+    a = [summary["runs"][f"{v}/seed0"]["A"] for v in ("scalerl", "loss-dapo")]  # B at the pair's mean A
+    t = summary["variants"]["loss-dapo"]
+    assert t["shared_A"] == np.mean(a) and t["B_shared_A"] == fit_curve.fit_rows(
+        read_metrics(str(out / "loss-dapo" / "seed0")), bootstrap=0, fixed_a=np.mean(a))["B"]
+    # the seed means for the figure: with one seed, that seed's evaluations
     label, x, y = fit_curve.load_points(str(out / "means" / "scalerl.csv"), "device_hours", "val_pass_rate")
     evals = [r for r in read_metrics(str(out / "scalerl" / "seed0")) if "val_pass_rate" in r]
     assert label == "scalerl" and list(y) == [r["val_pass_rate"] for r in evals]
