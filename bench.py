@@ -238,6 +238,8 @@ def loo_summary(args):
         stat = lambda key: [r[key] for r in runs if r.get(key) is not None]  # noqa: E731
         table[v] = {k: (float(np.mean(stat(k))), float(np.std(stat(k))), float(min(stat(k))), float(max(stat(k))))
                     for k in ("A", "B", "C_mid", "final_val", "extrapolation_error") if stat(k)}
+        if all(r["A_ci"] for r in runs):  # each seed's bootstrap interval of A, averaged bound by bound
+            table[v]["A_ci_mean"] = [float(np.mean([r["A_ci"][k] for r in runs])) for k in (0, 1)]
         table[v]["live_interval_first_step"] = [r["live_interval_first_step"] for r in runs]  # None: never
         table[v]["at_grid_edge"] = sorted({e for r in runs for e in r["at_grid_edge"]})
         if v != base:
@@ -267,12 +269,14 @@ def loo_summary(args):
     shared_b = lambda v, t: "-" if v == base else (  # noqa: E731
         f"{t['B_shared_A']:.2f} vs {t['B_base_shared_A']:.2f} (A = {t['shared_A']:.3f})"
         + ("" if t["A_within_noise"] else ", A differ"))
-    print(f"\n| variant | A (mean ± sd over {args.seeds} seeds) | B | C_mid ({args.x}) | "
+    ci = lambda t: "[{:.3f}, {:.3f}]".format(*t["A_ci_mean"]) if "A_ci_mean" in t else "-"  # noqa: E731
+    print(f"\n| variant | A (mean ± sd over {args.seeds} seeds) | A's bootstrap interval (mean of the seeds') | B | "
+          f"C_mid ({args.x}) | "
           f"B vs `{base}`'s at a shared A | final held-out | extrapolation error (half → end) | "
           "live interval first holds final A (step) | fits at a grid edge |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for v, t in table.items():
-        print(f"| `{v}` | {ms('A', t, '.3f')} | {ms('B', t, '.2f')} | {ms('C_mid', t, '.3g')} | "
+        print(f"| `{v}` | {ms('A', t, '.3f')} | {ci(t)} | {ms('B', t, '.2f')} | {ms('C_mid', t, '.3g')} | "
               f"{shared_b(v, t)} | {ms('final_val', t, '.3f')} | {ms('extrapolation_error', t, '.3f')} | "
               f"{', '.join('never' if k is None else str(k) for k in t['live_interval_first_step'])} | "
               f"{', '.join(t['at_grid_edge']) or '-'} |")

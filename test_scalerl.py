@@ -472,6 +472,7 @@ def test_loo_runner_writes_fittable_runs_and_resumes(tmp_path):
     import fit_curve
     a = [summary["runs"][f"{v}/seed0"]["A"] for v in ("scalerl", "loss-dapo")]  # B at the pair's mean A
     t = summary["variants"]["loss-dapo"]
+    assert t["A_ci_mean"] == summary["runs"]["loss-dapo/seed0"]["A_ci"]  # one seed: its own interval
     assert t["shared_A"] == np.mean(a) and t["B_shared_A"] == fit_curve.fit_rows(
         read_metrics(str(out / "loss-dapo" / "seed0")), bootstrap=0, fixed_a=np.mean(a))["B"]
     # the seed means for the figure: with one seed, that seed's evaluations
