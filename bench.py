@@ -163,6 +163,11 @@ VARIANTS = {
 }
 
 
+def read_metrics(d):
+    with open(os.path.join(d, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
 def loo_run_dirs(out, variants, seeds):
     return [(v, seed, os.path.join(out, v, f"seed{seed}")) for v in variants for seed in range(seeds)]
 
@@ -194,7 +199,7 @@ def bench_loo(args, rest):
             p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
         if p.returncode != 0:
             sys.exit(f"loo: {v} seed {seed} failed (exit {p.returncode}); its output is in {d}.log")
-        rows = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
+        rows = read_metrics(d)
         ran += 1
         left = (time.time() - t_start) / ran * (len(runs) - k)  # from the runs this invocation ran
         print(f"loo: [{k}/{len(runs)}] {v} seed {seed}: {time.time() - t0:.0f} s, held-out pass rate "
@@ -208,15 +213,14 @@ def loo_summary(args):
     paper's first-epoch rule would leave out 128 of a run's 160 steps here), then per variant:
     A, B, C_mid (mean and spread over seeds, and the bootstrap interval of each run's A); B of the variant and of
     the baseline (the first variant) with A fixed to their common mean (the paper's comparison when asymptotes
-    agree within the noise); the error of a fit on the
-    first half of the compute extrapolated to the second; and how early the live fit's interval first contained the
-    run's final A. Writes OUT/summary.json, OUT/means/VARIANT.csv (the evaluations averaged over seeds) and prints
-    a Markdown table."""
+    agree within the noise); the error of a fit on the first half of the compute extrapolated to the second; and
+    how early the live fit's interval first contained the run's final A. Writes OUT/summary.json and
+    OUT/means/VARIANT.csv (the evaluations averaged over seeds), and prints a Markdown table."""
     import numpy as np
     import fit_curve
     fits = {}
     for v, seed, d in loo_run_dirs(args.out, args.variants, args.seeds):
-        rows = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
+        rows = read_metrics(d)
         f = fit_curve.fit_rows(rows, x=args.x, bootstrap=args.bootstrap, name=d)
         try:
             half = fit_curve.fit_rows(rows, x=args.x, bootstrap=0, name=d, fit_until=rows[-1][args.x] / 2)
@@ -249,19 +253,17 @@ def loo_summary(args):
             (a, sd), (a0, sd0) = table[v]["A"][:2], table[base]["A"][:2]
             table[v].update(shared_A=shared, B_shared_A=b[v], B_base_shared_A=b[base],
                             A_within_noise=abs(a - a0) <= sd + sd0)
-    for f in fits.values():
-        f.pop("rows")
     # each variant's evaluations averaged over its seeds, step by step, for a figure (fit_curve.py --plot)
     os.makedirs(os.path.join(args.out, "means"), exist_ok=True)
     for v in args.variants:
-        runs = [[json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
-                for _, _, d in loo_run_dirs(args.out, [v], args.seeds)]
-        evals = [{r["step"]: r for r in rows if "val_pass_rate" in r} for rows in runs]
+        evals = [{r["step"]: r for r in fits[v, seed]["rows"] if "val_pass_rate" in r} for seed in range(args.seeds)]
         with open(os.path.join(args.out, "means", f"{v}.csv"), "w") as f:
             f.write(f"step,{args.x},val_pass_rate\n")
             for step in sorted(set.intersection(*(set(e) for e in evals))):
                 mean = lambda key: float(np.mean([e[step][key] for e in evals]))  # noqa: E731
                 f.write(f"{step},{mean(args.x)!r},{mean('val_pass_rate')!r}\n")
+    for f in fits.values():
+        f.pop("rows")
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump({"x": args.x, "baseline": base, "runs": {f"{v}/seed{s}": r for (v, s), r in fits.items()},
                    "variants": table}, f, indent=1)

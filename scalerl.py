@@ -132,7 +132,7 @@ class Config:
                                 "(default: on with CUDA when nothing is in flight during training; refused on CPU)")
     vllm_kv_cache_mb: int = _f(256, "vLLM on CPU: KV cache size in MiB")
     task: str = _f("largest", "the built-in task, without --data: largest (the largest digit of a list), hidden (the "
-                              "same with one digit hidden, so that the best possible pass rate is below 1) or "
+                              "same with two digits hidden, so that the best possible pass rate is below 1) or "
                               "second (the second-largest distinct digit)", ["largest", "hidden", "second"])
     data: str = _f("", "training prompts: a .jsonl/.json/.csv/.parquet file, a datasets.save_to_disk directory or a "
                        "hub dataset NAME[:SPLIT] (needs `datasets` and network); empty = the built-in task")
