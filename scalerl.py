@@ -35,6 +35,7 @@ run(). Part II is plumbing: nothing in it changes the recipe (command line, data
 import argparse
 import collections
 import contextlib
+import copy
 import dataclasses
 import importlib.util
 import json
@@ -48,6 +49,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 # ==================================================================================================
@@ -184,17 +186,18 @@ def rl_step(s, cfg):
     """One update. Returns what happened, for the metrics row, or None when no prompt is left to train on."""
     t0 = time.time()
     groups, stale = next_batch(s, cfg)                                         # 1. [Sec. 3.1, 4] P complete groups
-    if groups is None:
+    if all_max(groups is None):  # no prompt left (under torchrun: on some rank; every rank stops)
         return None
     s.engine.sleep()                                                           # (vLLM sleep mode, when idle)
     t_gen = time.time() - t0
     prompts, comps, idx = [g.prompt for g in groups], [g.completions for g in groups], [g.info for g in groups]
     correct, rewards, errors = score(s.tok, comps, [s.train[i][1] for i in idx], s.grader, cfg)  # 2. [Sec. 2]
     samples, stats = build_batch(prompts, comps, rewards, cfg)                 # 3. [Sec. 3.2] the batch
-    update_curriculum(s.cur, idx, correct.mean(axis=1), cfg.npr_threshold)     # 4. [Sec. 3.2] NPR
+    update_curriculum(s.cur, *all_gather(idx, correct.mean(axis=1).tolist()), cfg.npr_threshold)  # 4. NPR [3.2]
     lags = [s.version - v for x in samples for v, m in zip(x["versions"], x["mask"]) if m]
     in_flight, t1 = len(s.ro.open), time.time()
-    update = train_step(s.model, s.opt, s.sched, samples, cfg, s.tok.pad_token_id, s.autocast) if samples else {}
+    update = train_step(s.policy, s.opt, s.sched, samples, cfg, s.tok.pad_token_id, s.autocast) \
+        if all_sum(len(samples)) else {}
     t2 = time.time()                                                           # 5. [Sec. 3.2] CISPO, FP32 head
     s.version += bool(update) and not update["skipped"]
     push_weights(s, cfg)                                                       # 6. [Sec. 3.1] in flight
@@ -304,9 +307,10 @@ class Rollouts:
         return [got[k] for k in keys]
 
 
-def rollout(ro, prompts, n, seed, kind="eval"):
-    """Generate n completions for each prompt with length control, now; returns the list of groups' completions."""
-    keys = [(kind, seed, i) for i in range(len(prompts))]
+def rollout(ro, prompts, n, seed, kind="eval", ids=None):
+    """Generate n completions for each prompt with length control, now; returns the list of groups' completions.
+    ids: the prompts' numbers, which choose their random streams (default 0, 1, ...)."""
+    keys = [(kind, seed, i) for i in (range(len(prompts)) if ids is None else ids)]
     for k, p in zip(keys, prompts):
         ro.add(k, p, n, step_seed(seed, RNG_ROLLOUT, k[2]))
     return [g.completions for g in ro.wait(keys)]
@@ -365,12 +369,14 @@ def compute_advantages(rewards, norm, valid=None, eps=1e-6):
     none   -- left as they are (Dr. GRPO).  Standard deviations are population ones (ddof=0).
     Means and standard deviations run over the `valid` completions only; the others get advantage 0. Rewards are
     0/1 here and +-1 in the paper: the same advantages under batch and prompt normalisation (a scale cancels), twice
-    as large with `none`."""
+    as large with `none`. Under torchrun the batch is every rank's prompts: the batch std is taken over all ranks."""
     valid = np.ones(rewards.shape, bool) if valid is None else valid
     n = np.maximum(valid.sum(axis=1, keepdims=True), 1)
     adv = np.where(valid, rewards - (rewards * valid).sum(axis=1, keepdims=True) / n, 0.0)
     if norm == "batch":
-        return adv / (adv[valid].std() + eps)
+        count, total, squares = all_sum(valid.sum(), adv[valid].sum(), (adv[valid] ** 2).sum())
+        mean = total / max(count, 1)
+        return adv / (math.sqrt(max(squares / max(count, 1) - mean ** 2, 0.0)) + eps)
     if norm == "prompt":
         return adv / (np.sqrt((adv ** 2).sum(axis=1, keepdims=True) / n) + eps)
     return adv
@@ -382,10 +388,10 @@ def completion_weights(groups_lengths, agg):
     prompt -- per prompt: sum over its G completions / its total tokens; mean over prompts (ScaleRL; the paper
               attributes it to DAPO, whose objective normalises by the tokens of each prompt's group)
     sample -- per completion: mean over its tokens; mean over completions (GRPO)
-    token  -- sum over all tokens / all tokens of the batch (no grouping; common in DAPO implementations)"""
-    n_prompts = len(groups_lengths)
-    n_samples = sum(len(g) for g in groups_lengths)
-    n_tokens = sum(sum(g) for g in groups_lengths)
+    token  -- sum over all tokens / all tokens of the batch (no grouping; common in DAPO implementations)
+    Under torchrun the counts are the whole batch's, every rank's prompts (each rank's loss is then its share)."""
+    n_prompts, n_samples, n_tokens = all_sum(len(groups_lengths), sum(len(g) for g in groups_lengths),
+                                             sum(sum(g) for g in groups_lengths))
     if agg == "prompt":
         return [[1.0 / (n_prompts * max(sum(g), 1))] * len(g) for g in groups_lengths]
     if agg == "sample":
@@ -403,8 +409,6 @@ def build_batch(prompt_ids, groups, rewards, cfg):
     kept = np.flatnonzero(varied if cfg.zero_variance_filter else valid.any(axis=1))
     stats = {"zero_variance_frac": float(1 - varied.mean()), "active_prompts": len(kept),
              "truncated_excluded": int((~valid).sum())}
-    if not len(kept):
-        return [], stats
     adv = compute_advantages(rewards[kept], cfg.adv_norm, valid[kept])
     members = [[j for j in range(len(groups[i])) if valid[i, j]] for i in kept]
     weights = completion_weights([[sum(groups[i][j].mask) for j in js] for i, js in zip(kept, members)],
@@ -422,9 +426,12 @@ def build_batch(prompt_ids, groups, rewards, cfg):
 
 @dataclass
 class Curriculum:
-    """Epoch-wise sampling of training prompts with No-Positive-Resampling [Sec. 3.2]."""
+    """Epoch-wise sampling of training prompts with No-Positive-Resampling [Sec. 3.2]. Under torchrun rank r draws
+    the prompts r, r + W, r + 2W, ... of the W ranks' (its shard), and every rank records every rank's pass rates."""
     n_prompts: int
     seed: int
+    rank: int = 0
+    world: int = 1
     epoch: int = 0
     pos: int = 0
     order: list = field(default_factory=list)
@@ -439,10 +446,11 @@ def next_prompts(cur, k):
     out = []
     while len(out) < k:
         if cur.pos >= len(cur.order):
-            active = [i for i in range(cur.n_prompts) if i not in cur.removed]
+            active = [i for i in range(cur.rank, cur.n_prompts, cur.world) if i not in cur.removed]
             if not active:
                 return out
-            cur.order = np.random.default_rng([cur.seed, RNG_EPOCH, cur.epoch]).permutation(active).tolist()
+            seed = [cur.seed, RNG_EPOCH, cur.epoch] + ([cur.rank] if cur.world > 1 else [])  # each shard its own
+            cur.order = np.random.default_rng(seed).permutation(active).tolist()
             cur.epoch, cur.pos = cur.epoch + 1, 0
         i, cur.pos = cur.order[cur.pos], cur.pos + 1
         if i not in cur.removed:
@@ -509,7 +517,8 @@ def gspo_ratio(logp, logp_gen, seq):
     pi_train(y_t), so that averaging over a completion's tokens gives GSPO's gradient s_i * grad log s_i.
     seq numbers the completion of each token."""
     d = (logp - logp_gen).detach()
-    n = torch.zeros(int(seq.max()) + 1, dtype=d.dtype, device=d.device).index_add_(0, seq, torch.ones_like(d))
+    n = torch.zeros(int(seq.max()) + 1 if len(seq) else 0, dtype=d.dtype, device=d.device)  # (no tokens: a filler)
+    n = n.index_add_(0, seq, torch.ones_like(d))
     mean = torch.zeros_like(n).index_add_(0, seq, d) / n
     return torch.exp(mean[seq] + logp - logp.detach())
 
@@ -549,9 +558,26 @@ def make_optimizer(model, cfg):
     return opt, sched
 
 
-def sequence_logprobs(model, samples, cfg, pad_id):
-    """Trainer log-probs of every completion token of `samples`, concatenated in sample order."""
-    device = next(model.parameters()).device
+class Policy(torch.nn.Module):
+    """The trained model, with its LM head applied by token_logprobs (float32, chunked) inside one forward pass. Under
+    torchrun FSDP2 shards this module (setup): its root must see the whole computation, the head's too, to gather the
+    head's weights before it and reduce their gradients after."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, attn, pred, cfg):
+        hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
+        return token_logprobs(hidden[:, :-1][pred], self.model.get_output_embeddings(), ids[:, 1:][pred],
+                              cfg.temperature, cfg.lm_head_fp32, cfg.logprob_chunk)
+
+
+def sequence_logprobs(policy, samples, cfg, pad_id):
+    """Trainer log-probs of every completion token of `samples`, concatenated in sample order (policy: a Policy, or
+    the model itself)."""
+    policy = policy if isinstance(policy, Policy) else Policy(policy)
+    device = next(policy.parameters()).device
     seqs = [s["prompt"] + s["tokens"] for s in samples]
     width = max(map(len, seqs))
     ids = torch.tensor([q + [pad_id] * (width - len(q)) for q in seqs], device=device)  # right padding
@@ -560,18 +586,18 @@ def sequence_logprobs(model, samples, cfg, pad_id):
     pred = torch.zeros(len(seqs), width - 1, dtype=torch.bool, device=device)
     for r, s in enumerate(samples):
         pred[r, len(s["prompt"]) - 1:len(s["prompt"]) - 1 + len(s["tokens"])] = True
-    hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
-    return token_logprobs(hidden[:, :-1][pred], model.get_output_embeddings(), ids[:, 1:][pred],
-                          cfg.temperature, cfg.lm_head_fp32, cfg.logprob_chunk)
+    return policy(ids, attn, pred, cfg)
 
 
 def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None):
     """One optimiser step on the batch: loss and backward per micro-batch (gradients accumulate; the
-    aggregation weights already hold the global normalisers), clip, AdamW step."""
+    aggregation weights already hold the global normalisers), clip, AdamW step. Under torchrun each rank has its
+    share of the batch; FSDP2 averages the ranks' gradients, so each rank's loss is scaled by the world size to sum
+    them, and every rank runs as many micro-batches as the rank with the most (FSDP's collectives run in step)."""
     device = next(model.parameters()).device
     model.train()
     loss_sum, clipped, n_tok, mismatch = 0.0, 0.0, 0, np.zeros(3)
-    for mb in micro_batches(samples, cfg.micro_batch_tokens):
+    for mb in even_out(micro_batches(samples, cfg.micro_batch_tokens), pad_id):
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
             logp = sequence_logprobs(model, mb, cfg, pad_id)
         keep = torch.tensor([m == 1 for s in mb for m in s["mask"]], device=device)
@@ -580,19 +606,20 @@ def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None):
         logp = logp[keep]  # injected tokens (mask 0) are context only: no ratio, no loss, no count
         seq = torch.tensor([k for k, s in enumerate(mb) for _ in s["tokens"]], device=device)[keep]
         loss, n_clipped = policy_loss(logp, logp_gen, per_tok("advantage"), per_tok("weight"), seq, cfg)
-        loss.backward()
+        (loss * world()).backward()
         loss_sum, clipped, n_tok = loss_sum + loss.item(), clipped + n_clipped, n_tok + len(logp)
         mismatch += mismatch_sums(logp, logp_gen, cfg.eps_max)
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
+    loss_sum, clipped, n_tok, *mismatch = all_sum(loss_sum, clipped, n_tok, *mismatch)  # the whole batch's
+    grad_norm = full(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)).item()
     skipped = not (math.isfinite(loss_sum) and math.isfinite(grad_norm))
     lr = opt.param_groups[0]["lr"]  # the rate of this update (the scheduler moves on after it)
     if not skipped:  # a non-finite loss or gradient would poison the weights and AdamW's moments: skip it
         opt.step()
         sched.step()
     opt.zero_grad(set_to_none=True)
-    m = mismatch / max(n_tok, 1)
+    m = np.array(mismatch) / max(n_tok, 1)
     return {"loss": loss_sum, "grad_norm": grad_norm, "clip_frac": clipped / max(n_tok, 1), "skipped": skipped,
-            "trained_tokens": 0 if skipped else n_tok, "lr": lr,
+            "trained_tokens": 0 if skipped else int(n_tok), "lr": lr,
             "mismatch_abs_logprob": m[0], "mismatch_kl_k3": m[1], "mismatch_trunc_frac": m[2]}
 
 
@@ -608,7 +635,7 @@ def admission(cfg, in_flight, ready, unfinished, capacity):
     within K + 1 updates when groups complete in order; one that completes later than that is dropped as stale.
     ppo (PPO-off-policy-k): K batches at a time, all with the same weights, once the previous K are trained.
     K = 0: the synchronous loop, one batch at a time."""
-    P, K, G = cfg.prompts_per_step, cfg.max_lag, cfg.generations_per_prompt
+    P, K, G = cfg.prompts_per_step // world(), cfg.max_lag, cfg.generations_per_prompt  # P: this rank's share
     if cfg.off_policy == "ppo" or K == 0:
         return 0 if in_flight or ready else P * (max(K, 1) if cfg.off_policy == "ppo" else 1)
     free = (capacity - unfinished) // G if in_flight else max(1, (capacity - unfinished) // G)
@@ -621,7 +648,7 @@ def admit(s, cfg, n):
     for i in idx + next_prompts(s.cur, n - len(idx)):
         s.ro.add(("train", s.serial), s.train_ids[i], cfg.generations_per_prompt,
                  step_seed(cfg.seed, RNG_ROLLOUT, s.serial), info=i)
-        s.serial += 1
+        s.serial += s.cur.world  # under torchrun rank r numbers its groups r, r + W, ...: each has its own stream
 
 
 def group_lag(g, version):
@@ -640,8 +667,9 @@ def next_batch(s, cfg):
         fresh = sorted((g for g in s.ro.done if group_lag(g, s.version) <= cfg.max_lag),
                        key=lambda g: -group_lag(g, s.version))  # stable: completion order among equals
         stale, s.ro.done = stale + len(s.ro.done) - len(fresh), fresh
-        if len(fresh) >= cfg.prompts_per_step:
-            batch, s.ro.done = fresh[:cfg.prompts_per_step], fresh[cfg.prompts_per_step:]
+        share = cfg.prompts_per_step // world()  # under torchrun each rank brings its share of the P groups
+        if len(fresh) >= share:
+            batch, s.ro.done = fresh[:share], fresh[share:]
             return batch, stale
         admit(s, cfg, admission(cfg, len(s.ro.open), len(s.ro.done), s.engine.unfinished(), s.engine.capacity))
         if not s.ro.open:
@@ -680,17 +708,21 @@ class State:
     version: int = 0          # optimiser updates so far: the version of the trainer's weights
     serial: int = 0           # training groups started so far
     requeue: collections.deque = field(default_factory=collections.deque)  # in flight at a resumed checkpoint
+    policy: object = None     # the Policy module that trains `model` (FSDP2-sharded under torchrun)
 
 
 def evaluate(s, cfg, step):
     """Held-out mean pass rate, mean@k with k = --eval-samples (the paper's mean@16) [Sec. 2], with the current
-    weights, and the grading errors. Training groups in flight go on decoding meanwhile and stay apart."""
+    weights, and the grading errors. Training groups in flight go on decoding meanwhile and stay apart. Under
+    torchrun rank r evaluates the held-out prompts r, r + W, ...; the mean is over all of them."""
     if s.engine.version != s.version:  # PPO-off-policy-k mid-round: the engine still holds older weights
         s.engine.push(s.model, s.version)
-    groups = rollout(s.ro, s.val_ids, cfg.eval_samples, step_seed(cfg.seed, RNG_EVAL, step))
+    ids = list(range(s.cur.rank, len(s.val_ids), s.cur.world))
+    groups = rollout(s.ro, [s.val_ids[i] for i in ids], cfg.eval_samples, step_seed(cfg.seed, RNG_EVAL, step), ids=ids)
     s.ro.decoded = s.ro.steps = 0  # the engine statistics of the metrics rows are the training steps' only
-    correct, _, errors = score(s.tok, groups, s.val_answers, s.grader, cfg)
-    return float(correct.mean()), errors
+    correct, _, errors = score(s.tok, groups, [s.val_answers[i] for i in ids], s.grader, cfg)
+    total, count = all_sum(correct.sum(), correct.size)
+    return total / count, errors
 
 
 def run(cfg):
@@ -710,7 +742,7 @@ def run(cfg):
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 row["val_pass_rate"], val_errors = evaluate(s, cfg, step)
                 errors = errors + val_errors
-                row.update(live_fit(book.rows + [row]) if cfg.live_fit else {})  # Part II: the run's predicted end
+                row.update(live_fit(book.rows + [row]) if cfg.live_fit and book.writer else {})  # the predicted end
             if book.log(s, row, errors):  # True: stopped by a signal, after saving a checkpoint
                 break
     return book.rows
@@ -830,6 +862,11 @@ def validate(cfg):
         die(f"--device {cfg.device}: CUDA is not available on this machine")
     if cfg.device not in ("auto", "cpu") and not re.fullmatch(r"cuda(:\d+)?", cfg.device):
         die(f"--device must be auto, cpu, cuda or cuda:N (got {cfg.device})")
+    if launched() and ":" in cfg.device:
+        die(f"--device {cfg.device}: under torchrun each rank takes cuda:LOCAL_RANK; pass --device cuda (or auto)")
+    if launched() and cfg.prompts_per_step % world():
+        die(f"--prompts-per-step {cfg.prompts_per_step} must be a multiple of the {world()} ranks: each rank "
+            "generates and trains an equal share of every step's prompts")
     if cfg.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         die("--engine vllm: vllm is not installed (pip install -r requirements.txt; on CPU see the README), "
             "or use --engine hf")
@@ -1365,7 +1402,8 @@ def hf_generate(model, tok, prompts, max_tokens, temperature, seed, lm_head_fp32
 class HFEngine:
     """Engine 'hf': Hugging Face `generate` on the trainer's own model (so a push only moves the version). It cannot
     stream: step() generates every request submitted since the last step in one batched call, so it runs the
-    synchronous loop (and PPO-off-policy-k) only."""
+    synchronous loop (and PPO-off-policy-k) only. Under torchrun it generates with a whole copy of the model (the
+    trainer's is sharded, and a rank's generate must not wait on the others), into which push() copies the weights."""
 
     def __init__(self, model, tok, cfg, autocast_dtype):
         self.model, self.tok, self.cfg, self.autocast = model, tok, cfg, autocast_dtype
@@ -1389,10 +1427,17 @@ class HFEngine:
         return [(r[0], c) for r, c in zip(reqs, comps)], decoded
 
     def push(self, model, version):
+        if model is not None and model is not self.model:
+            mine = self.model.state_dict()
+            for name, t in full_weights(model, next(self.model.parameters()).dtype):
+                mine[name].copy_(t)
         self.version = version
 
     def abort(self):
         self.queue = []
+
+    def close(self):
+        pass
 
     def sleep(self):
         pass
@@ -1411,6 +1456,8 @@ class VLLMEngine:
                   max_model_len=max_model_len, logprobs_mode="processed_logprobs", use_tqdm_on_load=cfg.verbose)
         if cfg.lm_head_fp32:
             kw["hf_overrides"] = {"head_dtype": "float32"}
+        if launched():  # one engine per rank, on cuda:LOCAL_RANK, each generating its own prompts (as TRL colocates)
+            kw["distributed_executor_backend"] = "external_launcher"
         self.sleeps = cfg.vllm_sleep if cfg.vllm_sleep is not None else device.type == "cuda" and \
             (cfg.off_policy == "ppo" or cfg.max_lag == 0)  # sleeping drops the KV cache: nothing may be in flight
         if device.type == "cpu":  # eager: compiling took 49 s for a 10% faster 135M model on 2 cores
@@ -1479,10 +1526,11 @@ class VLLMEngine:
         """Load the trainer's weights [Sec. 3.1] under their Hugging Face names (vLLM's loaders map them to its own
         layout: fused projections, tied heads) with `reload_weights`, the same call on CPU and CUDA (the CPU
         backend prepacks its linear layers, and reload_weights rebuilds them). Running sequences keep their KV
-        cache, computed with older weights, as PipelineRL does; --refresh-kv re-prefills them instead."""
+        cache, computed with older weights, as PipelineRL does; --refresh-kv re-prefills them instead. The weights go
+        in one call, as an iterator (under torchrun each is gathered from the shards as the engine takes it): a call
+        with part of a layer's weights would leave that layer wrong."""
         self.wake()
-        dtype = self.core.model_config.dtype
-        weights = [(name, t.detach().to(dtype)) for name, t in model.state_dict().items()]
+        weights = full_weights(model, self.core.model_config.dtype)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.version = version
         self.core.set_weight_version(str(version))
@@ -1493,6 +1541,10 @@ class VLLMEngine:
         """Drop every request in flight."""
         self.core.abort_request(list(self.live))
         self.live = {}
+
+    def close(self):
+        """Shut the engine down now (under torchrun it takes the process group with it, so it must go last)."""
+        self.core.engine_core.shutdown()
 
     def sleep(self):
         """vLLM sleep mode (CUDA, nothing in flight): free the KV cache and offload the weights while training."""
@@ -1534,6 +1586,103 @@ def mismatch_sums(logp, logp_gen, eps_max):
     return np.array([d.abs().sum().item(), (torch.exp(d) - 1 - d).sum().item(), (d > math.log(eps_max)).sum().item()])
 
 # --------------------------------------------------------------------------------------------------
+# torchrun: one process per device. FSDP2 shards the trainer; each rank has its own engine and generates its share of
+# each step's prompts (data-parallel rollouts); whatever the recipe defines over the batch is reduced over the ranks.
+# In one process every function here is the identity.
+# --------------------------------------------------------------------------------------------------
+
+
+def launched():
+    """True under torchrun (or any launcher that sets RANK and WORLD_SIZE): the run is sharded, even on one rank."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def world():
+    return int(os.environ["WORLD_SIZE"]) if launched() else 1
+
+
+def rank():
+    return int(os.environ["RANK"]) if launched() else 0
+
+
+def _reduce(values, op):
+    x = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    if world() > 1:
+        dist.all_reduce(x, op=op)
+    return x.tolist() if len(values) > 1 else x.item()
+
+
+def all_sum(*values):
+    """The values summed over the ranks (each holds its share of the batch), as floats: one, or a list."""
+    return _reduce(values, dist.ReduceOp.SUM)
+
+
+def all_max(*values):
+    return _reduce(values, dist.ReduceOp.MAX)
+
+
+def all_gather(*lists):
+    """Each list concatenated over the ranks, in rank order."""
+    if world() == 1:
+        return [list(x) for x in lists]
+    got = [None] * world()
+    dist.all_gather_object(got, [list(x) for x in lists])
+    return [sum((g[k] for g in got), []) for k in range(len(lists))]
+
+
+def full(t):
+    """A whole tensor from a sharded one (DTensor.full_tensor gathers it: a collective, every rank in turn)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def even_out(batches, pad_id):
+    """Micro-batches as many as on the rank with the most: the others get empty ones (one padding token with loss
+    mask 0: no loss, no count), so that FSDP's collectives in forward and backward line up across ranks."""
+    filler = [{"prompt": [pad_id], "tokens": [pad_id], "gen_logprobs": [0.0], "mask": [0], "versions": [0],
+               "advantage": 0.0, "weight": 0.0}]
+    return batches + [filler] * (int(all_max(len(batches))) - len(batches))
+
+
+def full_weights(model, dtype):
+    """(name, whole tensor in dtype) for each weight of the model, one at a time, for an engine push: under torchrun
+    each is gathered from the shards when the engine asks for it, so no rank ever holds the whole model twice in
+    full (vLLM's reload takes them layer by layer). Every rank iterates in the same order."""
+    for name, t in model.state_dict().items():
+        yield name, full(t).detach().to(dtype)
+
+
+def init_distributed(cfg, device):
+    """Under torchrun: join the process group (gloo on CPU; on CUDA NCCL, with gloo for the small CPU reductions) and
+    take rank 0's run directory. Called once the model is loaded: with a process group, save_pretrained writes on
+    rank 0 only, and every node builds the embedded model for itself."""
+    if launched() and not dist.is_initialized():
+        dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
+    if launched():
+        cfg.out = broadcast(cfg.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")))
+
+
+def broadcast(obj):
+    """Rank 0's value of obj, on every rank."""
+    box = [obj]
+    if world() > 1:
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def shard(model):
+    """FSDP2 under torchrun: each decoder layer (the classes the model names in _no_split_modules) is one unit, and the
+    Policy around the model the root, which holds the rest (embeddings, final norm, LM head). Returns the Policy."""
+    policy = Policy(model)
+    if launched():
+        from torch.distributed.fsdp import fully_shard
+        for m in model.modules():
+            if type(m).__name__ in (getattr(model, "_no_split_modules", None) or []):
+                fully_shard(m)
+        fully_shard(policy)
+    return policy
+
+
+# --------------------------------------------------------------------------------------------------
 # Setup, logging and checkpoints
 # --------------------------------------------------------------------------------------------------
 
@@ -1544,6 +1693,8 @@ def setup(cfg):
     the trainer's weights) and, with --resume, the checkpoint's state. Returns (State, the config in force, Book)."""
     validate(fill_defaults(cfg))
     quiet_libraries(cfg.verbose)
+    if rank():  # under torchrun only rank 0 prints (errors still show)
+        sys.stdout = open(os.devnull, "w")
     cfg, saved = resumed_config(cfg, cfg.resume) if cfg.resume else (cfg, None)
     if cfg.engine == "hf" and cfg.off_policy == "pipeline" and cfg.max_lag > 0:
         print("scalerl: --engine hf cannot stream; running the synchronous loop (--max-lag 0)", flush=True)
@@ -1553,14 +1704,19 @@ def setup(cfg):
         print(f"scalerl: {len(train)} training and {len(val)} held-out prompts read; loading {cfg.model}", flush=True)
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           "cpu" if cfg.device == "auto" else cfg.device)
+    if launched() and device.type == "cuda":  # each rank its own GPU
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
     dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else \
         torch.bfloat16 if device.type == "cuda" else torch.float32
     cfg.out = cfg.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
     torch.manual_seed(cfg.seed)
+    per_rank = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))  # CPUs per rank
     workers = cfg.reward_workers if cfg.reward_workers >= 0 else 0 if cfg.reward == "digit" else \
-        min(16, os.cpu_count() or 1)  # the built-in task's reward is one regex: not worth a process
+        min(16, per_rank)  # the built-in task's reward is one regex: not worth a process
     grader = Grader(REWARDS[cfg.reward], workers, cfg.reward_timeout)
     model, tok, path = load_model(cfg, device, cfg.resume or None)
+    init_distributed(cfg, device)  # torchrun: the process group
     train_ids, val_ids = ([encode_prompt(tok, p, cfg) for p, _ in items] for items in (train, val))
     longest = max(map(len, train_ids + val_ids)) + cfg.max_new_tokens
     if cfg.length_control == "interrupt":
@@ -1573,11 +1729,13 @@ def setup(cfg):
             f"({longest})")
     autocast = None if dtype == getattr(torch, cfg.param_dtype) else dtype
     engine = VLLMEngine(cfg, path, device, dtype, cfg.vllm_max_model_len or longest) if cfg.engine == "vllm" else \
-        HFEngine(model, tok, cfg, autocast)
+        HFEngine(copy.deepcopy(model) if launched() else model, tok, cfg, autocast)
+    policy = shard(model)  # FSDP2 under torchrun
     opt, sched = make_optimizer(model, cfg)
     s = State(model, tok, opt, sched, autocast, engine, Rollouts(cfg, engine, tok), grader, train, train_ids, val_ids,
-              [a for _, a in val], Curriculum(len(train), cfg.seed),
-              {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0, "skipped_updates": 0})
+              [a for _, a in val], Curriculum(len(train), cfg.seed, rank(), world()),
+              {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0, "skipped_updates": 0},
+              serial=rank(), policy=policy)
     rows = restore(saved, s, cfg.out) if saved else []
     engine.push(model, s.version)  # the engine starts from exactly the trainer's weights
     ceiling = hidden_task_ceiling([p for p, _ in val]) if not cfg.data and cfg.task == "hidden" else None
@@ -1607,26 +1765,35 @@ def live_fit(rows, bootstrap=100):
 def metrics_row(s, cfg, step, r):
     """The step's metrics row (see the README's table), with the cumulative counters it advances: device_hours,
     the x-axis of the scaling curve (evaluation time not counted), flops (2N per prompt or generated token, 6N per
-    trained token), sampled and trained tokens, skipped updates."""
-    comps, samples, update = [c for g in r["groups"] for c in g.completions], r["samples"], r["update"]
-    n_params, n_gen = sum(p.numel() for p in s.model.parameters()), sum(len(c.tokens) for c in comps)
+    trained token), sampled and trained tokens, skipped updates. Under torchrun every count is the sum over the ranks
+    (the loss and gradient norm already are), device_hours counts every device, the times are rank 0's."""
+    comps, samples, update, groups = [c for g in r["groups"] for c in g.completions], r["samples"], r["update"], \
+        r["groups"]
+    n_params = sum(p.numel() for p in s.model.parameters())  # a sharded parameter counts whole
+    (n_groups, n_comps, n_gen, n_sampled, n_prompt, n_trained, reward, truncated, interrupted, flat, active, excluded,
+     lag_sum, n_lags, stale, in_flight, decoded, engine_steps) = all_sum(
+        len(groups), len(comps), sum(len(c.tokens) for c in comps), sum(sum(c.mask) for c in comps),
+        sum(len(g.prompt) for g in groups), sum(len(x["prompt"]) + len(x["tokens"]) for x in samples),
+        r["rewards"].sum(), sum(not c.finished for c in comps), sum(c.interrupted for c in comps),
+        round(r["stats"]["zero_variance_frac"] * len(groups)), r["stats"]["active_prompts"],
+        r["stats"]["truncated_excluded"], sum(r["lags"]), len(r["lags"]), r["stale"], r["in_flight"], s.ro.decoded,
+        s.ro.steps)
     t = s.totals
-    t["device_hours"] += r["t_step"] / 3600
-    t["flops"] += 2 * n_params * (sum(len(g.prompt) for g in r["groups"]) + n_gen) + \
-        6 * n_params * sum(len(x["prompt"]) + len(x["tokens"]) for x in samples)
-    t["gen_tokens"] += sum(sum(c.mask) for c in comps)  # sampled tokens (injected phrases not counted)
+    t["device_hours"] += r["t_step"] * world() / 3600
+    t["flops"] += 2 * n_params * (n_prompt + n_gen) + 6 * n_params * n_trained
+    t["gen_tokens"] += int(n_sampled)  # sampled tokens (injected phrases not counted)
     t["train_tokens"] += update.get("trained_tokens", 0)
     t["skipped_updates"] += int(update.get("skipped", False))
-    row = {"step": step, **t, "reward_mean": float(r["rewards"].mean()), **r["stats"],
+    row = {"step": step, **t, "reward_mean": reward / n_comps, "zero_variance_frac": flat / n_groups,
+           "active_prompts": int(active), "truncated_excluded": int(excluded),
            "npr_removed": len(s.cur.removed), "pool_size": len(s.train) - len(s.cur.removed), "epoch": s.cur.epoch,
-           "truncated_frac": float(np.mean([not c.finished for c in comps])),
-           "interrupted_frac": float(np.mean([c.interrupted for c in comps])),
-           "mean_completion_tokens": n_gen / len(comps), "loss": update.get("loss", 0.0),
+           "truncated_frac": truncated / n_comps, "interrupted_frac": interrupted / n_comps,
+           "mean_completion_tokens": n_gen / n_comps, "loss": update.get("loss", 0.0),
            "grad_norm": update.get("grad_norm", 0.0), "clip_frac": update.get("clip_frac", 0.0),
            "lr": update.get("lr", s.sched.get_last_lr()[0]),
-           "lag_mean": float(np.mean(r["lags"])) if r["lags"] else 0.0, "lag_max": max(r["lags"], default=0),
-           "stale_dropped": r["stale"], "inflight_groups": r["in_flight"],
-           "engine_batch_mean": s.ro.decoded / max(s.ro.steps, 1), "step_seconds": r["t_step"],
+           "lag_mean": lag_sum / n_lags if n_lags else 0.0, "lag_max": int(all_max(max(r["lags"], default=0))),
+           "stale_dropped": int(stale), "inflight_groups": int(in_flight),
+           "engine_batch_mean": decoded / max(engine_steps, 1), "step_seconds": r["t_step"],
            "gen_seconds": r["t_gen"], "train_seconds": r["t_train"], "sync_seconds": r["t_sync"],
            **{k: v for k, v in update.items() if k.startswith("mismatch_")}}
     s.ro.decoded = s.ro.steps = 0
@@ -1639,26 +1806,30 @@ class Book:
     """The run's records and its ways out: config.json, metrics.jsonl (and W&B), the progress line, checkpoints
     (every --save-every steps, at the end, and on SIGINT/SIGTERM once the step in progress is done; a second signal
     abandons it), the stop after --max-skipped-updates non-finite updates in a row, and clean-up (grading
-    processes, requests in flight). A run that fails before its first metrics row leaves no directory behind."""
+    processes, requests in flight). A run that fails before its first metrics row leaves no directory behind.
+    Under torchrun every rank keeps the book (checkpoints and stops are collective) but only rank 0 writes it."""
 
     def __init__(self, cfg, s, rows, first, device, ceiling=None):
         self.cfg, self.s, self.rows, self.first, self.out = cfg, s, rows, first, cfg.out
         self.saved = self.done = first - 1
         self.stop, self.in_a_row, self.handlers = [], 0, {}
-        self.fresh = not os.path.isdir(self.out)
-        os.makedirs(self.out, exist_ok=True)
+        self.fresh, self.writer = not os.path.isdir(self.out), rank() == 0
         n_params = sum(p.numel() for p in s.model.parameters())
         const, const_rate = best_constant_pass_rate(s.val_answers)
-        with open(os.path.join(self.out, "config.json"), "w") as f:
-            json.dump({**dataclasses.asdict(cfg), "n_params": n_params, "device": str(device),
-                       "best_constant_answer": const, "best_constant_pass_rate": const_rate,
-                       "best_possible_pass_rate": ceiling}, f, indent=2)
-        print(f"scalerl: {n_params / 1e6:.2f}M parameters on {device} | {len(s.train)} train / {len(s.val_ids)} val "
+        on = f"{device} x {world()} ranks" if launched() else device
+        if self.writer:
+            os.makedirs(self.out, exist_ok=True)
+            with open(os.path.join(self.out, "config.json"), "w") as f:
+                json.dump({**dataclasses.asdict(cfg), "n_params": n_params, "device": str(on), "world_size": world(),
+                           "best_constant_answer": const, "best_constant_pass_rate": const_rate,
+                           "best_possible_pass_rate": ceiling}, f, indent=2)
+        print(f"scalerl: {n_params / 1e6:.2f}M parameters on {on} | {len(s.train)} train / {len(s.val_ids)} val "
               f"prompts | best constant answer '{const}' scores {const_rate:.3f}"
               + (f" | best possible pass rate {ceiling:.3f}" if ceiling else "") + f" | writing {self.out}"
               + (f" | resuming after step {first - 1}" if first > 1 else ""), flush=True)
-        self.metrics = open(os.path.join(self.out, "metrics.jsonl"), "a" if first > 1 else "w")
-        self.tracker = start_wandb(cfg, self.out) if cfg.wandb else None
+        self.metrics = open(os.path.join(self.out, "metrics.jsonl"), "a" if first > 1 else "w") if self.writer \
+            else open(os.devnull, "w")
+        self.tracker = start_wandb(cfg, self.out) if cfg.wandb and self.writer else None
 
     def __enter__(self):
         import signal
@@ -1674,7 +1845,11 @@ class Book:
         return self
 
     def log(self, s, row, errors):
-        """Record a row; save a checkpoint when it is time. Returns True when a signal asked the run to stop."""
+        """Record a row; save a checkpoint when it is time. Returns True when a signal asked the run to stop (under
+        torchrun: any rank's signal stops every rank)."""
+        errors = all_gather(errors)[0]
+        if all_max(bool(self.stop)) and not self.stop:
+            self.stop.append("a signal to another rank")
         row["reward_errors"] = len(errors)
         self.rows.append(row)
         self.metrics.write(json.dumps(row) + "\n")
@@ -1684,7 +1859,8 @@ class Book:
         step = row["step"]
         print(progress_line(row, self.cfg.steps) if step else f"step    0/{self.cfg.steps} | val "
               f"{row['val_pass_rate']:.3f}", flush=True)
-        report_grading_errors(step, errors)
+        if self.writer:
+            report_grading_errors(step, errors)
         if not step:
             return False
         self.done = step
@@ -1719,9 +1895,11 @@ class Book:
             self.metrics.close()
             self.s.grader.close()
             self.s.engine.abort()
+            if launched():  # after the last collective
+                self.s.engine.close()
             if self.tracker:
                 self.tracker.finish()
-            if kind is not None and self.fresh and not self.rows:
+            if kind is not None and self.fresh and not self.rows and self.writer:
                 import shutil
                 shutil.rmtree(self.out, ignore_errors=True)
         return False
@@ -1820,36 +1998,48 @@ def pending_prompts(s):
 def save_checkpoint(out, step, s, cfg):
     """Save everything a run needs to continue: the model (safetensors, loadable with from_pretrained),
     optimiser and scheduler state, the step, the compute counters, the curriculum, the RNG state, the config and
-    the off-policy loop's state (weight version, group counter, the prompts of the groups still in flight, which
-    a resumed run generates again). Written to a temporary directory and renamed into place, so a crash mid-write
-    leaves the previous checkpoint intact; then only the newest --keep-last are kept."""
+    the off-policy loop's state (weight version, and per rank the group counter, the curriculum's place and the
+    prompts of the groups still in flight, which a resumed run generates again). Under torchrun the weights and
+    the optimiser state are gathered whole on rank 0 (in CPU memory), which writes. Written to a temporary directory
+    and renamed into place, so a crash mid-write leaves the previous checkpoint intact; then only the newest
+    --keep-last are kept."""
     import shutil
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+    whole = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights, optimizer = get_model_state_dict(s.model, options=whole), get_optimizer_state_dict(s.model, s.opt,
+                                                                                                 options=whole)
+    ranks = all_gather([{"curriculum": dataclasses.asdict(s.cur), "serial": s.serial, "pending": pending_prompts(s),
+                         "torch_rng": torch.get_rng_state(),
+                         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}])[0]
     final = os.path.join(out, "checkpoints", f"step_{step:06d}")
     tmp = f"{final}.tmp{os.getpid()}"
     try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        s.model.save_pretrained(tmp)
-        s.tok.save_pretrained(tmp)
-        torch.save({"step": step, "totals": dict(s.totals), "curriculum": dataclasses.asdict(s.cur),
-                    "loop": {"version": s.version, "serial": s.serial, "pending": pending_prompts(s)},
-                    "optimizer": s.opt.state_dict(), "scheduler": s.sched.state_dict(),
-                    "torch_rng": torch.get_rng_state(), "config": dataclasses.asdict(cfg),
-                    "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-                   os.path.join(tmp, "trainer_state.pt"))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+        if rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            s.model.save_pretrained(tmp, state_dict=weights)
+            s.tok.save_pretrained(tmp)
+            torch.save({"step": step, "totals": dict(s.totals), "loop": {"version": s.version}, "ranks": ranks,
+                        "optimizer": optimizer, "scheduler": s.sched.state_dict(), "config": dataclasses.asdict(cfg)},
+                       os.path.join(tmp, "trainer_state.pt"))
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            for old in list_checkpoints(out)[:-cfg.keep_last]:
+                shutil.rmtree(old, ignore_errors=True)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         die(f"cannot write checkpoint {final} ({e.strerror or e}); the last good checkpoint is "
             f"{last_checkpoint(out)}", 1)
-    for old in list_checkpoints(out)[:-cfg.keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+    if world() > 1:
+        dist.barrier()  # the checkpoint is complete before any rank goes on (or exits)
     return final
 
 
 def resumed_config(cfg, ckpt):
     """The checkpoint's config, except what may change between the parts of one run."""
-    state = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=False)
+    state = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=False, mmap=True)
+    if len(state["ranks"]) != world():
+        die(f"--resume {ckpt}: the run had {len(state['ranks'])} ranks; resume it with as many (this has {world()})")
     saved = {**state["config"], "think_budget": tuple(state["config"]["think_budget"])}
     steps = cfg.steps if cfg.steps != Config.steps else saved["steps"]
     return Config(**{**saved, "steps": steps, "save_every": cfg.save_every, "keep_last": cfg.keep_last,
@@ -1859,21 +2049,24 @@ def resumed_config(cfg, ckpt):
 def restore(state, s, out):
     """Put a checkpoint's state back, and cut metrics.jsonl back to its step (rows logged after the checkpoint
     are written again by the resumed run): no step is duplicated or missing."""
-    s.opt.load_state_dict(state["optimizer"])
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    set_optimizer_state_dict(s.model, s.opt, state["optimizer"], options=StateDictOptions(full_state_dict=launched()))
     s.sched.load_state_dict(state["scheduler"])
-    s.cur.__dict__.update({**state["curriculum"], "removed": set(state["curriculum"]["removed"])})
+    mine = state["ranks"][rank()]
+    s.cur.__dict__.update({**mine["curriculum"], "removed": set(mine["curriculum"]["removed"])})
     s.totals.update(state["totals"])
-    s.version, s.serial = state["loop"]["version"], state["loop"]["serial"]
-    s.requeue.extend(state["loop"]["pending"])
-    torch.set_rng_state(state["torch_rng"])
-    if state["cuda_rng"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    s.version, s.serial = state["loop"]["version"], mine["serial"]
+    s.requeue.extend(mine["pending"])
+    torch.set_rng_state(mine["torch_rng"])
+    if mine["cuda_rng"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(mine["cuda_rng"])
     path = os.path.join(out, "metrics.jsonl")
     with open(path) as f:
         rows = [r for r in map(json.loads, f) if r["step"] <= state["step"]]
-    with open(path + ".tmp", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-    os.replace(path + ".tmp", path)
+    if rank() == 0:
+        with open(path + ".tmp", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        os.replace(path + ".tmp", path)
     return rows
 
 
@@ -1885,6 +2078,9 @@ def main(argv=None):
         sys.exit(e.status)
     except KeyboardInterrupt:  # a second SIGINT/SIGTERM abandoned the step in progress
         sys.exit(130)
+    finally:  # under torchrun (a vLLM engine, when it shuts down, takes the process group with it)
+        if launched() and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

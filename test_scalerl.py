@@ -1300,11 +1300,12 @@ def test_resume_in_pipeline_mode_regenerates_the_groups_in_flight(tmp_path):
     for k in ["flops", "gen_tokens", "device_hours"]:
         assert rows[2][k] < rows[3][k] < rows[4][k]
     state4 = torch.load(S.list_checkpoints(str(tmp_path))[-1] + "/trainer_state.pt", weights_only=False)
-    c2, c4, pending = state2["curriculum"], state4["curriculum"], state2["loop"]["pending"]
+    (r2,), (r4,) = state2["ranks"], state4["ranks"]  # one process: one rank's loop state
+    c2, c4, pending = r2["curriculum"], r4["curriculum"], r2["pending"]
     assert len(c2["pass_rate"]) == 16 and len(c4["pass_rate"]) == 32 and set(c2["pass_rate"]) < set(c4["pass_rate"])
     assert len(pending) >= 16 and c2["pos"] == 16 + len(pending)  # drawn = trained + in flight at the checkpoint
     assert set(c4["pass_rate"]) - set(c2["pass_rate"]) <= set(pending)  # the groups in flight came first
-    assert c4["order"] == c2["order"] and state4["loop"]["serial"] > state2["loop"]["serial"]
+    assert c4["order"] == c2["order"] and r4["serial"] > r2["serial"]
     assert state4["totals"]["gen_tokens"] == rows[4]["gen_tokens"] and state4["step"] == 4
     assert state4["loop"]["version"] == rows[4]["step"] - sum(r["active_prompts"] == 0 for r in rows[1:])
 
@@ -1382,3 +1383,235 @@ def test_a_failing_checkpoint_write_keeps_the_last_good_one(tmp_path, monkeypatc
     assert e.value.status == 1 and "No space left on device" in str(e.value) and "step_000001" in str(e.value)
     assert [os.path.basename(c) for c in S.list_checkpoints(str(tmp_path))] == ["step_000001"]
     assert os.listdir(tmp_path / "checkpoints") == ["step_000001"]  # no half-written directory left
+
+
+# ---------------------------------------------------------------------------------------------- torchrun (2 ranks)
+def _on_rank(rank, world, port, fn, args):
+    """One rank, as torchrun starts it: RANK and WORLD_SIZE set, a gloo process group."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        fn(rank, *args)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def on_two_ranks(fn, *args):
+    """Run fn(rank, *args) in two processes joined in a gloo group (fn: a function of this module)."""
+    import socket
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    torch.multiprocessing.spawn(_on_rank, args=(2, port, fn, args), nprocs=2)
+
+
+def fixed_batch(flat_rank1=False):
+    """Six prompts x 4 completions of mixed lengths, with injected tokens (mask 0), truncated completions and 0/1
+    rewards; prompt 0 is flat (zero variance), and with flat_rank1 so are prompts 3-5 (the second rank's share).
+    The first three prompts' completions are longer, so that the first rank has more micro-batches."""
+    rng = np.random.default_rng(7)
+    prompts, groups = [], []
+    for i in range(6):
+        prompts.append(rng.integers(3, 50, size=3 + i % 3).tolist())
+        group = []
+        for j in range(4):
+            n = int(rng.integers(6, 12) if i < 3 else rng.integers(1, 5))
+            mask = [int(rng.random() > 0.15) for _ in range(n)]
+            group.append(S.Completion(rng.integers(3, 50, size=n).tolist(), (-rng.uniform(0.5, 4, size=n)).tolist(),
+                                      bool(j != 1), mask, [0] * n))
+        groups.append(group)
+    rewards = rng.integers(0, 2, size=(6, 4)).astype(float)
+    rewards[:, 0], rewards[:, 2] = 1.0, 0.0  # every group varied (completions 0 and 2 are finished)...
+    rewards[0] = 1.0                         # ...but prompt 0
+    if flat_rank1:
+        rewards[3:] = 0.0
+    return prompts, groups, rewards
+
+
+DIST_CASES = [(tied, agg, norm, flat) for tied in (False, True) for agg in ("prompt", "sample", "token")
+              for norm in ("batch", "prompt", "none") for flat in (False, True) if not flat or agg == norm == "prompt"]
+
+
+def dist_cfg(agg, norm):
+    return S.Config(loss_agg=agg, adv_norm=norm, mask_truncated=True, micro_batch_tokens=24, logprob_chunk=5,
+                    grad_clip=1e9)
+
+
+def one_sgd_step(policy, model, prompts, groups, rewards, cfg):
+    """build_batch and train_step with SGD at lr 1: the weights move by exactly minus the gradient."""
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    samples, _ = S.build_batch(prompts, groups, rewards, cfg)
+    before = {n: S.full(p).detach().clone() for n, p in model.named_parameters()}
+    out = S.train_step(policy, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), samples, cfg, 0)
+    return out, {n: before[n] - S.full(p).detach() for n, p in model.named_parameters()}
+
+
+def _grads_worker(rank, paths, out):
+    from transformers import AutoModelForCausalLM
+    got = {}
+    for tied, agg, norm, flat in DIST_CASES:
+        model = AutoModelForCausalLM.from_pretrained(paths[tied])
+        policy = S.shard(model)
+        assert type(policy).__name__.startswith("FSDP") and hasattr(model.model.layers[0], "reshard")
+        prompts, groups, rewards = fixed_batch(flat)
+        mine = slice(0, 3) if rank == 0 else slice(3, 6)
+        got[tied, agg, norm, flat] = one_sgd_step(policy, model, prompts[mine], groups[mine], rewards[mine],
+                                                  dist_cfg(agg, norm))
+    if rank == 0:
+        torch.save(got, out)
+
+
+def test_two_ranks_loss_and_gradients_equal_one_process(tmp_path):
+    """FSDP2 over two gloo ranks, each with half the prompts (the first rank has more micro-batches, and in the `flat`
+    cases the second rank has no sample at all), gives the loss, the statistics and the gradients of one process
+    with the whole batch, for each aggregation and normalisation mode, tied and untied heads."""
+    paths = {}
+    for tied in (False, True):
+        paths[tied] = str(tmp_path / f"m{int(tied)}")
+        tiny_model(tied).save_pretrained(paths[tied])
+    on_two_ranks(_grads_worker, paths, str(tmp_path / "got.pt"))
+    got = torch.load(tmp_path / "got.pt", weights_only=False)
+    from transformers import AutoModelForCausalLM
+    for case in DIST_CASES:
+        tied, agg, norm, flat = case
+        model = AutoModelForCausalLM.from_pretrained(paths[tied])
+        want, want_grads = one_sgd_step(model, model, *fixed_batch(flat), dist_cfg(agg, norm))
+        out, grads = got[case]
+        assert want["trained_tokens"] == out["trained_tokens"] > 0
+        for k in ["loss", "grad_norm", "clip_frac", "mismatch_abs_logprob", "mismatch_kl_k3"]:
+            assert out[k] == pytest.approx(want[k], rel=1e-5, abs=1e-7), (case, k)
+        assert grads.keys() == want_grads.keys()
+        for name in grads:
+            torch.testing.assert_close(grads[name], want_grads[name], atol=1e-6, rtol=1e-5, msg=f"{case} {name}")
+        assert max(g.abs().max().item() for g in grads.values()) > 1e-3  # gradients that can be told apart
+
+
+class FakeTok:
+    """Token 7 decodes to 'a'; no special tokens."""
+    all_special_ids, pad_token_id = [], 0
+
+    def decode(self, ids):
+        return "a" * len(ids)
+
+    def __call__(self, text, add_special_tokens=False):
+        return type("E", (), {"input_ids": [1]})()
+
+
+def grade_by_answer(text, answer):
+    return float(answer == "yes")
+
+
+def fake_results(prompts, groups, rewards, cfg, lags, stale, in_flight):
+    samples, stats = S.build_batch(prompts, groups, rewards, cfg)
+    gs = [S.Group(("train", i), p, g, [], []) for i, (p, g) in enumerate(zip(prompts, groups))]
+    return dict(groups=gs, rewards=rewards, samples=samples, stats=stats, update={"trained_tokens": 5}, lags=lags,
+                stale=stale, in_flight=in_flight, t_step=0.5, t_gen=0.1, t_train=0.2, t_sync=0.1)
+
+
+def metrics_state(decoded, steps, val_answers):
+    cfg = S.Config(prompts_per_step=6, generations_per_prompt=4, eval_samples=2, length_control="truncate")
+    engine = ScriptedEngine(lambda key: 3)
+    ro = S.Rollouts(cfg, engine, FakeTok())
+    lin = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    s = S.State(lin, FakeTok(), opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), None, engine, ro,
+                S.Grader(grade_by_answer, 0, 10), [("p", "a")] * 40, [[1]] * 40, [[1, 2]] * len(val_answers),
+                val_answers, S.Curriculum(40, 0, S.rank(), S.world()),
+                {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0, "skipped_updates": 0})
+    ro.decoded, ro.steps = decoded, steps
+    return s, cfg
+
+
+VAL_ANSWERS = ["yes" if i % 3 == 0 else "no" for i in range(7)]  # 3 of 7 right; ranks' shares: 2/4 and 1/3
+RANK_EXTRAS = [dict(lags=[0, 1, 1, 2], stale=1, in_flight=3, decoded=50, steps=5),
+               dict(lags=[0, 3], stale=0, in_flight=2, decoded=30, steps=5)]
+
+
+def _metrics_worker(rank, out):
+    prompts, groups, rewards = fixed_batch()
+    mine = slice(0, 3) if rank == 0 else slice(3, 6)
+    x = RANK_EXTRAS[rank]
+    s, cfg = metrics_state(x["decoded"], x["steps"], VAL_ANSWERS)
+    row = S.metrics_row(s, cfg, 1, fake_results(prompts[mine], groups[mine], rewards[mine], cfg, x["lags"],
+                                                x["stale"], x["in_flight"]))
+    val, _ = S.evaluate(s, cfg, 1)
+    if rank == 0:
+        torch.save((row, val), out)
+
+
+def test_rank_zero_metrics_and_evaluation_cover_both_ranks(tmp_path):
+    """Rank 0's metrics row equals the row of one process holding both ranks' groups, lags and engine counts, and the
+    held-out pass rate is over the whole set (3/7 here; either rank's share alone gives 1/2 or 1/3)."""
+    on_two_ranks(_metrics_worker, str(tmp_path / "row.pt"))
+    row, val = torch.load(tmp_path / "row.pt", weights_only=False)
+    a, b = RANK_EXTRAS
+    s, cfg = metrics_state(a["decoded"] + b["decoded"], a["steps"] + b["steps"], VAL_ANSWERS)
+    want = S.metrics_row(s, cfg, 1, fake_results(*fixed_batch(), cfg, a["lags"] + b["lags"], a["stale"] + b["stale"],
+                                                 a["in_flight"] + b["in_flight"]))
+    assert row["device_hours"] == pytest.approx(2 * want["device_hours"])  # both devices' time
+    assert want["gen_tokens"] > 0 and want["active_prompts"] == 5 and want["lag_max"] == 3
+    for k in want:
+        if k not in ("device_hours", "train_tokens"):
+            assert row[k] == pytest.approx(want[k]), k
+    assert val == pytest.approx(3 / 7)
+
+
+def torchrun(*args, env=None):
+    """scalerl.py under torchrun, two ranks, each with one thread."""
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           os.path.join(HERE, "scalerl.py"), *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def test_two_rank_run_agrees_on_prompts_counts_both_ranks_and_resumes(tmp_path):
+    """torchrun, 2 ranks, the HF engine: each rank draws only its shard of the prompts, every rank holds the same
+    No-Positive-Resampling history, rank 0's rows count both ranks' prompts and tokens, the checkpoint is a whole HF
+    model, and the run resumes with 2 ranks (but not with 1)."""
+    out, P, G = str(tmp_path / "run"), 16, 8
+    common = ["--engine", "hf", "--out", out, "--prompts-per-step", str(P), "--generations-per-prompt", str(G),
+              "--npr-threshold", "0.1", "--val-size", "20", "--eval-every", "2", "--eval-samples", "2"]
+    p = torchrun(*common, "--steps", "2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count("cannot stream") == p.stdout.count("parameters on cpu x 2 ranks") == 1  # rank 0 alone prints
+    p = torchrun(*common, "--steps", "4", "--resume", "auto")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "resuming after step 2" in p.stdout
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    state = torch.load(S.list_checkpoints(out)[-1] + "/trainer_state.pt", weights_only=False)
+    c0, c1 = (r["curriculum"] for r in state["ranks"])
+    assert c0["pass_rate"] == c1["pass_rate"] and c0["removed"] == c1["removed"]  # the same history on both ranks
+    assert len(c0["pass_rate"]) == 4 * P  # every prompt of every step, from both ranks (no repeats in epoch 1)
+    assert {i % 2 for i in c0["order"]} == {0} and {i % 2 for i in c1["order"]} == {1}  # each its own shard
+    assert c0["removed"] == {i for i, r in c0["pass_rate"].items() if r >= 0.1} and c0["removed"]
+    assert rows[-1]["npr_removed"] == len(c0["removed"])
+    # one rank decodes at most P/2 x G x 8 sampled tokens a step (think budget 6 + answer budget 2)
+    steps = [b["gen_tokens"] - a["gen_tokens"] for a, b in zip(rows, rows[1:])]
+    assert all(P // 2 * G * 8 < n <= P * G * 8 for n in steps), steps
+    assert load_params(S.list_checkpoints(out)[-1])  # a whole model, loadable without torchrun
+    with pytest.raises(S.ScaleRLError, match="had 2 ranks"):
+        S.run(S.Config(out=out, resume="auto", steps=5))
+    bad = subprocess.run([sys.executable, os.path.join(HERE, "scalerl.py"), "--prompts-per-step", "7"],
+                         capture_output=True, text=True, env={**os.environ, "RANK": "0", "WORLD_SIZE": "2"})
+    assert bad.returncode == 2 and "multiple of the 2 ranks" in bad.stderr
+
+
+@pytest.mark.parametrize("mode", ["synchronous", "pipeline"])
+def test_two_rank_run_with_a_vllm_engine_per_rank(tmp_path, mode):
+    """torchrun, 2 ranks, one vLLM CPU engine each. Synchronous loop: every token trained on was sampled right after a
+    sync, and the trainer's log-probs match both engines' (the mismatch sums over both ranks' tokens). Pipeline:
+    the ranks stream, and tokens from older weights are trained on."""
+    need_vllm()
+    out = str(tmp_path / "run")
+    p = torchrun("--engine", "vllm", "--out", out, "--steps", "3", "--prompts-per-step", "16", "--eval-every", "3",
+                 "--val-size", "16", "--eval-samples", "2", *(["--max-lag", "0"] if mode == "synchronous" else []))
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = read_metrics(out)
+    trained = [r for r in rows[1:] if r["train_tokens"]]  # (a step whose groups are all flat trains nothing)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and len(trained) >= 2
+    if mode == "synchronous":
+        assert all(r["lag_max"] == 0 and r["mismatch_abs_logprob"] < 1e-5 for r in trained)
+    else:
+        assert max(r["lag_max"] for r in trained) >= 1 and max(r["mismatch_abs_logprob"] for r in trained) > 1e-4
