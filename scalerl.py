@@ -28,7 +28,9 @@ Each component can be switched to the alternative the paper ablates:
   FP32 LM head           --lm-head-fp32 / --no-lm-head-fp32                        token_logprobs, VLLMEngine
 
 `python scalerl.py` trains an embedded tiny Llama (random weights, character tokenizer) on a built-in task on the
-CPU; `python scalerl.py --model DIR_OR_HUB_ID --data FILE` trains a real model on a math dataset.
+CPU; `python scalerl.py --model DIR_OR_HUB_ID --data FILE` trains a real model on a math dataset;
+`torchrun --nproc-per-node 8 scalerl.py ...` shards the trainer with FSDP2 and gives each rank its own engine and its
+share of every step's prompts (what the recipe defines over the batch is reduced over the ranks: all_sum, all_gather).
 Part I (the recipe) reads top to bottom: config, rl_step, then its components in the order it calls them, then
 run(). Part II is plumbing: nothing in it changes the recipe (command line, data, grading, engines, checkpoints).
 """

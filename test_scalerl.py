@@ -1430,13 +1430,16 @@ def fixed_batch(flat_rank1=False):
     return prompts, groups, rewards
 
 
-DIST_CASES = [(tied, agg, norm, flat) for tied in (False, True) for agg in ("prompt", "sample", "token")
-              for norm in ("batch", "prompt", "none") for flat in (False, True) if not flat or agg == norm == "prompt"]
+DIST_CASES = [(tied, agg, norm, False, "cispo") for tied in (False, True) for agg in ("prompt", "sample", "token")
+              for norm in ("batch", "prompt", "none")] + [(True, "prompt", "batch", True, loss)
+                                                          for loss in ("cispo", "dapo", "gspo")]
 
 
-def dist_cfg(agg, norm):
-    return S.Config(loss_agg=agg, adv_norm=norm, mask_truncated=True, micro_batch_tokens=24, logprob_chunk=5,
-                    grad_clip=1e9)
+def dist_cfg(tied, agg, norm, flat, loss):
+    """Untied cases: no gradient clipping; tied ones: clipped to 0.25 (every gradient norm here is above it)."""
+    return S.Config(loss_agg=agg, adv_norm=norm, loss=loss, mask_truncated=True, micro_batch_tokens=24,
+                    logprob_chunk=5, grad_clip=0.25 if tied else 1e9, eps_low=0.2 if loss == "dapo" else 0.5,
+                    eps_high=0.28 if loss == "dapo" else 0.5)
 
 
 def one_sgd_step(policy, model, prompts, groups, rewards, cfg):
@@ -1451,14 +1454,13 @@ def one_sgd_step(policy, model, prompts, groups, rewards, cfg):
 def _grads_worker(rank, paths, out):
     from transformers import AutoModelForCausalLM
     got = {}
-    for tied, agg, norm, flat in DIST_CASES:
-        model = AutoModelForCausalLM.from_pretrained(paths[tied])
+    for case in DIST_CASES:
+        model = AutoModelForCausalLM.from_pretrained(paths[case[0]])
         policy = S.shard(model)
         assert type(policy).__name__.startswith("FSDP") and hasattr(model.model.layers[0], "reshard")
-        prompts, groups, rewards = fixed_batch(flat)
+        prompts, groups, rewards = fixed_batch(case[3])
         mine = slice(0, 3) if rank == 0 else slice(3, 6)
-        got[tied, agg, norm, flat] = one_sgd_step(policy, model, prompts[mine], groups[mine], rewards[mine],
-                                                  dist_cfg(agg, norm))
+        got[case] = one_sgd_step(policy, model, prompts[mine], groups[mine], rewards[mine], dist_cfg(*case))
     if rank == 0:
         torch.save(got, out)
 
@@ -1466,7 +1468,8 @@ def _grads_worker(rank, paths, out):
 def test_two_ranks_loss_and_gradients_equal_one_process(tmp_path):
     """FSDP2 over two gloo ranks, each with half the prompts (the first rank has more micro-batches, and in the `flat`
     cases the second rank has no sample at all), gives the loss, the statistics and the gradients of one process
-    with the whole batch, for each aggregation and normalisation mode, tied and untied heads."""
+    with the whole batch, for each aggregation and normalisation mode, tied and untied heads, with and without
+    clipping, and for each loss where the second rank has only empty micro-batches."""
     paths = {}
     for tied in (False, True):
         paths[tied] = str(tmp_path / f"m{int(tied)}")
@@ -1475,9 +1478,9 @@ def test_two_ranks_loss_and_gradients_equal_one_process(tmp_path):
     got = torch.load(tmp_path / "got.pt", weights_only=False)
     from transformers import AutoModelForCausalLM
     for case in DIST_CASES:
-        tied, agg, norm, flat = case
-        model = AutoModelForCausalLM.from_pretrained(paths[tied])
-        want, want_grads = one_sgd_step(model, model, *fixed_batch(flat), dist_cfg(agg, norm))
+        model = AutoModelForCausalLM.from_pretrained(paths[case[0]])
+        want, want_grads = one_sgd_step(model, model, *fixed_batch(case[3]), dist_cfg(*case))
+        assert want["grad_norm"] > 0.25
         out, grads = got[case]
         assert want["trained_tokens"] == out["trained_tokens"] > 0
         for k in ["loss", "grad_norm", "clip_frac", "mismatch_abs_logprob", "mismatch_kl_k3"]:
