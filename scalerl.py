@@ -1840,8 +1840,9 @@ class Book:
             if self.stop:
                 raise KeyboardInterrupt
             self.stop.append(signal.Signals(signum).name)
-            print(f"\n{self.stop[0]}: finishing this step, then saving a checkpoint (again to abandon the step)",
-                  file=sys.stderr, flush=True)
+            if self.writer:
+                print(f"\n{self.stop[0]}: finishing this step, then saving a checkpoint (again to abandon the step)",
+                      file=sys.stderr, flush=True)
 
         self.handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         return self
@@ -1875,7 +1876,8 @@ class Book:
             ckpt = self.save()
             if self.stop:
                 print(f"{self.stop[0]}: stopped after step {step}; checkpoint {ckpt}; continue with: "
-                      f"python scalerl.py --resume auto --out {self.out}", flush=True)
+                      f"{f'torchrun --nproc-per-node {world()}' if launched() else 'python'} scalerl.py --resume auto "
+                      f"--out {self.out}", flush=True)
         return bool(self.stop)
 
     def save(self):

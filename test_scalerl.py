@@ -1618,3 +1618,36 @@ def test_two_rank_run_with_a_vllm_engine_per_rank(tmp_path, mode):
         assert all(r["lag_max"] == 0 and r["mismatch_abs_logprob"] < 1e-5 for r in trained)
     else:
         assert max(r["lag_max"] for r in trained) >= 1 and max(r["mismatch_abs_logprob"] for r in trained) > 1e-4
+
+
+def test_a_signal_to_one_rank_stops_every_rank_with_a_checkpoint(tmp_path):
+    """SIGTERM to rank 1 alone: rank 0 learns of it at the next step's end, both save one checkpoint and exit 0."""
+    import signal
+    import time
+    out = str(tmp_path / "run")
+    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          os.path.join(HERE, "scalerl.py"), "--engine", "hf", "--out", out, "--steps", "200",
+                          "--eval-every", "1000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    def rank1():
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+                with open(f"/proc/{pid}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            if parent == p.pid and b"RANK=1" in env:
+                return int(pid)
+
+    while p.poll() is None and not (os.path.exists(out + "/metrics.jsonl") and len(read_metrics(out)) >= 3):
+        time.sleep(0.2)
+    os.kill(rank1(), signal.SIGTERM)
+    stdout, stderr = p.communicate(timeout=300)
+    assert p.returncode == 0, stderr[-3000:]
+    last = read_metrics(out)[-1]["step"]
+    assert 2 <= last < 200 and f"a signal to another rank: stopped after step {last}" in stdout
+    assert [os.path.basename(c) for c in S.list_checkpoints(out)] == [f"step_{last:06d}"]
+    assert "torchrun --nproc-per-node 2 scalerl.py --resume auto" in stdout
