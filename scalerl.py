@@ -376,9 +376,9 @@ def compute_advantages(rewards, norm, valid=None, eps=1e-6):
     n = np.maximum(valid.sum(axis=1, keepdims=True), 1)
     adv = np.where(valid, rewards - (rewards * valid).sum(axis=1, keepdims=True) / n, 0.0)
     if norm == "batch":
-        count, total, squares = all_sum(valid.sum(), adv[valid].sum(), (adv[valid] ** 2).sum())
+        count, total = all_sum(valid.sum(), adv[valid].sum())  # the std in two passes, as numpy's .std()
         mean = total / max(count, 1)
-        return adv / (math.sqrt(max(squares / max(count, 1) - mean ** 2, 0.0)) + eps)
+        return adv / (math.sqrt(all_sum(((adv[valid] - mean) ** 2).sum()) / max(count, 1)) + eps)
     if norm == "prompt":
         return adv / (np.sqrt((adv ** 2).sum(axis=1, keepdims=True) / n) + eps)
     return adv
