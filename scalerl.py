@@ -1717,7 +1717,8 @@ def setup(cfg):
     workers = cfg.reward_workers if cfg.reward_workers >= 0 else 0 if cfg.reward == "digit" else \
         min(16, per_rank)  # the built-in task's reward is one regex: not worth a process
     grader = Grader(REWARDS[cfg.reward], workers, cfg.reward_timeout)
-    model, tok, path = load_model(cfg, device, cfg.resume or None)
+    # under torchrun the whole model is loaded in CPU memory; FSDP2 moves each rank's shards to its device (shard)
+    model, tok, path = load_model(cfg, torch.device("cpu") if launched() else device, cfg.resume or None)
     init_distributed(cfg, device)  # torchrun: the process group
     train_ids, val_ids = ([encode_prompt(tok, p, cfg) for p, _ in items] for items in (train, val))
     longest = max(map(len, train_ids + val_ids)) + cfg.max_new_tokens
@@ -1730,9 +1731,10 @@ def setup(cfg):
         die(f"--vllm-max-model-len {cfg.vllm_max_model_len} is shorter than the longest prompt + completion "
             f"({longest})")
     autocast = None if dtype == getattr(torch, cfg.param_dtype) else dtype
+    generator = copy.deepcopy(model).to(device) if launched() and cfg.engine == "hf" else model
+    policy = shard(model)  # FSDP2 under torchrun; before the engine starts, which sizes itself to the memory left
     engine = VLLMEngine(cfg, path, device, dtype, cfg.vllm_max_model_len or longest) if cfg.engine == "vllm" else \
-        HFEngine(copy.deepcopy(model) if launched() else model, tok, cfg, autocast)
-    policy = shard(model)  # FSDP2 under torchrun
+        HFEngine(generator, tok, cfg, autocast)
     opt, sched = make_optimizer(model, cfg)
     s = State(model, tok, opt, sched, autocast, engine, Rollouts(cfg, engine, tok), grader, train, train_ids, val_ids,
               [a for _, a in val], Curriculum(len(train), cfg.seed, rank(), world()),
