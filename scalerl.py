@@ -681,8 +681,8 @@ def next_batch(s, cfg):
 
 def push_weights(s, cfg):
     """The engine gets each update at once (pipeline: sequences in flight go on with the new weights), except in
-    PPO-off-policy-k, where it waits until the round's K batches are trained."""
-    if s.engine.version != s.version and not (cfg.off_policy == "ppo" and s.ro.done):
+    PPO-off-policy-k, where it waits until the round's K batches are trained: none still decoding or waiting."""
+    if s.engine.version != s.version and not (cfg.off_policy == "ppo" and (s.ro.open or s.ro.done)):
         s.engine.push(s.model, s.version)
 
 # --------------------------------------------------------------------------------------------------
@@ -717,7 +717,9 @@ def evaluate(s, cfg, step):
     """Held-out mean pass rate, mean@k with k = --eval-samples (the paper's mean@16) [Sec. 2], with the current
     weights, and the grading errors. Training groups in flight go on decoding meanwhile and stay apart. Under
     torchrun rank r evaluates the held-out prompts r, r + W, ...; the mean is over all of them."""
-    if s.engine.version != s.version:  # PPO-off-policy-k mid-round: the engine still holds older weights
+    if s.engine.version != s.version:  # PPO-off-policy-k mid-round: the engine still holds the round's weights;
+        while s.ro.open:                # the round's groups finish with them, then the engine gets the newest
+            s.ro.poll()
         s.engine.push(s.model, s.version)
     ids = list(range(s.cur.rank, len(s.val_ids), s.cur.world))
     groups = rollout(s.ro, [s.val_ids[i] for i in ids], cfg.eval_samples, step_seed(cfg.seed, RNG_EVAL, step), ids=ids)

@@ -1039,12 +1039,16 @@ def test_admission_by_mode():
     assert S.admission(cfg(max_lag=8), 0, 0, 0, 1) == 1             # a group always starts when nothing runs
 
 
-def test_ppo_takes_k_steps_per_generated_batch(tmp_path, monkeypatch):
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_ppo_takes_k_steps_per_generated_batch(tmp_path, monkeypatch, engine):
     """PPO-off-policy-k: K batches generated with the same weights, then K optimiser steps: the first step of each
-    round is on-policy (ratios 1), the later ones train on data 1, 2, ... updates old."""
+    round is on-policy (ratios 1), the later ones train on data 1, 2, ... updates old, every token of it (with vLLM
+    the round's later groups are still decoding when its first batch is trained: no push may reach them)."""
+    if engine == "vllm":
+        need_vllm()
     # a reward a random policy gets half the time (completions that end, by parity), so every batch has a gradient
     monkeypatch.setitem(S.REWARDS, "digit", lambda text, answer: float(len(text) % 2 == 0))
-    rows = S.run(small_cfg(tmp_path, engine="hf", steps=6, off_policy="ppo", max_lag=3, zero_variance_filter=False,
+    rows = S.run(small_cfg(tmp_path, engine=engine, steps=6, off_policy="ppo", max_lag=3, zero_variance_filter=False,
                            eval_every=100, lr=3e-3, warmup_steps=0))
     assert all(r["zero_variance_frac"] < 1 for r in rows[1:])
     assert [r["lag_max"] for r in rows[1:]] == [0, 1, 2, 0, 1, 2]
@@ -1053,6 +1057,42 @@ def test_ppo_takes_k_steps_per_generated_batch(tmp_path, monkeypatch):
             assert r["mismatch_abs_logprob"] < 1e-5 and r["gen_seconds"] > 0
         else:
             assert r["mismatch_abs_logprob"] > 1e-4 and r["lag_mean"] == r["lag_max"]
+
+
+def test_ppo_holds_the_push_while_a_group_of_the_round_is_untrained():
+    """A round's groups that are still decoding (or complete but not trained) keep the round's weights: the push
+    waits for the K-th update. The pipeline pushes at once."""
+    cfg = S.Config(prompts_per_step=2, generations_per_prompt=2, off_policy="ppo", max_lag=2)
+
+    class Tok:
+        def __call__(self, text, add_special_tokens=False):
+            return type("E", (), {"input_ids": [1]})()
+
+    for open_, done, mode, pushed in [(1, 0, "ppo", False), (0, 1, "ppo", False), (0, 0, "ppo", True),
+                                      (1, 1, "pipeline", True)]:
+        engine = ScriptedEngine(lambda key: 1)
+        ro = S.Rollouts(dataclasses.replace(cfg, off_policy=mode), engine, Tok())
+        ro.open = {("train", i): None for i in range(open_)}
+        ro.done = [None] * done
+        s = S.State(None, Tok(), None, None, None, engine, ro, None, [], [], [], [], S.Curriculum(4, 0), {}, version=1)
+        S.push_weights(s, dataclasses.replace(cfg, off_policy=mode))
+        assert (engine.version == 1) == pushed, (open_, done, mode)
+
+
+def test_evaluation_mid_ppo_round_lets_the_round_finish_with_its_weights():
+    """An evaluation between two updates of a PPO round evaluates the newest weights, but the round's groups still
+    decoding finish first, every token with the round's weights."""
+    s, cfg = metrics_state(0, 0, ["yes", "no"])
+    cfg = dataclasses.replace(cfg, off_policy="ppo", max_lag=2)
+    s.ro.cfg = cfg
+    s.engine.steps_for = lambda key: 4 if key[0][0] == "train" else 1
+    s.ro.add(("train", 0), [1], 2, 0, info=0)
+    s.ro.poll()  # one token decoded with the round's weights (version 0); three to go
+    s.version = 1
+    val, _ = S.evaluate(s, cfg, 1)
+    assert val == 0.5 and s.engine.version == 1 and not s.ro.open
+    (g,) = s.ro.done
+    assert [c.versions for c in g.completions] == [[0, 0, 0, 0]] * 2
 
 
 def test_pipeline_lag_bound_holds_when_training_is_slow(tmp_path, monkeypatch):
@@ -1601,23 +1641,27 @@ def test_two_rank_run_agrees_on_prompts_counts_both_ranks_and_resumes(tmp_path):
     assert bad.returncode == 2 and "multiple of the 2 ranks" in bad.stderr
 
 
-@pytest.mark.parametrize("mode", ["synchronous", "pipeline"])
+@pytest.mark.parametrize("mode", ["synchronous", "pipeline", "ppo"])
 def test_two_rank_run_with_a_vllm_engine_per_rank(tmp_path, mode):
     """torchrun, 2 ranks, one vLLM CPU engine each. Synchronous loop: every token trained on was sampled right after a
     sync, and the trainer's log-probs match both engines' (the mismatch sums over both ranks' tokens). Pipeline:
-    the ranks stream, and tokens from older weights are trained on."""
+    the ranks stream, and tokens from older weights are trained on. PPO-off-policy-2, with an evaluation mid-round:
+    every token of a step has the same age, 0 or 1."""
     need_vllm()
     out = str(tmp_path / "run")
     p = torchrun("--engine", "vllm", "--out", out, "--steps", "3", "--prompts-per-step", "16", "--eval-every", "3",
-                 "--val-size", "16", "--eval-samples", "2", *(["--max-lag", "0"] if mode == "synchronous" else []))
+                 "--val-size", "16", "--eval-samples", "2",
+                 *{"synchronous": ["--max-lag", "0"], "ppo": ["--off-policy", "ppo", "--max-lag", "2"]}.get(mode, []))
     assert p.returncode == 0, p.stderr[-3000:]
     rows = read_metrics(out)
     trained = [r for r in rows[1:] if r["train_tokens"]]  # (a step whose groups are all flat trains nothing)
     assert [r["step"] for r in rows] == [0, 1, 2, 3] and len(trained) >= 2
     if mode == "synchronous":
         assert all(r["lag_max"] == 0 and r["mismatch_abs_logprob"] < 1e-5 for r in trained)
-    else:
+    elif mode == "pipeline":
         assert max(r["lag_max"] for r in trained) >= 1 and max(r["mismatch_abs_logprob"] for r in trained) > 1e-4
+    else:
+        assert all(r["lag_mean"] == r["lag_max"] <= 1 for r in trained)
 
 
 def test_a_signal_to_one_rank_stops_every_rank_with_a_checkpoint(tmp_path):
