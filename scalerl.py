@@ -1659,10 +1659,11 @@ def init_distributed(cfg, device):
     """Under torchrun: join the process group (gloo on CPU; on CUDA NCCL, with gloo for the small CPU reductions) and
     take rank 0's run directory. Called once the model is loaded: with a process group, save_pretrained writes on
     rank 0 only, and every node builds the embedded model for itself."""
-    if launched() and not dist.is_initialized():
+    if not launched():
+        return
+    if not dist.is_initialized():
         dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
-    if launched():
-        cfg.out = broadcast(cfg.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")))
+    cfg.out = broadcast(cfg.out)  # each rank timed its own default name; rank 0's is the run's
 
 
 def broadcast(obj):
