@@ -1001,18 +1001,25 @@ class ScriptedEngine:
         self.version = version
 
 
+class FakeTok:
+    """Every text encodes to [1], every token decodes to 'a'; no special tokens."""
+    all_special_ids, pad_token_id = [], 0
+
+    def decode(self, ids):
+        return "a" * len(ids)
+
+    def __call__(self, text, add_special_tokens=False):
+        return type("E", (), {"input_ids": [1]})()
+
+
 def test_next_batch_keeps_the_lag_bound_and_drops_stale_groups():
     """Groups of serial 2 take 8 engine steps, the others 1: with K = 1 and updates after every batch, the slow one
     is 2+ updates old when it completes, so it is dropped and counted, and no trained group exceeds the bound."""
     cfg = S.Config(prompts_per_step=2, generations_per_prompt=2, max_lag=1, length_control="truncate")
 
-    class Tok:
-        def __call__(self, text, add_special_tokens=False):
-            return type("E", (), {"input_ids": [1]})()
-
     engine = ScriptedEngine(lambda key: 8 if key[0][1] == 2 else 1)
-    ro = S.Rollouts(cfg, engine, Tok())
-    s = S.State(None, Tok(), None, None, None, engine, ro, None, [], [[1]] * 100, [], [], S.Curriculum(100, 0), {})
+    ro = S.Rollouts(cfg, engine, FakeTok())
+    s = S.State(None, FakeTok(), None, None, None, engine, ro, None, [], [[1]] * 100, [], [], S.Curriculum(100, 0), {})
     stale_total, trained = 0, []
     for version in range(12):
         engine.push(None, version)
@@ -1064,17 +1071,14 @@ def test_ppo_holds_the_push_while_a_group_of_the_round_is_untrained():
     waits for the K-th update. The pipeline pushes at once."""
     cfg = S.Config(prompts_per_step=2, generations_per_prompt=2, off_policy="ppo", max_lag=2)
 
-    class Tok:
-        def __call__(self, text, add_special_tokens=False):
-            return type("E", (), {"input_ids": [1]})()
-
     for open_, done, mode, pushed in [(1, 0, "ppo", False), (0, 1, "ppo", False), (0, 0, "ppo", True),
                                       (1, 1, "pipeline", True)]:
         engine = ScriptedEngine(lambda key: 1)
-        ro = S.Rollouts(dataclasses.replace(cfg, off_policy=mode), engine, Tok())
+        ro = S.Rollouts(dataclasses.replace(cfg, off_policy=mode), engine, FakeTok())
         ro.open = {("train", i): None for i in range(open_)}
         ro.done = [None] * done
-        s = S.State(None, Tok(), None, None, None, engine, ro, None, [], [], [], [], S.Curriculum(4, 0), {}, version=1)
+        s = S.State(None, FakeTok(), None, None, None, engine, ro, None, [], [], [], [], S.Curriculum(4, 0), {},
+                    version=1)
         S.push_weights(s, dataclasses.replace(cfg, off_policy=mode))
         assert (engine.version == 1) == pushed, (open_, done, mode)
 
@@ -1529,17 +1533,6 @@ def test_two_ranks_loss_and_gradients_equal_one_process(tmp_path):
         for name in grads:
             torch.testing.assert_close(grads[name], want_grads[name], atol=1e-6, rtol=1e-5, msg=f"{case} {name}")
         assert max(g.abs().max().item() for g in grads.values()) > 1e-3  # gradients that can be told apart
-
-
-class FakeTok:
-    """Token 7 decodes to 'a'; no special tokens."""
-    all_special_ids, pad_token_id = [], 0
-
-    def decode(self, ids):
-        return "a" * len(ids)
-
-    def __call__(self, text, add_special_tokens=False):
-        return type("E", (), {"input_ids": [1]})()
 
 
 def grade_by_answer(text, answer):
