@@ -6,6 +6,10 @@ or time the math grader on a step's worth of long synthetic completions.
     python bench.py --grading 768 --workers 0 1 2
     python bench.py --long-tail
     python bench.py --loo --out runs/loo --seeds 3 -- --task hidden
+    python bench.py --gpu-check
+--gpu-check runs every claim about CUDA that a CPU cannot check (the engine's device, per-token versions across a push,
+sleep mode, the bfloat16 mismatch with the FP32 head, learning, the 0.5B shape's memory and time, 2 GPUs) and prints
+a pass/fail table with what it measured; --device cpu runs the part a CPU can.
 --long-tail compares the off-policy loop's pipeline (--max-lag 8) with the synchronous loop (--max-lag 0) at equal
 batch sizes, on a policy whose completion lengths are long-tailed: a bigram policy built by hand in the embedded
 model's architecture (its attention and MLP outputs zeroed, so the next token depends on the previous one only).
@@ -146,6 +150,168 @@ def bench_long_tail(rest):
     ratio = results[8]["trained_completions_per_s"] / results[0]["trained_completions_per_s"]
     print(f"bench: pipeline / synchronous, trained completions per second: {ratio:.2f}x; engine batch "
           f"{results[8]['engine_batch_mean']:.0f} vs {results[0]['engine_batch_mean']:.0f} sequences per step")
+
+
+# --gpu-check: every claim about CUDA that the CPU cannot check, each in its own process, as one pass/fail table.
+# On a CPU (--device cpu, as CI runs it) the same code runs what a CPU can: the CUDA-only checks say "skipped".
+# The bound on the mean |log pi_train - log pi_gen| per token of a synchronous bfloat16 run with the FP32 head: a ratio
+# within e^(+-0.02), far inside the clipping ranges (CISPO truncates at 5, DAPO clips at 0.8 and 1.28). On a CPU in
+# bfloat16 it is about 1e-3 (README, "On a GPU"); in float32, 1e-7.
+MISMATCH_BOUND = 0.02
+
+
+def tiny_engine(device, **cfg_kw):
+    """The embedded model and a vLLM engine from its weights, as a run builds them (bfloat16 on CUDA)."""
+    import torch
+    cfg = scalerl.parse_args(["--engine", "vllm", "--device", device, "--length-control", "truncate",
+                              "--max-new-tokens", "16", *sum(([f"--{k.replace('_', '-')}", str(v)]
+                                                             for k, v in cfg_kw.items()), [])])
+    dev = torch.device(device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    model, tok, path = scalerl.load_model(cfg, dev)
+    return cfg, model, tok, scalerl.VLLMEngine(cfg, path, dev, dtype, 64)
+
+
+def engine_prompt_logprobs(engine, seq):
+    from vllm import SamplingParams
+    out = engine.llm.generate([{"prompt_token_ids": seq}], SamplingParams(max_tokens=1, prompt_logprobs=0,
+                              detokenize=False), use_tqdm=False)[0]
+    return [d[t].logprob for t, d in zip(seq[1:], out.prompt_logprobs[1:])]
+
+
+def check_engine_device(device):
+    t0 = time.time()
+    *_, engine = tiny_engine(device)
+    where = engine.llm.apply_model(lambda m: str(next(m.parameters()).device))[0]
+    want = "cuda:0" if device.startswith("cuda") else "cpu"
+    return where == want, f"weights on {where} (want {want}), started in {time.time() - t0:.0f} s"
+
+
+def check_two_versions(device):
+    """A completion spans two weight versions across a push, and the split falls exactly at the push (async
+    scheduling would label a batch in flight at the push with the new version)."""
+    import copy
+    import torch
+    cfg, model, tok, engine = tiny_engine(device)
+    engine.submit("a", tok("3941:").input_ids, 16, seed=1)
+    before = sum(engine.step()[1] for _ in range(5))
+    moved = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in moved.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    engine.push(moved, 1)
+    done = []
+    while engine.unfinished():
+        done += engine.step()[0]
+    v = done[0][1].versions
+    return v == [0] * before + [1] * (len(v) - before) and before < len(v), f"versions {v}, {before} tokens before"
+
+
+def check_sleep_reload(device):
+    """Sleep (level 2: weights discarded) and wake-up followed by a reload give the log-probs of before, and so does
+    a wake-up with no push behind it (the engine reloads the last weights itself)."""
+    if not device.startswith("cuda"):
+        return None, "needs CUDA (vLLM's sleep mode)"
+    cfg, model, tok, engine = tiny_engine(device, max_lag=0)
+    seq = tok("5729:").input_ids + [tok.convert_tokens_to_ids(c) for c in "9 71"]
+    engine.push(model, 0)
+    ref = engine_prompt_logprobs(engine, seq)
+    engine.sleep()
+    engine.push(model, 1)
+    after_push = engine_prompt_logprobs(engine, seq)
+    engine.sleep()
+    engine.wake()
+    after_wake = engine_prompt_logprobs(engine, seq)
+    diff = max(max(abs(a - b) for a, b in zip(ref, x)) for x in (after_push, after_wake))
+    return engine.sleeps and diff <= 1e-6, f"sleep mode {engine.sleeps}; max |diff| {diff:.1e} (bound 1e-6)"
+
+
+def run_rows(args):
+    with tempfile.TemporaryDirectory() as tmp:
+        return scalerl.run(scalerl.parse_args([*args, "--out", os.path.join(tmp, "run")]))
+
+
+def check_mismatch(device):
+    """The synchronous loop in bfloat16 (float32 on a CPU, where bfloat16 is slow): trainer and engine hold the same
+    weights, so what is left of the mismatch is numerics; with the FP32 head it must be below MISMATCH_BOUND (the head
+    off, for comparison)."""
+    got = {}
+    for head in ("--lm-head-fp32", "--no-lm-head-fp32"):
+        rows = run_rows(["--engine", "vllm", "--device", device, "--max-lag", "0", "--steps", "4",
+                         "--no-zero-variance-filter", "--eval-every", "100", "--no-live-fit", head])[1:]
+        got[head] = sum(r["mismatch_abs_logprob"] for r in rows) / len(rows)
+    on, off = got["--lm-head-fp32"], got["--no-lm-head-fp32"]
+    return on < MISMATCH_BOUND, f"mean |dlogp| {on:.2e} with the FP32 head, {off:.2e} without (bound {MISMATCH_BOUND})"
+
+
+def check_learning(device):
+    rows = run_rows(["--engine", "vllm", "--device", device, "--steps", "30", "--lr", "2e-3", "--eval-every", "100",
+                     "--no-live-fit"])[1:]
+    first, last = (sum(r["reward_mean"] for r in rs) / 3 for rs in (rows[:3], rows[-3:]))
+    lag = max(r["lag_max"] for r in rows)
+    return last > first + 0.1 and 1 <= lag <= 8, f"reward {first:.2f} -> {last:.2f} in 30 steps; lag max {lag}"
+
+
+def check_shape(device):
+    """The 0.5B shape (random weights): step time, generation speed, the trainer's peak memory, which holds at least
+    the float32 weights, gradients and AdamW moments (16 bytes a parameter)."""
+    if not device.startswith("cuda"):
+        return None, "needs CUDA (too slow on a CPU)"
+    with tempfile.TemporaryDirectory() as tmp:
+        n = build("qwen2-0.5b", os.path.join(tmp, "m"))
+        rows = run_rows(["--model", os.path.join(tmp, "m"), "--engine", "vllm", "--device", device, "--steps", "4",
+                         "--prompts-per-step", "16", "--generations-per-prompt", "8", "--max-new-tokens", "512",
+                         "--length-control", "truncate", "--no-zero-variance-filter", "--eval-every", "100",
+                         "--val-size", "8", "--eval-samples", "1", "--no-live-fit"])[2:]
+    peak, step = max(r["gpu_peak_gb"] for r in rows), sum(r["step_seconds"] for r in rows) / len(rows)
+    tok_s = sum(r["gen_tokens"] - a["gen_tokens"] for a, r in zip(rows, rows[1:])) / sum(
+        r["gen_seconds"] for r in rows[1:]) if len(rows) > 1 else float("nan")
+    low = 16 * n / 2**30
+    return low <= peak < 4 * low, (f"{n / 1e6:.0f}M params: step {step:.2f} s, generation {tok_s:.0f} tok/s, trainer "
+                                   f"peak {peak:.1f} GB (resident at least {low:.1f} GB)")
+
+
+def check_torchrun(device):
+    import torch
+    if not device.startswith("cuda") or torch.cuda.device_count() < 2:
+        return None, "needs 2 GPUs"
+    with tempfile.TemporaryDirectory() as tmp:
+        p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                            os.path.join(os.path.dirname(os.path.abspath(__file__)), "scalerl.py"), "--engine", "vllm",
+                            "--max-lag", "0", "--steps", "4", "--prompts-per-step", "16", "--eval-every", "4",
+                            "--no-live-fit", "--out", os.path.join(tmp, "run")], capture_output=True, text=True)
+        if p.returncode:
+            return False, "exit " + str(p.returncode) + ": " + p.stderr.strip().splitlines()[-1][:200]
+        rows = read_metrics(os.path.join(tmp, "run"))[1:]
+    worst = max(r["mismatch_abs_logprob"] for r in rows if r["train_tokens"])
+    return worst < MISMATCH_BOUND, f"2 ranks, 4 steps; worst mean |dlogp| {worst:.2e}; val {rows[-1]['val_pass_rate']:.2f}"
+
+
+GPU_CHECKS = {"engine on the chosen device": check_engine_device, "two versions across a push": check_two_versions,
+              "sleep, wake-up, reload": check_sleep_reload, "bf16 mismatch, FP32 head": check_mismatch,
+              "pipeline learns (built-in task)": check_learning, "0.5B shape: memory, time": check_shape,
+              "torchrun, 2 GPUs": check_torchrun}
+
+
+def gpu_check(device, only=None, timeout=600):
+    """Run each check in a process of its own (a crash or a hang costs that check only); print the table. Returns
+    the rows (name, PASS/FAIL/skipped, measured)."""
+    rows = []
+    for i, name in enumerate(GPU_CHECKS):
+        if only and name not in only:
+            continue
+        t0 = time.time()
+        try:
+            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--gpu-check-one", str(i), "--device",
+                                device], capture_output=True, text=True, timeout=timeout)
+            result = [json.loads(line[len("gpu-check: "):]) for line in p.stdout.splitlines()
+                      if line.startswith("gpu-check: ")]
+            ok, measured = result[0] if result else (False, "crashed: " + (p.stderr.strip().splitlines() or ["?"])[-1])
+        except subprocess.TimeoutExpired:
+            ok, measured = False, f"no result in {timeout} s"
+        rows.append((name, "skipped" if ok is None else "PASS" if ok else "FAIL", f"{measured} [{time.time() - t0:.0f} s]"))
+        print(f"{name:<34} {rows[-1][1]:<8} {rows[-1][2]}", flush=True)
+    return rows
 
 
 # The leave-one-out study (--loo): the ScaleRL recipe, and each component left out in turn [Sec. 4], plus the
@@ -302,7 +468,18 @@ def main():
     p.add_argument("--x", default="device_hours", help="--loo: the compute axis of the fits")
     p.add_argument("--bootstrap", type=int, default=200, help="--loo: bootstrap resamples per fit")
     p.add_argument("--summary-only", action="store_true", help="--loo: fit the runs in --out, run nothing")
+    p.add_argument("--gpu-check", action="store_true", help="every CUDA-only claim of the README, as a pass/fail table")
+    p.add_argument("--gpu-check-one", type=int, help=argparse.SUPPRESS)  # one check, in a process of its own
+    p.add_argument("--device", default="cuda", help="--gpu-check: cuda, or cpu for what a CPU can check")
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    if args.gpu_check_one is not None:
+        ok, measured = list(GPU_CHECKS.values())[args.gpu_check_one](args.device)
+        print("gpu-check: " + json.dumps([None if ok is None else bool(ok), measured]), flush=True)
+        return
+    if args.gpu_check:
+        print(f"{'check':<34} {'result':<8} measured", flush=True)
+        rows = gpu_check(args.device)
+        sys.exit(any(r[1] == "FAIL" for r in rows))
     if args.loo:
         return loo_summary(args) if args.summary_only else bench_loo(args, rest)
     if args.long_tail:

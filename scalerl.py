@@ -37,7 +37,6 @@ run(). Part II is plumbing: nothing in it changes the recipe (command line, data
 import argparse
 import collections
 import contextlib
-import copy
 import dataclasses
 import importlib.util
 import json
@@ -596,7 +595,7 @@ def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None):
     aggregation weights already hold the global normalisers), clip, AdamW step. Under torchrun each rank has its
     share of the batch; FSDP2 averages the ranks' gradients, so each rank's loss is scaled by the world size to sum
     them, and every rank runs as many micro-batches as the rank with the most (FSDP's collectives run in step)."""
-    device = next(model.parameters()).device
+    device, mark = next(model.parameters()).device, memory_mark(model, opt)  # (CUDA: see trainer_peak)
     model.train()
     loss_sum, clipped, n_tok, mismatch = 0.0, 0.0, 0, np.zeros(3)
     for mb in even_out(micro_batches(samples, cfg.micro_batch_tokens), pad_id):
@@ -622,7 +621,7 @@ def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None):
     m = np.array(mismatch) / max(n_tok, 1)
     return {"loss": loss_sum, "grad_norm": grad_norm, "clip_frac": clipped / max(n_tok, 1), "skipped": skipped,
             "trained_tokens": 0 if skipped else int(n_tok), "lr": lr,
-            "mismatch_abs_logprob": m[0], "mismatch_kl_k3": m[1], "mismatch_trunc_frac": m[2]}
+            "mismatch_abs_logprob": m[0], "mismatch_kl_k3": m[1], "mismatch_trunc_frac": m[2], **trainer_peak(mark)}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -862,6 +861,9 @@ def validate(cfg):
         die("--wandb needs the wandb package: pip install wandb")
     if cfg.wandb_name and not cfg.wandb:
         die("--wandb-name needs --wandb")
+    if cfg.engine == "vllm" and not launched() and re.fullmatch(r"cuda:0*[1-9]\d*", cfg.device):
+        die(f"--device {cfg.device}: the vLLM engine runs on the first visible GPU; choose the GPU with "
+            f"CUDA_VISIBLE_DEVICES={cfg.device[5:]} and --device cuda")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         die(f"--device {cfg.device}: CUDA is not available on this machine")
     if cfg.device not in ("auto", "cpu") and not re.fullmatch(r"cuda(:\d+)?", cfg.device):
@@ -1333,10 +1335,11 @@ def build_tiny_model(cache_dir, seed, tied):
     return path
 
 
-def load_model(cfg, device, path=None):
+def load_model(cfg, device, path=None, empty=False):
     """Load the model and tokenizer through from_pretrained (the embedded default too). Returns (model,
-    tokenizer, path), the path (or hub id) being what the vLLM engine loads too."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tokenizer, path), the path (or hub id) being what the vLLM engine loads too. empty: the model's architecture
+    only, on the meta device, with no memory behind it (torchrun: rank 0 loads, shard() sends each rank its shards)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
     path = path or cfg.model
     if not path:
@@ -1345,12 +1348,17 @@ def load_model(cfg, device, path=None):
         path = build_tiny_model(cache, cfg.seed, cfg.tie_word_embeddings)
     try:
         tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.param_dtype))
+        if empty:
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path),
+                                                         dtype=getattr(torch, cfg.param_dtype))
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.param_dtype))
     except (OSError, ValueError) as e:
         die(f"cannot load --model {path}: {str(e).splitlines()[0]}")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    return model.to(device), tok, path
+    return model if empty else model.to(device), tok, path
 
 
 def fp32_head_hook(module, inputs, output):
@@ -1447,6 +1455,49 @@ class HFEngine:
         pass
 
 
+def vllm_args(cfg, path, device, dtype, max_model_len):
+    """The vllm.LLM arguments and environment of a run, built without starting an engine (a test pins them). Where
+    vLLM 0.32 takes another path on CUDA than on CPU, they choose the CPU's, the one CI runs:
+    - async_scheduling=False. vLLM turns it on for CUDA (config/vllm.py); step() then returns while one more batch is
+      in flight, and a weight version set between two steps labels tokens that the old weights sampled (v1/engine/core.py);
+    - VLLM_USE_V2_MODEL_RUNNER=0: Model Runner V1. vLLM picks V2 wherever Triton imports, that is on CUDA;
+    - the engine core in this process (weights are pushed as tensors, not serialised), log-probs after temperature
+      scaling (the ratio's pi_gen), the LM head's logits in float32 (then engine_fp32_head gives it float32 weights).
+    On CUDA the engine takes the process's first visible GPU (cuda:0; cuda:LOCAL_RANK under torchrun): validate refuses
+    --device cuda:N with N > 0. Sleep mode is on when nothing is in flight while training (--max-lag 0, ppo)."""
+    kw = dict(model=path, tokenizer=path, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
+              max_model_len=max_model_len, logprobs_mode="processed_logprobs", use_tqdm_on_load=cfg.verbose,
+              async_scheduling=False)
+    if cfg.lm_head_fp32:
+        kw["hf_overrides"] = {"head_dtype": "float32"}
+    if launched():  # one engine per rank, on cuda:LOCAL_RANK, each generating its own prompts (as TRL colocates)
+        kw["distributed_executor_backend"] = "external_launcher"
+    if device.type == "cpu":  # eager: compiling took 49 s for a 10% faster 135M model on 2 cores
+        kw.update(enforce_eager=True, kv_cache_memory_bytes=cfg.vllm_kv_cache_mb * 2**20, enable_chunked_prefill=False)
+    else:
+        kw.update(gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=cfg.vllm_sleep if
+                  cfg.vllm_sleep is not None else cfg.off_policy == "ppo" or cfg.max_lag == 0)
+    return kw, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_V2_MODEL_RUNNER": "0"}
+
+
+def engine_fp32_head(model, weight=None):
+    """Inside the vLLM engine (apply_model): the FP32 LM head as the trainer computes it [Sec. 3.2], float32 weights
+    times float32 hidden states. vLLM's head_dtype override alone keeps the head's weight in the model's dtype, and on
+    CUDA multiplies bfloat16 hidden states by it with a float32 output only (logits_processor.py, _apply_head).
+    Without `weight`: give the head a float32 copy of its weight (rows padded as vLLM pads the vocabulary) and the
+    product F.linear(hidden.float(), copy), the path vLLM takes on CPU; False where the model has no lm_head and
+    logits_processor. With `weight`: copy the trainer's head weight into it."""
+    head, lp = getattr(model, "lm_head", None), getattr(model, "logits_processor", None)
+    if weight is not None:
+        lp.fp32_weight[:weight.shape[0]].copy_(weight)
+        return True
+    if not hasattr(head, "weight") or lp is None:
+        return False
+    lp.fp32_weight = head.weight.detach().float().clone()  # a plain tensor: sleep mode neither frees nor discards it
+    lp._apply_head = lambda lm_head, h, bias: F.linear(h.float(), lp.fp32_weight, None if bias is None else bias.float())
+    return True
+
+
 class VLLMEngine:
     """Engine 'vllm': one vllm.LLM inside this process, loaded from the same weights as the trainer and driven
     through its step-level API, so that requests can be added and weights pushed between any two engine steps
@@ -1455,20 +1506,9 @@ class VLLMEngine:
     [Sec. 3.2]. Tokens are labelled with the weight version that sampled them (vLLM's weight_versions spans)."""
 
     def __init__(self, cfg, path, device, dtype, max_model_len):
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
-        kw = dict(model=path, tokenizer=path, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
-                  max_model_len=max_model_len, logprobs_mode="processed_logprobs", use_tqdm_on_load=cfg.verbose)
-        if cfg.lm_head_fp32:
-            kw["hf_overrides"] = {"head_dtype": "float32"}
-        if launched():  # one engine per rank, on cuda:LOCAL_RANK, each generating its own prompts (as TRL colocates)
-            kw["distributed_executor_backend"] = "external_launcher"
-        self.sleeps = cfg.vllm_sleep if cfg.vllm_sleep is not None else device.type == "cuda" and \
-            (cfg.off_policy == "ppo" or cfg.max_lag == 0)  # sleeping drops the KV cache: nothing may be in flight
-        if device.type == "cpu":  # eager: compiling took 49 s for a 10% faster 135M model on 2 cores
-            kw.update(enforce_eager=True, kv_cache_memory_bytes=cfg.vllm_kv_cache_mb * 2**20,
-                      enable_chunked_prefill=False)
-        else:
-            kw.update(gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=self.sleeps)
+        kw, env = vllm_args(cfg, path, device, dtype, max_model_len)
+        os.environ.update(env)
+        self.sleeps = kw.get("enable_sleep_mode", False)
         with quiet_stderr(cfg.verbose):  # its start-up warnings come from C++ too (NUMA binding, Triton)
             import vllm
             self.llm = vllm.LLM(**kw)
@@ -1476,12 +1516,15 @@ class VLLMEngine:
             die(f"--lm-head-fp32: this vLLM ({vllm.__version__}) computes the LM head in {self.head_dtypes()}, not "
                 "float32: it does not honour hf_overrides head_dtype for this model. Use a vLLM that does (0.32 "
                 "does), or pass --no-lm-head-fp32", 1)
+        if cfg.lm_head_fp32 and not self.llm.apply_model(engine_fp32_head)[0]:
+            die("--lm-head-fp32: this vLLM model has no lm_head and logits_processor to give a float32 head; pass "
+                "--no-lm-head-fp32", 1)
         # each weight push logs that rotary embeddings got no weights: they have none to get (their cache is computed)
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
             lambda r: not r.getMessage().startswith("RotaryEmbedding: Failed to load weights"))
         self.core, self.cfg, self.asleep, self.serial, self.live = self.llm.llm_engine, cfg, False, 0, {}
         self.capacity = self.core.vllm_config.scheduler_config.max_num_seqs  # sequences decoded at once
-        self.version = 0
+        self.version, self.source = 0, None
         self.core.set_weight_version("0")
 
     def head_dtypes(self):
@@ -1529,14 +1572,18 @@ class VLLMEngine:
     def push(self, model, version):
         """Load the trainer's weights [Sec. 3.1] under their Hugging Face names (vLLM's loaders map them to its own
         layout: fused projections, tied heads) with `reload_weights`, the same call on CPU and CUDA (the CPU
-        backend prepacks its linear layers, and reload_weights rebuilds them). Running sequences keep their KV
-        cache, computed with older weights, as PipelineRL does; --refresh-kv re-prefills them instead. The weights go
-        in one call, as an iterator (under torchrun each is gathered from the shards as the engine takes it): a call
-        with part of a layer's weights would leave that layer wrong."""
-        self.wake()
+        backend prepacks its linear layers, and reload_weights rebuilds them), then the LM head once more in float32
+        (engine_fp32_head). Running sequences keep their KV cache, computed with older weights, as PipelineRL does;
+        --refresh-kv re-prefills them instead. The weights go in one call, as an iterator (under torchrun each is
+        gathered from the shards as the engine takes it): a call with part of a layer's weights would leave that
+        layer wrong."""
+        self.wake(reload=False)
         weights = full_weights(model, self.core.model_config.dtype)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-        self.version = version
+        if self.cfg.lm_head_fp32:
+            head = full(model.get_output_embeddings().weight).detach().float()
+            self.llm.apply_model(lambda m: engine_fp32_head(m, head))
+        self.source, self.version = model, version
         self.core.set_weight_version(str(version))
         if self.cfg.refresh_kv and self.live:
             self.core.reset_prefix_cache(reset_running_requests=True)
@@ -1551,15 +1598,21 @@ class VLLMEngine:
         self.core.engine_core.shutdown()
 
     def sleep(self):
-        """vLLM sleep mode (CUDA, nothing in flight): free the KV cache and offload the weights while training."""
+        """vLLM sleep mode (CUDA, nothing in flight): while training, free the KV cache and discard the weights (level
+        2; level 1 would copy them to host memory and back, only for the next push to overwrite them)."""
         if self.sleeps and not self.asleep and not self.live:
-            self.llm.sleep(level=1)
+            self.llm.sleep(level=2)
             self.asleep = True
 
-    def wake(self):
+    def wake(self, reload=True):
+        """Wake up; the weights come back with the push that follows, or, where none follows (an update skipped for a
+        non-finite loss: the version stays), from the model of the last push, which the skipped update left as it was
+        (a wake-up without a push happens only while the engine holds the trainer's version)."""
         if self.asleep:
             self.llm.wake_up()
             self.asleep = False
+            if reload:
+                self.push(self.source, self.version)
 
 # --------------------------------------------------------------------------------------------------
 # Gradient accumulation and the train/inference mismatch diagnostic (used by train_step)
@@ -1588,6 +1641,33 @@ def mismatch_sums(logp, logp_gen, eps_max):
     weights on both sides all three are ~0; bf16 logits or a stale engine make them grow [Sec. 3.2, FP32 head]."""
     d = (logp.detach() - logp_gen).double()
     return np.array([d.abs().sum().item(), (torch.exp(d) - 1 - d).sum().item(), (d > math.log(eps_max)).sum().item()])
+
+
+def resident_bytes(model, opt):
+    """Bytes the trainer keeps on its GPU between updates: its weights (this rank's shards) and AdamW's moments."""
+    tensors = [*model.parameters(), *(v for state in opt.state.values() for v in state.values() if torch.is_tensor(v))]
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+    return sum(t.numel() * t.element_size() for t in local if t.is_cuda)
+
+
+def memory_mark(model, opt):
+    """On CUDA, before an update: (device, the trainer's resident bytes, the bytes allocated in this process, the
+    engine's among them); the peak counter starts again here. None elsewhere."""
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return None
+    torch.cuda.reset_peak_memory_stats(device)
+    return device, resident_bytes(model, opt), torch.cuda.memory_allocated(device)
+
+
+def trainer_peak(mark):
+    """gpu_peak_gb: the trainer's peak GPU memory in one update, its resident bytes plus the most the update
+    allocated above where memory stood before it. The engine, idle during the update, counts in neither (awake, its
+    weights and KV cache are in the allocator's totals, which is why those are not reported)."""
+    if mark is None:
+        return {}
+    device, resident, start = mark
+    return {"gpu_peak_gb": (resident + torch.cuda.max_memory_allocated(device) - start) / 2**30}
 
 # --------------------------------------------------------------------------------------------------
 # torchrun: one process per device. FSDP2 shards the trainer; each rank has its own engine and generates its share of
@@ -1674,17 +1754,40 @@ def broadcast(obj):
     return box[0]
 
 
-def shard(model):
+def shard(model, device):
     """FSDP2 under torchrun: each decoder layer (the classes the model names in _no_split_modules) is one unit, and the
-    Policy around the model the root, which holds the rest (embeddings, final norm, LM head). Returns the Policy."""
+    Policy around the model the root, which holds the rest (embeddings, final norm, LM head). Only rank 0 has loaded
+    the weights (the other ranks' models are empty, on the meta device): each rank gets memory for its shards on its
+    device, then rank 0 sends every weight, one at a time, and each rank keeps its shard; buffers (rotary tables) are
+    sent whole. So host memory holds the model once, on rank 0, whatever the number of ranks. Returns the Policy."""
     policy = Policy(model)
     if launched():
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
         from torch.distributed.fsdp import fully_shard
+        empty = next(model.parameters()).is_meta
+        whole = model.state_dict() if rank() == 0 else {}  # the loaded tensors, kept while fully_shard copies shards
         for m in model.modules():
             if type(m).__name__ in (getattr(model, "_no_split_modules", None) or []):
                 fully_shard(m)
         fully_shard(policy)
+        if empty:
+            policy.to_empty(device=device)
+        set_model_state_dict(model, whole, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        for b in model.buffers():
+            dist.broadcast(b, src=0)
     return policy
+
+
+def replica(model, device):
+    """A whole, unsharded copy of the model's architecture on `device`, for the HF engine under torchrun (a rank's
+    generate must not wait on the others): its buffers come from the model, its weights with the engine's pushes."""
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        copy_ = AutoModelForCausalLM.from_config(model.config, dtype=next(model.parameters()).dtype)
+    copy_.to_empty(device=device)
+    for name, b in copy_.named_buffers():
+        b.copy_(model.get_buffer(name))
+    return copy_
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1720,8 +1823,9 @@ def setup(cfg):
     workers = cfg.reward_workers if cfg.reward_workers >= 0 else 0 if cfg.reward == "digit" else \
         min(16, per_rank)  # the built-in task's reward is one regex: not worth a process
     grader = Grader(REWARDS[cfg.reward], workers, cfg.reward_timeout)
-    # under torchrun the whole model is loaded in CPU memory; FSDP2 moves each rank's shards to its device (shard)
-    model, tok, path = load_model(cfg, torch.device("cpu") if launched() else device, cfg.resume or None)
+    # under torchrun rank 0 loads the model in CPU memory, the others make it empty; shard() gives each rank its shards
+    model, tok, path = load_model(cfg, torch.device("cpu") if launched() else device, cfg.resume or None,
+                                  empty=launched() and rank() > 0)
     init_distributed(cfg, device)  # torchrun: the process group
     train_ids, val_ids = ([encode_prompt(tok, p, cfg) for p, _ in items] for items in (train, val))
     longest = max(map(len, train_ids + val_ids)) + cfg.max_new_tokens
@@ -1734,8 +1838,8 @@ def setup(cfg):
         die(f"--vllm-max-model-len {cfg.vllm_max_model_len} is shorter than the longest prompt + completion "
             f"({longest})")
     autocast = None if dtype == getattr(torch, cfg.param_dtype) else dtype
-    generator = copy.deepcopy(model).to(device) if launched() and cfg.engine == "hf" else model
-    policy = shard(model)  # FSDP2 under torchrun; before the engine starts, which sizes itself to the memory left
+    policy = shard(model, device)  # FSDP2 under torchrun; before the engine starts, which sizes itself to the memory left
+    generator = replica(model, device) if launched() and cfg.engine == "hf" else model
     engine = VLLMEngine(cfg, path, device, dtype, cfg.vllm_max_model_len or longest) if cfg.engine == "vllm" else \
         HFEngine(generator, tok, cfg, autocast)
     opt, sched = make_optimizer(model, cfg)
@@ -1804,8 +1908,8 @@ def metrics_row(s, cfg, step, r):
            "gen_seconds": r["t_gen"], "train_seconds": r["t_train"], "sync_seconds": r["t_sync"],
            **{k: v for k, v in update.items() if k.startswith("mismatch_")}}
     s.ro.decoded = s.ro.steps = 0
-    if torch.cuda.is_available() and next(s.model.parameters()).is_cuda:
-        row["gpu_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    if "gpu_peak_gb" in update:  # the largest over the ranks
+        row["gpu_peak_gb"] = all_max(update["gpu_peak_gb"])
     return row
 
 

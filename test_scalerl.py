@@ -863,9 +863,10 @@ def test_vllm_default_run_from_the_command_line(tmp_path):
     assert any(r["inflight_groups"] > 0 for r in rows[1:]) and all(r["lag_max"] <= 8 for r in rows[1:])
 
 
-def test_fp32_head_is_checked_at_engine_start(default_model, monkeypatch):
-    """With --lm-head-fp32 the engine's LM head must really compute in float32: with a bfloat16 engine it does when
-    vLLM honours the head_dtype override, and the run stops with a clear error when the override is lost."""
+def test_fp32_head_is_checked_at_engine_start_and_pushed_in_float32(default_model, monkeypatch):
+    """With --lm-head-fp32 the engine's LM head computes in float32 from the trainer's float32 weights: in a bfloat16
+    engine its weight after a push is the trainer's head bit for bit (vLLM's own head would hold it rounded to
+    bfloat16), and a vLLM that loses the head_dtype override stops the run with a clear error."""
     need_vllm()
     import vllm
     cfg = S.Config(engine="vllm")
@@ -873,12 +874,136 @@ def test_fp32_head_is_checked_at_engine_start(default_model, monkeypatch):
     path = S.build_tiny_model(os.environ["XDG_CACHE_HOME"] + "/scalerl", 0, False)
     engine = S.VLLMEngine(cfg, path, torch.device("cpu"), torch.bfloat16, 64)
     assert engine.head_dtypes() == ["torch.float32"]
+    model = copy.deepcopy(default_model[0])
+    head = model.get_output_embeddings().weight
+    with torch.no_grad():
+        head.add_(torch.randn_like(head) * 1e-3)  # float32 values that bfloat16 cannot hold
+    assert not torch.equal(head.bfloat16().float(), head)
+    engine.push(model, 1)
+    got = engine.llm.apply_model(lambda m: (m.logits_processor.fp32_weight.cpu(), m.lm_head.weight.cpu()))[0]
+    assert got[0].dtype == torch.float32 and torch.equal(got[0][:head.shape[0]], head.detach())
+    assert got[1].dtype == torch.bfloat16 and not torch.equal(got[1][:head.shape[0]].float(), head.detach())
+    # the engine's logits are the float32 product of its hidden states with that weight: its greedy token is the
+    # argmax of the trainer's float32 head applied to the engine's own (bfloat16) hidden states
+    hidden = engine.llm.apply_model(lambda m: m.logits_processor._apply_head(
+        m.lm_head, torch.ones(1, head.shape[1], dtype=torch.bfloat16), None).cpu())[0]
+    torch.testing.assert_close(hidden[0, :head.shape[0]], head.detach() @ torch.ones(head.shape[1]), rtol=1e-6,
+                               atol=1e-6)
     del engine
     real = vllm.LLM
     monkeypatch.setattr(vllm, "LLM", lambda **kw: real(**{k: v for k, v in kw.items() if k != "hf_overrides"}))
     with pytest.raises(S.ScaleRLError) as e:
         S.VLLMEngine(cfg, path, torch.device("cpu"), torch.bfloat16, 64)
     assert e.value.status == 1 and "computes the LM head in ['torch.bfloat16'], not float32" in str(e.value)
+
+
+def test_vllm_arguments_pin_the_path_ci_runs_also_on_cuda(vllm_engine, monkeypatch):
+    """The engine arguments for a CUDA device, built without starting an engine: no async scheduling (with it, a push
+    between two steps would label tokens of the batch still in flight with the new version), Model Runner V1 (vLLM
+    would pick V2 wherever Triton imports), the FP32 head override, sleep mode only when nothing is in flight. vLLM
+    itself must take them: EngineArgs knows every name, and the runner variable decides the runner even where
+    Triton is present (a vLLM upgrade that renames or ignores one fails here)."""
+    from vllm.engine.arg_utils import EngineArgs
+    cuda = torch.device("cuda")
+    kw, env = S.vllm_args(S.Config(), "m", cuda, torch.bfloat16, 64)
+    assert kw["async_scheduling"] is False and env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                                                       "VLLM_USE_V2_MODEL_RUNNER": "0"}
+    assert kw["hf_overrides"] == {"head_dtype": "float32"} and kw["dtype"] == "bfloat16"
+    assert kw["logprobs_mode"] == "processed_logprobs" and kw["enable_sleep_mode"] is False  # pipeline: in flight
+    assert "enforce_eager" not in kw and kw["gpu_memory_utilization"] == 0.3
+    assert S.vllm_args(S.Config(max_lag=0), "m", cuda, torch.bfloat16, 64)[0]["enable_sleep_mode"] is True
+    assert S.vllm_args(S.Config(off_policy="ppo"), "m", cuda, torch.bfloat16, 64)[0]["enable_sleep_mode"] is True
+    assert "hf_overrides" not in S.vllm_args(S.Config(lm_head_fp32=False), "m", cuda, torch.bfloat16, 64)[0]
+    cpu_kw = S.vllm_args(S.Config(), "m", torch.device("cpu"), torch.float32, 64)[0]
+    assert cpu_kw["async_scheduling"] is False and cpu_kw["enforce_eager"] and "enable_sleep_mode" not in cpu_kw
+    for args in (kw, cpu_kw):
+        assert EngineArgs(**args).async_scheduling is False  # an unknown name would raise TypeError
+    import vllm.config.vllm as vllm_config
+    import vllm.envs
+    config = vllm_engine[3].core.vllm_config
+    assert config.scheduler_config.async_scheduling is False and config.use_v2_model_runner is False
+    monkeypatch.setattr(vllm_config, "HAS_TRITON", True)  # as on CUDA
+    vllm.envs.disable_envs_cache()  # (a started engine caches the environment)
+    try:
+        assert config.use_v2_model_runner is False
+        monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
+        assert config.use_v2_model_runner is True  # without the variable, vLLM would run V2 there
+    finally:
+        monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+        vllm.envs.enable_envs_cache()
+
+
+def test_vllm_on_a_gpu_other_than_the_first_is_refused_with_the_way_to_choose_it():
+    """vLLM's in-process engine runs on the process's first visible GPU whatever --device says: cuda:N with N > 0 is
+    refused before anything loads, naming CUDA_VISIBLE_DEVICES (the HF engine can take any GPU)."""
+    need_vllm()
+    with pytest.raises(S.ScaleRLError, match=r"--device cuda:3: .* CUDA_VISIBLE_DEVICES=3 and --device cuda"):
+        S.parse_args(["--engine", "vllm", "--device", "cuda:3"])
+    for ok in (["--engine", "vllm", "--device", "cuda:0"], ["--engine", "hf", "--device", "cuda:3"]):
+        with pytest.raises(S.ScaleRLError, match="CUDA is not available"):  # (this machine has no GPU)
+            S.parse_args(ok)
+
+
+def test_gpu_check_runs_on_a_cpu_what_a_cpu_can(capsys):
+    """bench.py --gpu-check, the CPU's part. Through the table, each check in a process of its own as on a GPU machine:
+    the engine lands on the chosen device, and the CUDA-only checks say they were skipped rather than passing. In this
+    process: a completion's versions split exactly at the push. (The mismatch check measures what
+    test_vllm_synchronous_run_is_on_policy_and_reproducible bounds.)"""
+    need_vllm()
+    import bench
+    names = list(bench.GPU_CHECKS)
+    rows = bench.gpu_check("cpu", only=[names[0], names[2], names[6]])
+    assert [(name, result) for name, result, _ in rows] == [(names[0], "PASS"), (names[2], "skipped"),
+                                                            (names[6], "skipped")], rows
+    assert "weights on cpu (want cpu)" in rows[0][2] and "needs CUDA" in rows[1][2] and "needs 2 GPUs" in rows[2][2]
+    assert capsys.readouterr().out.count("PASS") == 1
+    ok, measured = bench.check_two_versions("cpu")
+    assert ok and measured.startswith("versions [0, 0, 0, 0, 0, 1, 1") and "5 tokens before" in measured
+
+
+class FakeLLM:
+    """Records the calls a VLLMEngine makes to vllm.LLM in sleep mode, and the weights each reload receives."""
+
+    def __init__(self):
+        self.calls = []
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self):
+        self.calls.append(("wake_up",))
+
+    def collective_rpc(self, method, kwargs):
+        self.calls.append((method, {n: t.clone() for n, t in kwargs["weights_iterator"]}))
+
+    def apply_model(self, fn):
+        self.calls.append(("apply_model",))
+
+
+def test_sleep_discards_the_weights_and_every_wake_up_reloads_them(default_model):
+    """Sleep mode (CUDA only, so with a recording stand-in for vllm.LLM): the engine sleeps at level 2 (weights
+    discarded, not copied to host memory and back), a push after the wake-up is the only reload, and a wake-up that
+    no push follows (an update skipped) reloads the weights of the last push itself."""
+    model = default_model[0]
+    engine = object.__new__(S.VLLMEngine)
+    engine.cfg, engine.llm, engine.sleeps, engine.asleep, engine.live = S.Config(), FakeLLM(), True, False, {}
+    engine.core = type("Core", (), {"model_config": type("MC", (), {"dtype": torch.float32})(),
+                                    "set_weight_version": lambda self, v: None})()
+    engine.push(model, 3)
+    engine.sleep()
+    engine.push(model, 4)  # the usual step: sleep while training, wake up for the push
+    assert [c[0] for c in engine.llm.calls] == ["reload_weights", "apply_model", "sleep", "wake_up", "reload_weights",
+                                                "apply_model"]
+    assert engine.llm.calls[2] == ("sleep", 2)
+    engine.llm.calls = []
+    engine.sleep()
+    engine.wake()  # no push: an update was skipped
+    assert [c[0] for c in engine.llm.calls] == ["sleep", "wake_up", "reload_weights", "apply_model"]
+    reloaded = engine.llm.calls[2][1]
+    assert reloaded.keys() == model.state_dict().keys() and engine.version == 4
+    assert all(torch.equal(reloaded[n], t) for n, t in model.state_dict().items())
+    engine.wake()  # awake already: nothing
+    assert len(engine.llm.calls) == 4
 
 
 def test_quiet_stderr_holds_back_noise_but_not_errors(capfd):
@@ -1496,11 +1621,15 @@ def one_sgd_step(policy, model, prompts, groups, rewards, cfg):
 
 
 def _grads_worker(rank, paths, out):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
     got = {}
     for case in DIST_CASES:
-        model = AutoModelForCausalLM.from_pretrained(paths[case[0]])
-        policy = S.shard(model)
+        if rank == 0:
+            model = AutoModelForCausalLM.from_pretrained(paths[case[0]])
+        else:  # as setup() does: only rank 0 loads the weights, shard() sends rank 1 its shards
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(paths[case[0]]))
+        policy = S.shard(model, torch.device("cpu"))
         assert type(policy).__name__.startswith("FSDP") and hasattr(model.model.layers[0], "reshard")
         prompts, groups, rewards = fixed_batch(case[3])
         mine = slice(0, 3) if rank == 0 else slice(3, 6)
