@@ -379,9 +379,11 @@ def test_prompts_are_formatted_by_hand():
 
 
 # ---------------------------------------------------------------------------------------------- end to end
-def sft_arithmetic_model(path, steps=200):
+def sft_arithmetic_model(path, steps=400):
     """A tiny Llama with the chat tokenizer, taught by a few supervised steps to answer "\\boxed{N}": it then
-    gets some sums right and some wrong, so --reward math has something to grade and RL something to train."""
+    gets some sums right and some wrong, so --reward math has something to grade and RL something to train. (400
+    steps: about 65% of sampled answers right on 100 sums; after 200 steps it was 16%, and a machine whose float
+    sums differ could then score 0 of 32 samples.)"""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     tok = chat_tokenizer()
