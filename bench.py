@@ -10,8 +10,8 @@ or time the math grader on a step's worth of long synthetic completions.
 --gpu-check runs every claim about CUDA that a CPU cannot check (the engine's device, per-token versions across a push,
 sleep mode, the bfloat16 mismatch with the FP32 head, learning, the 0.5B shape's memory and time, 2 GPUs) and prints
 a pass/fail table with what it measured; --device cpu runs the part a CPU can.
---long-tail compares the off-policy loop's pipeline (--max-lag 8) with the synchronous loop (--max-lag 0) at equal
-batch sizes, on a policy whose completion lengths are long-tailed: a bigram policy built by hand in the embedded
+--long-tail compares the off-policy loop's pipeline (--max-lag 8), in one process and split between a generator and
+the trainer (--generators 1), with the synchronous loop (--max-lag 0) at equal batch sizes, on a policy whose completion lengths are long-tailed: a bigram policy built by hand in the embedded
 model's architecture (its attention and MLP outputs zeroed, so the next token depends on the previous one only).
 After the prompt, 5% of completions enter a loop that never emits EOS and runs to the 256-token limit; the others
 stop with probability 1/10 at each token (mean length 10). Everything after `--` is passed to scalerl.py. The model gets random weights and scalerl's character tokenizer,
@@ -29,6 +29,8 @@ import tempfile
 import time
 
 import scalerl
+
+SCALERL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scalerl.py")
 
 SHAPES = {  # name: (architecture, config)
     "qwen2-0.5b": ("Qwen2", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -123,33 +125,54 @@ def long_tail_model(path, p_long=0.05, p_stop=0.1):
     scalerl.save_atomically(model, tok, path)
 
 
-def bench_long_tail(rest):
+LONG_TAIL_ARMS = {"synchronous": ["--max-lag", "0"], "pipeline": ["--max-lag", "8"],
+                  "split": ["--max-lag", "8", "--generators", "1"], "torchrun-2": ["--max-lag", "8"]}
+
+
+def bench_long_tail(rest, arms):
+    """Each arm a run of its own (a fresh process: an in-process engine takes over torch's thread settings), 30 steps;
+    the last 20 timed. torchrun-2: the colocated pipeline on 2 ranks, a thread each."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "long-tail")
         long_tail_model(path)
         common = ["--model", path, "--engine", "vllm", "--length-control", "truncate", "--max-new-tokens", "256",
                   "--no-zero-variance-filter", "--lr", "1e-7", "--warmup-steps", "0", "--eval-every", "1000",
-                  "--val-size", "16", "--eval-samples", "1", "--steps", "30"]
+                  "--val-size", "16", "--eval-samples", "1", "--steps", "30", "--no-live-fit"]
         results = {}
-        for lag in (0, 8):
-            cfg = scalerl.parse_args([*common, *rest, "--max-lag", str(lag), "--out", os.path.join(tmp, f"lag{lag}")])
-            rows = scalerl.run(cfg)[1:]
+        for arm in arms:
+            out, env = os.path.join(tmp, arm), dict(os.environ)
+            cmd = [sys.executable, SCALERL, *common, *rest, *LONG_TAIL_ARMS[arm], "--out", out]
+            if arm == "torchrun-2":
+                cmd[:2] = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", SCALERL]
+                env["OMP_NUM_THREADS"] = "1"
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if p.returncode:
+                sys.exit(f"bench.py: {arm}: exit {p.returncode}: {p.stderr.strip().splitlines()[-1:]}")
+            cfg, rows = json.load(open(os.path.join(out, "config.json"))), read_metrics(out)[1:]
             timed = rows[len(rows) // 3:]  # steady state: the pipeline first fills up with groups in flight
-            done = sum(r["active_prompts"] for r in timed) * cfg.generations_per_prompt
+            done = sum(r["active_prompts"] for r in timed) * cfg["generations_per_prompt"]
             secs, gen = sum(r["step_seconds"] for r in timed), sum(r["gen_seconds"] for r in timed)
-            results[lag] = {"max_lag": lag, "steps_timed": len(timed),
-                            "engine_batch_mean": sum(r["engine_batch_mean"] for r in timed) / len(timed),
+            mean = lambda k: sum(r.get(k, 0.0) for r in timed) / len(timed)  # noqa: E731
+            results[arm] = {"arm": arm, "steps_timed": len(timed), "step_s": secs / len(timed),
+                            "train_s": mean("train_seconds"), "engine_batch_mean": mean("engine_batch_mean"),
                             "trained_completions_per_s": done / secs, "gen_s_per_trained_completion": gen / done,
-                            "mean_completion_tokens": sum(r["mean_completion_tokens"] for r in timed) / len(timed),
-                            "truncated_frac": sum(r["truncated_frac"] for r in timed) / len(timed),
-                            "lag_mean": sum(r["lag_mean"] for r in timed) / len(timed),
+                            "mean_completion_tokens": mean("mean_completion_tokens"),
+                            "truncated_frac": mean("truncated_frac"), "lag_mean": mean("lag_mean"),
                             "lag_max": max(r["lag_max"] for r in timed),
                             "stale_dropped": sum(r["stale_dropped"] for r in timed)}
+            if arm == "split":  # each side's busy time per step; the step against the slower side's
+                busy = {"trainer_busy_s": (secs - gen) / len(timed), "generator_busy_s": sum(
+                    r["step_seconds"] * (1 - r["generator_idle_frac"]) for r in timed) / len(timed)}
+                results[arm].update(trainer_idle_frac=mean("trainer_idle_frac"),
+                                    generator_idle_frac=mean("generator_idle_frac"), **busy,
+                                    step_over_slower_side=secs / len(timed) / max(busy.values()))
             print("bench:", json.dumps({k: round(v, 4) if isinstance(v, float) else v
-                                        for k, v in results[lag].items()}), flush=True)
-    ratio = results[8]["trained_completions_per_s"] / results[0]["trained_completions_per_s"]
-    print(f"bench: pipeline / synchronous, trained completions per second: {ratio:.2f}x; engine batch "
-          f"{results[8]['engine_batch_mean']:.0f} vs {results[0]['engine_batch_mean']:.0f} sequences per step")
+                                        for k, v in results[arm].items()}), flush=True)
+    rate = {arm: r["trained_completions_per_s"] for arm, r in results.items()}
+    print("bench: trained completions per second, " + ", ".join(
+        f"{a} / {b} {rate[a] / rate[b]:.2f}x" for a, b in [("pipeline", "synchronous"), ("split", "pipeline"),
+                                                           ("split", "synchronous"), ("torchrun-2", "pipeline")]
+        if a in rate and b in rate))
 
 
 # --gpu-check: every claim about CUDA that the CPU cannot check, each in its own process, as one pass/fail table.
@@ -194,7 +217,9 @@ def check_two_versions(device):
     import torch
     cfg, model, tok, engine = tiny_engine(device)
     engine.submit("a", tok("3941:").input_ids, 16, seed=1)
-    before = sum(engine.step()[1] for _ in range(5))
+    before = 5  # engine steps, each decoding one token of this one sequence (the first after the prefill)
+    for _ in range(before):
+        engine.step()
     moved = copy.deepcopy(model)
     with torch.no_grad():
         for p in moved.parameters():
@@ -277,7 +302,7 @@ def check_torchrun(device):
         return None, "needs 2 GPUs"
     with tempfile.TemporaryDirectory() as tmp:
         p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                            os.path.join(os.path.dirname(os.path.abspath(__file__)), "scalerl.py"), "--engine", "vllm",
+                            SCALERL, "--engine", "vllm",
                             "--max-lag", "0", "--steps", "4", "--prompts-per-step", "16", "--eval-every", "4",
                             "--no-live-fit", "--out", os.path.join(tmp, "run")], capture_output=True, text=True)
         if p.returncode:
@@ -352,7 +377,7 @@ def bench_loo(args, rest):
         if run_finished(d, args.steps):
             print(f"loo: [{k}/{len(runs)}] {v} seed {seed}: finished before, skipped", flush=True)
             continue
-        cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scalerl.py"),
+        cmd = [sys.executable, SCALERL,
                "--steps", str(args.steps), "--out", d, "--save-every", "25"]
         if scalerl.list_checkpoints(d):  # interrupted: go on from its last checkpoint (its flags are saved there)
             cmd += ["--resume", "auto"]
@@ -458,7 +483,8 @@ def main():
     p.add_argument("--grading", type=int, metavar="N", help="time the math grader on N synthetic completions")
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="--grading: process counts to try")
     p.add_argument("--chars", type=int, default=16000, help="--grading: reasoning length per completion")
-    p.add_argument("--long-tail", action="store_true", help="pipeline vs synchronous loop on long-tailed lengths")
+    p.add_argument("--long-tail", nargs="*", choices=list(LONG_TAIL_ARMS), metavar="ARM",
+                   help=f"the off-policy loop's arms on long-tailed lengths (default: all of {', '.join(LONG_TAIL_ARMS)})")
     p.add_argument("--loo", action="store_true", help="the leave-one-out study: every variant, every seed, fitted")
     p.add_argument("--out", default="runs/loo", help="--loo: the study's directory (a rerun resumes it)")
     p.add_argument("--seeds", type=int, default=3, help="--loo: seeds per variant")
@@ -482,12 +508,12 @@ def main():
         sys.exit(any(r[1] == "FAIL" for r in rows))
     if args.loo:
         return loo_summary(args) if args.summary_only else bench_loo(args, rest)
-    if args.long_tail:
-        return bench_long_tail(rest)
+    if args.long_tail is not None:
+        return bench_long_tail(rest, args.long_tail or list(LONG_TAIL_ARMS))
     if args.grading:
         return bench_grading(args.grading, args.workers, args.chars)
     if not args.shape:
-        p.error("give --shape, --grading or --long-tail")
+        p.error("give --shape, --grading, --long-tail, --loo or --gpu-check")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, args.shape)
         n = build(args.shape, path)

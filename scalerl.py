@@ -39,6 +39,7 @@ import collections
 import contextlib
 import dataclasses
 import importlib.util
+import itertools
 import json
 import logging
 import math
@@ -119,6 +120,9 @@ class Config:
     model: str = _f("", "HF hub id or local directory; empty = the embedded tiny Llama (CPU default)")
     engine: str = _f("auto", "rollout engine: vllm (in-process) or hf (Hugging Face generate, synchronous loop "
                              "only); auto = vllm when it is installed", ["auto", "vllm", "hf"])
+    generators: int = _f(0, "the generator-trainer split [Sec. 2]: N generator processes, each with its own vLLM engine on "
+                            "its own device (CUDA: the GPUs after the trainer's; CPU: each its share of the cores), "
+                            "decoding while the trainer trains; 0: the engine in the trainer's process (colocated)")
     out: str = _f("", "run directory (default runs/<timestamp>)")
     seed: int = _f(0, "random seed (data order, sampling, the embedded model's initial weights)")
     device: str = _f("auto", "auto | cpu | cuda | cuda:N")
@@ -134,6 +138,8 @@ class Config:
     vllm_sleep: bool = _f(None, "vLLM on CUDA: free the KV cache while training, wake before the next generation "
                                 "(default: on with CUDA when nothing is in flight during training; refused on CPU)")
     vllm_kv_cache_mb: int = _f(256, "vLLM on CPU: KV cache size in MiB")
+    vllm_max_num_seqs: int = _f(0, "vLLM: sequences decoded at once, at most (0: vLLM's default, 256 on CPU and 1024 on "
+                                   "H100-class GPUs); more is faster per token and takes more groups in flight")
     task: str = _f("largest", "the built-in task, without --data: largest (the largest digit of a list), hidden (the "
                               "same with two digits hidden, so that the best possible pass rate is below 1) or "
                               "second (the second-largest distinct digit)", ["largest", "hidden", "second"])
@@ -211,8 +217,8 @@ def rl_step(s, cfg):
 #    through an engine; every token keeps the generator's log-prob and the weight version that sampled it.
 #    The engines (Part II) share one contract: submit(key, token_ids, max_tokens, seed) queues a request; step()
 #    advances generation and returns the requests that finished, as (key, Completion), with the number of tokens
-#    decoded; push(model, version) loads new weights; `version` is the version it holds; `capacity` the number of
-#    sequences it decodes at once.
+#    decoded and of engine steps taken; push(model, version) loads new weights; `version` is the version it holds;
+#    `capacity` the number of sequences it decodes at once.
 # --------------------------------------------------------------------------------------------------
 
 
@@ -267,16 +273,17 @@ class Rollouts:
         """Start a group: n completions of prompt (token ids), with the random stream `seed` (thinking budgets and
         request seeds)."""
         lo, hi = self.cfg.think_budget if self.cfg.length_control == "interrupt" else (self.cfg.max_new_tokens,) * 2
-        rng = np.random.default_rng(seed)
-        seeds, budgets = rng.integers(2**63 - 1, size=(n, 2)).tolist(), rng.integers(lo, hi + 1, size=n).tolist()
+        rng = np.random.default_rng(seed)  # request seeds base + j (first piece) and base' + j (the rest)
+        seeds, budgets = (rng.integers(2**62, size=2) + np.arange(n)[:, None]).tolist(), \
+            rng.integers(lo, hi + 1, size=n).tolist()
         g = Group(key, list(prompt), [Completion([], [], False, [], []) for _ in range(n)], budgets, seeds, info, n)
         self.open[key] = g
         for j in range(n):
             self.engine.submit((key, j), g.prompt, budgets[j], seeds[j][0])
 
     def poll(self):
-        pieces, decoded = self.engine.step()
-        self.decoded, self.steps = self.decoded + decoded, self.steps + 1
+        pieces, decoded, steps = self.engine.step()
+        self.decoded, self.steps = self.decoded + decoded, self.steps + steps
         for (key, j), p in pieces:
             g = self.open[key]
             c = g.completions[j]
@@ -666,13 +673,13 @@ def next_batch(s, cfg):
     stale = 0
     while True:
         fresh = sorted((g for g in s.ro.done if group_lag(g, s.version) <= cfg.max_lag),
-                       key=lambda g: -group_lag(g, s.version))  # stable: completion order among equals
+                       key=lambda g: (-group_lag(g, s.version), g.key))  # among equals, the first started
         stale, s.ro.done = stale + len(s.ro.done) - len(fresh), fresh
         share = cfg.prompts_per_step // world()  # under torchrun each rank brings its share of the P groups
-        if len(fresh) >= share:
+        admit(s, cfg, admission(cfg, len(s.ro.open), len(s.ro.done), s.engine.unfinished(), s.engine.capacity))
+        if len(fresh) >= share:  # (the groups just admitted decode meanwhile, where generators are apart)
             batch, s.ro.done = fresh[:share], fresh[share:]
             return batch, stale
-        admit(s, cfg, admission(cfg, len(s.ro.open), len(s.ro.done), s.engine.unfinished(), s.engine.capacity))
         if not s.ro.open:
             return None, stale
         s.ro.poll()
@@ -741,7 +748,7 @@ def run(cfg):
             if result is None:
                 print("every training prompt has been removed by No-Positive-Resampling; stopping")
                 break
-            row, errors = metrics_row(s, cfg, step, result), result["errors"]
+            row, errors = book.row(step, result), result["errors"]
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 row["val_pass_rate"], val_errors = evaluate(s, cfg, step)
                 errors = errors + val_errors
@@ -760,9 +767,9 @@ class ScaleRLError(Exception):
     """Bad input (status 2, found before any compute is spent) or a failure later (status 1). The command line
     prints it as one line and exits with the status; a notebook or a fork gets the exception."""
 
-    def __init__(self, msg, status=2):
+    def __init__(self, msg, status=2, resumable=False):
         super().__init__(msg)
-        self.status = status
+        self.status, self.resumable = status, resumable  # resumable: the Book saves a checkpoint on the way out
 
 
 def die(msg, status=2):
@@ -823,8 +830,9 @@ def validate(cfg):
                  "vllm_kv_cache_mb", "keep_last", "max_skipped_updates"]:
         if getattr(cfg, name) <= 0:
             die(f"{flag(name)} must be > 0 (got {getattr(cfg, name)})")
-    for name in ["steps", "warmup_steps", "weight_decay", "adam_eps", "vllm_max_model_len", "save_every",
-                 "train_size", "val_size", "max_lag", "seed", "answer_budget", "max_len", "cache_len", "eps_high"]:
+    for name in ["steps", "warmup_steps", "weight_decay", "adam_eps", "vllm_max_model_len", "vllm_max_num_seqs",
+                 "save_every", "train_size", "val_size", "max_lag", "seed", "answer_budget", "max_len", "cache_len",
+                 "eps_high", "generators"]:
         if getattr(cfg, name) < 0:
             die(f"{flag(name)} must be >= 0 (got {getattr(cfg, name)})")
     if cfg.generations_per_prompt < 2:
@@ -876,6 +884,19 @@ def validate(cfg):
     if cfg.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         die("--engine vllm: vllm is not installed (pip install -r requirements.txt; on CPU see the README), "
             "or use --engine hf")
+    if cfg.generators:
+        local, cuda = int(os.environ.get("LOCAL_WORLD_SIZE", 1)), cfg.device.startswith("cuda") or \
+            cfg.device == "auto" and torch.cuda.is_available()
+        have = torch.cuda.device_count() if cuda else len(os.sched_getaffinity(0))
+        if cfg.engine != "vllm" or cfg.vllm_sleep:
+            die("--generators needs --engine vllm, and no --vllm-sleep (a generator never waits for the trainer)")
+        if launched() and local != world():
+            die("--generators runs on one node for now: its weights go through shared memory")
+        if cfg.generators % world():
+            die(f"--generators {cfg.generators} must be a multiple of the {world()} ranks")
+        if local + cfg.generators > have:
+            die(f"--generators {cfg.generators}: the trainer's {local} and the generators need {local + cfg.generators} "
+                f"{'GPUs' if cuda else 'cores'}; this machine has {have}")
     streaming = cfg.engine == "vllm" and cfg.off_policy == "pipeline" and cfg.max_lag > 0
     if cfg.vllm_sleep and cfg.engine != "vllm":
         die("--vllm-sleep needs --engine vllm")
@@ -1430,13 +1451,13 @@ class HFEngine:
     def step(self):
         reqs, self.queue = self.queue, []
         if not reqs:
-            return [], 0
+            return [], 0, 0
         seed = int(np.random.SeedSequence([s for *_, s in reqs]).generate_state(1)[0])
         comps, decoded = hf_generate(self.model, self.tok, [r[1] for r in reqs], [r[2] for r in reqs],
                                      self.cfg.temperature, seed, self.cfg.lm_head_fp32, self.autocast)
         for c in comps:
             c.versions = [self.version] * len(c.tokens)
-        return [(r[0], c) for r, c in zip(reqs, comps)], decoded
+        return [(r[0], c) for r, c in zip(reqs, comps)], decoded, 1
 
     def push(self, model, version):
         if model is not None and model is not self.model:
@@ -1467,7 +1488,7 @@ def vllm_args(cfg, path, device, dtype, max_model_len):
     --device cuda:N with N > 0. Sleep mode is on when nothing is in flight while training (--max-lag 0, ppo)."""
     kw = dict(model=path, tokenizer=path, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
               max_model_len=max_model_len, logprobs_mode="processed_logprobs", use_tqdm_on_load=cfg.verbose,
-              async_scheduling=False)
+              async_scheduling=False, max_num_seqs=cfg.vllm_max_num_seqs or None)
     if cfg.lm_head_fp32:
         kw["hf_overrides"] = {"head_dtype": "float32"}
     if launched():  # one engine per rank, on cuda:LOCAL_RANK, each generating its own prompts (as TRL colocates)
@@ -1523,6 +1544,7 @@ class VLLMEngine:
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
             lambda r: not r.getMessage().startswith("RotaryEmbedding: Failed to load weights"))
         self.core, self.cfg, self.asleep, self.serial, self.live = self.llm.llm_engine, cfg, False, 0, {}
+        self.queue = []  # submitted, not yet sent to the engine
         self.capacity = self.core.vllm_config.scheduler_config.max_num_seqs  # sequences decoded at once
         self.version, self.source = 0, None
         self.core.set_weight_version("0")
@@ -1537,37 +1559,56 @@ class VLLMEngine:
         return [str(self.llm.llm_engine.model_config.dtype) if d == "None" else d for d in found]
 
     def submit(self, key, ids, max_tokens, seed):
+        self.queue.append((key, tuple(ids), max_tokens, seed))
+
+    def unfinished(self):
+        """Sequences queued or decoding (a request's sequences that have ended no longer count, though it returns them
+        only with its last)."""
+        return len(self.queue) + self.core.get_num_unfinished_requests()
+
+    def flush(self):
+        """Send the queued requests. Completions of one prompt with one limit and consecutive seeds (a group's, see
+        Rollouts.add) go as one request with n = their number: vLLM prepares it once and seeds its i-th sequence with
+        the first seed + i, so each completion keeps its own seed. Per request, that preparation cost as much as the
+        decoding (profiled on the built-in task at 32 x 16 completions of 4 tokens)."""
         from vllm import SamplingParams
         from vllm.inputs.engine import tokens_input
         from vllm.sampling_params import RequestOutputKind
-        self.wake()
-        rid, self.serial = str(self.serial), self.serial + 1
-        params = SamplingParams(n=1, temperature=self.cfg.temperature, top_p=1.0, top_k=0, max_tokens=max_tokens,
-                                logprobs=0, seed=seed % (2**63 - 1), detokenize=False,
-                                output_kind=RequestOutputKind.DELTA)
-        # the cache salt keeps prefix-cache blocks computed with older weights from being reused by new requests
-        self.core.add_request(rid, tokens_input(list(ids), cache_salt=f"v{self.version}"), params)
-        self.live[rid] = (key, [], [])
-
-    def unfinished(self):
-        return len(self.live)
+        runs, last = [], {}
+        for key, ids, max_tokens, seed in self.queue:
+            run = last.get((ids, max_tokens))
+            if run is None or run[2] + len(run[3]) != seed:
+                run = last[ids, max_tokens] = [ids, max_tokens, seed, []]
+                runs.append(run)
+            run[3].append(key)
+        if runs:
+            self.wake()
+        for ids, max_tokens, seed, keys in runs:
+            rid, self.serial = str(self.serial), self.serial + 1
+            params = SamplingParams(n=len(keys), temperature=self.cfg.temperature, top_p=1.0, top_k=0,
+                                    max_tokens=max_tokens, logprobs=0, seed=seed, detokenize=False,
+                                    output_kind=RequestOutputKind.FINAL_ONLY)
+            # the cache salt keeps prefix-cache blocks computed with older weights from being reused by new requests
+            self.core.add_request(rid, tokens_input(list(ids), cache_salt=f"v{self.version}"), params)
+            self.live[rid] = keys
+        self.queue = []
 
     def step(self):
-        """One engine step: every running sequence decodes one token. Returns the finished requests and the number
-        of tokens decoded in this step."""
+        """One engine step: every running sequence decodes one token. Returns the requests that finished, the number
+        of tokens they decoded (counted when they finish) and 1, the engine steps taken."""
+        self.flush()
         done, decoded = [], 0
         for out in self.core.step():
-            c = out.outputs[0]
-            key, tokens, logprobs = self.live[out.request_id]
-            tokens += c.token_ids
-            logprobs += [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)]
-            decoded += len(c.token_ids)
-            if out.finished:
-                del self.live[out.request_id]
+            if not out.finished:  # (final outputs only: none come before the end)
+                continue
+            keys = self.live.pop(out.request_id)
+            for c in out.outputs:
                 versions = [int(s.version) for s in c.weight_versions for _ in range(s.start, s.end)]
-                done.append((key, Completion(tokens, logprobs, c.finish_reason == "stop", [1] * len(tokens),
-                                             versions)))
-        return done, decoded
+                tokens = list(c.token_ids)
+                done.append((keys[c.index], Completion(tokens, [lp[t].logprob for t, lp in zip(tokens, c.logprobs)],
+                                                       c.finish_reason == "stop", [1] * len(tokens), versions)))
+                decoded += len(tokens)
+        return done, decoded, 1
 
     def push(self, model, version):
         """Load the trainer's weights [Sec. 3.1] under their Hugging Face names (vLLM's loaders map them to its own
@@ -1578,12 +1619,17 @@ class VLLMEngine:
         gathered from the shards as the engine takes it): a call with part of a layer's weights would leave that
         layer wrong."""
         self.wake(reload=False)
-        weights = full_weights(model, self.core.model_config.dtype)
+        head = (lambda: full(model.get_output_embeddings().weight).detach().float()) if self.cfg.lm_head_fp32 else None
+        self.load(full_weights(model, self.core.model_config.dtype), head, version)
+        self.source = model
+
+    def load(self, weights, head, version):
+        """push's work, from an iterator of (name, tensor) and a function returning the float32 head (or None)."""
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-        if self.cfg.lm_head_fp32:
-            head = full(model.get_output_embeddings().weight).detach().float()
-            self.llm.apply_model(lambda m: engine_fp32_head(m, head))
-        self.source, self.version = model, version
+        if head is not None:
+            w = head()
+            self.llm.apply_model(lambda m: engine_fp32_head(m, w))
+        self.version = version
         self.core.set_weight_version(str(version))
         if self.cfg.refresh_kv and self.live:
             self.core.reset_prefix_cache(reset_running_requests=True)
@@ -1591,7 +1637,7 @@ class VLLMEngine:
     def abort(self):
         """Drop every request in flight."""
         self.core.abort_request(list(self.live))
-        self.live = {}
+        self.live, self.queue = {}, []
 
     def close(self):
         """Shut the engine down now (under torchrun it takes the process group with it, so it must go last)."""
@@ -1600,7 +1646,7 @@ class VLLMEngine:
     def sleep(self):
         """vLLM sleep mode (CUDA, nothing in flight): while training, free the KV cache and discard the weights (level
         2; level 1 would copy them to host memory and back, only for the next push to overwrite them)."""
-        if self.sleeps and not self.asleep and not self.live:
+        if self.sleeps and not self.asleep and not self.live and not self.queue:
             self.llm.sleep(level=2)
             self.asleep = True
 
@@ -1613,6 +1659,242 @@ class VLLMEngine:
             self.asleep = False
             if reload:
                 self.push(self.source, self.version)
+
+# --------------------------------------------------------------------------------------------------
+# The generator-trainer split (--generators N) [Sec. 2, App. A.3]: N generator processes, each with a VLLMEngine on a
+# device of its own, decode all the time; the trainer's engine is a SplitEngine, the engine contract served by them.
+# Each push writes the weights, whole, to one file in shared memory, renamed into place: a generator loads the newest
+# between two of its engine steps, never half a model. The same path on CPU and CUDA, on one node.
+# --------------------------------------------------------------------------------------------------
+
+
+def write_weights(path, model, dtype, version, fp32_head):
+    """The model's weights as one safetensors file (plus the float32 LM head as 'fp32_head'), streamed a tensor at a
+    time (under torchrun each is gathered from the shards: every rank iterates, rank 0 writes), then renamed into
+    place; a generator still reading the previous file keeps it. Every rank returns once the file is in place."""
+    import struct
+    head = model.get_output_embeddings().weight
+    items = [(n, t.shape, dtype) for n, t in model.state_dict().items()] + [("fp32_head", head.shape, torch.float32)]
+    header, offset = {"__metadata__": {"version": str(version)}}, 0
+    for name, shape, dt in items[:None if fp32_head else -1]:
+        size = math.prod(shape) * dt.itemsize
+        header[name] = {"dtype": {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}[dt],
+                        "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
+    tensors = itertools.chain(full_weights(model, dtype), [("", full(head).detach().float())] if fp32_head else [])
+    with open(path + ".tmp" if rank() == 0 else os.devnull, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)) + blob)
+        for _, t in tensors:
+            f.write(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    if rank() == 0:
+        os.replace(path + ".tmp", path)
+    if world() > 1:
+        dist.barrier()  # no rank sends a request for this version before its weights are in place
+
+
+def generator_main(i, cfg, path, device, dtype, max_model_len, weights, requests, results, cores, parent):
+    """Generator i: a VLLMEngine that decodes whenever it has requests, loads the newest weights file between two of
+    its engine steps (and before a request that asks for newer weights), and sends the finished pieces back with the
+    tokens it decoded, its engine steps and what it has left. It stops when told to, or when the trainer is gone."""
+    import queue
+    import signal
+    import traceback
+    from safetensors import safe_open
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the trainer stops us
+    loaded, steps, decoded, consumed = None, 0, 0, 0
+
+    def refresh():
+        nonlocal loaded
+        st = os.stat(weights)
+        if (st.st_ino, st.st_mtime_ns) != loaded:
+            loaded = st.st_ino, st.st_mtime_ns
+            with safe_open(weights, "pt") as f:
+                engine.load(((n, f.get_tensor(n)) for n in f.keys() if n != "fp32_head"),
+                            (lambda: f.get_tensor("fp32_head")) if cfg.lm_head_fp32 else None,
+                            int(f.metadata()["version"]))
+    try:
+        if cores:
+            os.sched_setaffinity(0, cores)
+            torch.set_num_threads(len(cores))
+        quiet_libraries(cfg.verbose)
+        engine = VLLMEngine(cfg, path, torch.device(device), dtype, max_model_len)
+        results.put(("ready", i, engine.capacity))
+        while os.getppid() == parent:
+            refresh()
+            msgs = []
+            with contextlib.suppress(queue.Empty):
+                msgs.append(requests.get(not engine.unfinished(), 0.05))  # (block only with nothing to decode)
+                while True:
+                    msgs.append(requests.get_nowait())
+            for kind, batch in msgs:
+                if kind == "stop":
+                    return
+                if kind == "abort":
+                    engine.abort()
+                for key, ids, max_tokens, seed, version in batch if kind == "submit" else []:
+                    consumed += 1
+                    if version > engine.version:  # pushed before the request was sent: the file holds it now
+                        refresh()
+                    engine.submit(key, ids, max_tokens, seed)
+            if engine.unfinished():
+                done, n, k = engine.step()
+                steps, decoded = steps + k, decoded + n
+                if done:  # with what it has left, and how many requests it has taken so far
+                    results.put(("out", i, [(key, dataclasses.astuple(c)) for key, c in done], decoded, steps,
+                                 consumed, engine.unfinished()))
+                    steps, decoded = 0, 0
+    except Exception:  # noqa: BLE001  (whatever it is, the trainer reports it and stops)
+        results.put(("error", i, traceback.format_exc()))
+    finally:
+        if os.getppid() != parent:  # the trainer is gone: nobody reads, nobody cleans up
+            import shutil
+            results.cancel_join_thread()
+            shutil.rmtree(os.path.dirname(weights), ignore_errors=True)
+        results.close()
+        results.join_thread()
+
+
+class SplitEngine:
+    """Engine 'vllm' with --generators N: the VLLMEngine contract, served by generator processes (under torchrun rank r
+    owns generators r, r + W, ...). submit() sends a request to the generator of its group at once (a group goes
+    whole to the least loaded generator); step() returns what the generators finished since the last call, waiting
+    only when nothing has; push() writes the weights file. On CUDA generator i takes the GPU after the trainer's
+    (LOCAL_WORLD_SIZE + i) and 0.9 of its memory; on CPU every process gets an equal share of the cores."""
+
+    def __init__(self, cfg, path, device, dtype, max_model_len, model):
+        import tempfile
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        self.cfg, self.dtype, self.version, self.live, self.group_of = cfg, dtype, 0, {}, {}
+        self.idle, self.idle_since = [0.0, time.time()], {}  # generators' seconds with nothing to do, since; see step
+        self.dir = broadcast(tempfile.mkdtemp(prefix="scalerl-", dir=shm) if rank() == 0 else None)
+        self.weights = os.path.join(self.dir, "weights.safetensors")
+        write_weights(self.weights, model, dtype, 0, cfg.lm_head_fp32)
+        cores = sorted(os.sched_getaffinity(0)) if device.type == "cpu" else []
+        self.restore = (cores, torch.get_num_threads())  # close() gives this process its cores back
+        share = max(1, len(cores) // (local + cfg.generators))
+        chunk = lambda k: cores[k * share:(k + 1) * share]  # noqa: E731
+        if cores:
+            os.sched_setaffinity(0, chunk(int(os.environ.get("LOCAL_RANK", 0))))
+            torch.set_num_threads(share)
+        ctx, saved = torch.multiprocessing.get_context("spawn"), dict(os.environ)
+        gpus = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(local + cfg.generators)))).split(",")
+        gen_cfg = dataclasses.replace(cfg, vllm_sleep=False, vllm_gpu_memory_utilization=0.9)
+        self.results, self.requests, self.procs = ctx.Queue(), {}, {}
+        self.running, self.sent, self.taken = {}, {}, {}  # per generator: see load()
+        try:
+            for i in range(rank(), cfg.generators, world()):
+                self.requests[i], self.running[i], self.sent[i], self.taken[i] = ctx.Queue(), 0, 0, 0
+                self.procs[i] = ctx.Process(target=generator_main, daemon=True, args=(
+                    i, gen_cfg, path, device.type, dtype, max_model_len, self.weights, self.requests[i], self.results,
+                    chunk(local + i), os.getpid()))
+                for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):  # its engine is a plain, single one
+                    os.environ.pop(k, None)
+                os.environ.update({"OMP_NUM_THREADS": str(share)} if cores else {"CUDA_VISIBLE_DEVICES": gpus[local + i]})
+                try:
+                    self.procs[i].start()
+                finally:
+                    os.environ.clear()
+                    os.environ.update(saved)
+            self.capacity, deadline = 0, time.time() + 900
+            for _ in self.procs:  # twice what each engine decodes at once: work to go on with while the trainer trains
+                self.capacity += 2 * self.receive(deadline)[2]
+            self.idle_since = {i: time.time() for i in self.procs}
+        except BaseException:
+            self.close()
+            raise
+
+    def receive(self, deadline):
+        """The next message from a generator. A generator that failed or died stops the run (status 1; the Book saves
+        a checkpoint of the last step)."""
+        import queue
+        while True:
+            for i, p in self.procs.items():
+                if not p.is_alive():
+                    raise ScaleRLError(f"generator {i} (pid {p.pid}) died, exit code {p.exitcode}", 1, True)
+            with contextlib.suppress(queue.Empty):
+                msg = self.results.get(timeout=1.0)
+                if msg[0] == "error":
+                    raise ScaleRLError(f"generator {msg[1]} failed: {msg[2].strip().splitlines()[-1]}", 1, True)
+                return msg
+            if time.time() > deadline:
+                raise ScaleRLError("no word from the generators in 15 minutes", 1, True)
+
+    def submit(self, key, ids, max_tokens, seed):
+        group = self.group_of.setdefault(key[0], [min(self.procs, key=lambda g: (self.load(g), g)), 0])
+        i, group[1] = group[0], group[1] + 1  # (its generator, its completions in flight)
+        self.requests[i].put(("submit", [(key, list(ids), max_tokens, seed, self.version)]))
+        self.idle[0] += time.time() - self.idle_since.pop(i, time.time())
+        self.live[key], self.sent[i] = i, self.sent[i] + 1
+
+    def load(self, i):
+        """Generator i's sequences queued or decoding: what it had left at its last report, plus what was sent since."""
+        return self.running[i] + self.sent[i] - self.taken[i]
+
+    def unfinished(self):
+        return sum(map(self.load, self.procs))
+
+    def step(self):
+        msgs = [self.receive(time.time() + 900)]
+        with contextlib.suppress(__import__("queue").Empty):
+            while True:
+                msgs.append(self.results.get_nowait())
+        done, decoded, steps = [], 0, 0
+        for _, i, pieces, n, k, taken, running in msgs:
+            for key, c in pieces:
+                if self.live.pop(key, None) is not None:  # (not aborted)
+                    done.append((key, Completion(*c)))
+                    self.group_of[key[0]][1] -= 1
+                    if not self.group_of[key[0]][1]:  # nothing of the group in flight: it may go elsewhere next
+                        del self.group_of[key[0]]
+            self.running[i], self.taken[i] = running, taken
+            if not self.load(i):  # nothing to do until the next submit: idle from now
+                self.idle_since.setdefault(i, time.time())
+            decoded, steps = decoded + n, steps + k
+        return done, decoded, steps
+
+    def take_idle(self):
+        """(Seconds this rank's generators spent with nothing to decode, seconds elapsed), since the last call."""
+        now, (idle, since) = time.time(), self.idle
+        idle += sum(now - t for t in self.idle_since.values())
+        self.idle, self.idle_since = [0.0, now], {i: now for i in self.idle_since}
+        return idle, now - since
+
+    def push(self, model, version):
+        write_weights(self.weights, model, self.dtype, version, self.cfg.lm_head_fp32)
+        self.version = version
+
+    def abort(self):
+        for q in self.requests.values():
+            q.put(("abort", None))
+        self.live, self.group_of, self.running, self.taken = {}, {}, {i: 0 for i in self.procs}, dict(self.sent)
+
+    def close(self):
+        """Stop the generators (5 s to go, then killed) and remove the weights file."""
+        import shutil
+        for q in self.requests.values():
+            q.put(("stop", None))
+        for p in self.procs.values():
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        if rank() == 0:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        for q in self.requests.values():  # (what a dead generator left unread is dropped)
+            q.cancel_join_thread()
+            q.close()
+        self.results.close()
+        self.procs, self.requests = {}, {}
+        if self.restore[0]:
+            os.sched_setaffinity(0, self.restore[0])
+            torch.set_num_threads(self.restore[1])
+
+    def sleep(self):
+        pass
+
 
 # --------------------------------------------------------------------------------------------------
 # Gradient accumulation and the train/inference mismatch diagnostic (used by train_step)
@@ -1840,8 +2122,9 @@ def setup(cfg):
     autocast = None if dtype == getattr(torch, cfg.param_dtype) else dtype
     policy = shard(model, device)  # FSDP2 under torchrun; before the engine starts, which sizes itself to the memory left
     generator = replica(model, device) if launched() and cfg.engine == "hf" else model
-    engine = VLLMEngine(cfg, path, device, dtype, cfg.vllm_max_model_len or longest) if cfg.engine == "vllm" else \
-        HFEngine(generator, tok, cfg, autocast)
+    L = cfg.vllm_max_model_len or longest
+    engine = SplitEngine(cfg, path, device, dtype, L, model) if cfg.generators else \
+        VLLMEngine(cfg, path, device, dtype, L) if cfg.engine == "vllm" else HFEngine(generator, tok, cfg, autocast)
     opt, sched = make_optimizer(model, cfg)
     s = State(model, tok, opt, sched, autocast, engine, Rollouts(cfg, engine, tok), grader, train, train_ids, val_ids,
               [a for _, a in val], Curriculum(len(train), cfg.seed, rank(), world()),
@@ -1890,7 +2173,7 @@ def metrics_row(s, cfg, step, r):
         r["stats"]["truncated_excluded"], sum(r["lags"]), len(r["lags"]), r["stale"], r["in_flight"], s.ro.decoded,
         s.ro.steps)
     t = s.totals
-    t["device_hours"] += r["t_step"] * world() / 3600
+    t["device_hours"] += r["t_step"] * (world() + cfg.generators) / 3600  # every device: trainers and generators
     t["flops"] += 2 * n_params * (n_prompt + n_gen) + 6 * n_params * n_trained
     t["gen_tokens"] += int(n_sampled)  # sampled tokens (injected phrases not counted)
     t["train_tokens"] += update.get("trained_tokens", 0)
@@ -1908,6 +2191,10 @@ def metrics_row(s, cfg, step, r):
            "gen_seconds": r["t_gen"], "train_seconds": r["t_train"], "sync_seconds": r["t_sync"],
            **{k: v for k, v in update.items() if k.startswith("mismatch_")}}
     s.ro.decoded = s.ro.steps = 0
+    if cfg.generators:  # each side's idle fraction: the trainer waiting for groups, the generators with nothing to do
+        idle, period = s.engine.take_idle()
+        row["trainer_idle_frac"], row["generator_idle_frac"] = r["t_gen"] / r["t_step"], all_sum(idle) / (
+            cfg.generators * period)
     if "gpu_peak_gb" in update:  # the largest over the ranks
         row["gpu_peak_gb"] = all_max(update["gpu_peak_gb"])
     return row
@@ -1923,7 +2210,7 @@ class Book:
     def __init__(self, cfg, s, rows, first, device, ceiling=None):
         self.cfg, self.s, self.rows, self.first, self.out = cfg, s, rows, first, cfg.out
         self.saved = self.done = first - 1
-        self.stop, self.in_a_row, self.handlers = [], 0, {}
+        self.stop, self.in_a_row, self.handlers, self.unlogged = [], 0, {}, None
         self.fresh, self.writer = not os.path.isdir(self.out), rank() == 0
         n_params = sum(p.numel() for p in s.model.parameters())
         const, const_rate = best_constant_pass_rate(s.val_answers)
@@ -1956,10 +2243,16 @@ class Book:
         self.handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         return self
 
+    def row(self, step, result):
+        """The metrics row of a step (metrics_row), kept until it is logged: when a generator fails during the step's
+        evaluation, the step is logged without it, and checkpointed."""
+        self.unlogged = metrics_row(self.s, self.cfg, step, result)
+        return self.unlogged
+
     def log(self, s, row, errors):
         """Record a row; save a checkpoint when it is time. Returns True when a signal asked the run to stop (under
         torchrun: any rank's signal stops every rank)."""
-        errors = all_gather(errors)[0]
+        self.unlogged, errors = None, all_gather(errors)[0]
         if all_max(bool(self.stop)) and not self.stop:
             self.stop.append("a signal to another rank")
         row["reward_errors"] = len(errors)
@@ -1999,6 +2292,12 @@ class Book:
             if kind is None and not self.stop:  # the run ended: its final checkpoint
                 ckpt = self.save() if self.done > self.saved else last_checkpoint(self.out)
                 print(f"done: model and training state in {ckpt}, metrics in {self.out}/metrics.jsonl")
+            elif getattr(exc, "resumable", False) and world() == 1:  # a generator failed: the run can go on later
+                if self.unlogged:  # it failed in an evaluation: the step itself is complete
+                    self.log(self.s, self.unlogged, [])
+                ckpt = self.save() if self.done > self.saved else last_checkpoint(self.out)
+                exc.args = (f"{exc}; checkpoint {ckpt}; continue with: python scalerl.py --resume auto --out "
+                            f"{self.out}",)
             elif kind is KeyboardInterrupt:
                 print(f"\nstep {self.done + 1} abandoned; {self.done} steps are in {self.out}/metrics.jsonl; last "
                       f"checkpoint: {last_checkpoint(self.out)}", file=sys.stderr)
@@ -2008,7 +2307,7 @@ class Book:
             self.metrics.close()
             self.s.grader.close()
             self.s.engine.abort()
-            if launched():  # after the last collective
+            if launched() or self.cfg.generators:  # after the last collective; no generator left behind
                 self.s.engine.close()
             if self.tracker:
                 self.tracker.finish()
@@ -2047,6 +2346,7 @@ def quiet_libraries(verbose):
     import warnings
     from transformers.utils import logging as hf_logging
     warnings.filterwarnings("ignore")
+    sys.warnoptions.append("ignore")  # and in the Python processes this one starts (multiprocessing passes -W on)
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
 

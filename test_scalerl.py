@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -1120,7 +1121,7 @@ class ScriptedEngine:
             if len(versions) == n:
                 del self.live[key]
                 done.append((key, S.Completion([7] * n, [-1.0] * n, True, [1] * n, versions)))
-        return done, decoded
+        return done, decoded, 1
 
     def push(self, model, version):
         self.version = version
@@ -1178,11 +1179,12 @@ def test_ppo_takes_k_steps_per_generated_batch(tmp_path, monkeypatch, engine):
     the round's later groups are still decoding when its first batch is trained: no push may reach them)."""
     if engine == "vllm":
         need_vllm()
-    # a reward a random policy gets half the time (completions that end, by parity), so every batch has a gradient
+    # a reward a random policy gets half the time (completions that end, by parity), so that a round's first batch has
+    # a gradient and the weights move before the round's later batches are trained
     monkeypatch.setitem(S.REWARDS, "digit", lambda text, answer: float(len(text) % 2 == 0))
     rows = S.run(small_cfg(tmp_path, engine=engine, steps=6, off_policy="ppo", max_lag=3, zero_variance_filter=False,
                            eval_every=100, lr=3e-3, warmup_steps=0))
-    assert all(r["zero_variance_frac"] < 1 for r in rows[1:])
+    assert all(r["zero_variance_frac"] < 1 and r["grad_norm"] > 0 for r in (rows[1], rows[4]))
     assert [r["lag_max"] for r in rows[1:]] == [0, 1, 2, 0, 1, 2]
     for r in rows[1:]:
         if r["lag_max"] == 0:
@@ -1324,7 +1326,7 @@ BOUNDS = {  # every numeric flag: a value just out of its range (each must also 
     "answer_budget": -1, "max_len": -1, "cache_len": -1, "eps_max": 0.0, "eps_low": 1.0, "eps_high": -0.1,
     "npr_threshold": 0.0, "logprob_chunk": 0, "max_lag": -1, "lr": 0.0, "warmup_steps": -1, "weight_decay": -0.1,
     "adam_eps": -1e-9, "grad_clip": 0.0, "micro_batch_tokens": 0, "save_every": -1, "keep_last": 0,
-    "max_skipped_updates": 0, "eval_every": 0, "eval_samples": 0}
+    "max_skipped_updates": 0, "eval_every": 0, "eval_samples": 0, "generators": -1, "vllm_max_num_seqs": -1}
 
 
 def numeric_fields():
@@ -1817,3 +1819,156 @@ def test_a_signal_to_one_rank_stops_every_rank_with_a_checkpoint(tmp_path):
     assert 2 <= last < 200 and f"a signal to another rank: stopped after step {last}" in stdout
     assert [os.path.basename(c) for c in S.list_checkpoints(out)] == [f"step_{last:06d}"]
     assert "torchrun --nproc-per-node 2 scalerl.py --resume auto" in stdout
+
+
+# ---------------------------------------------------------------------------------------------- generator-trainer split
+def descendants(pid):
+    import psutil
+    return psutil.Process(pid).children(recursive=True)
+
+
+def test_split_generator_labels_each_token_with_the_weights_that_sampled_it(tmp_path):
+    """--generators: the generator process loads each push between two of its engine steps while its sequences go on
+    decoding. A short request's return marks a moment mid-completion: the long completions then span the three
+    versions in order, and each token's recorded log-prob is the slow kept-KV reference's with the weights live when
+    it was sampled."""
+    need_vllm()
+    import bench
+    path = str(tmp_path / "m")
+    bench.long_tail_model(path, p_long=0.0, p_stop=0.0)  # digits after digits, never EOS: every completion runs to 100
+    cfg = S.Config(engine="vllm", model=path, generators=1, length_control="truncate", max_new_tokens=100,
+                   temperature=0.8)
+    S.validate(S.fill_defaults(cfg))
+    model0, tok, _ = S.load_model(cfg, torch.device("cpu"))
+    models = [model0] + [copy.deepcopy(model0) for _ in range(2)]
+    for m in models[1:]:  # small moves (0.05 nats a token on average): digits stay the only tokens
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(0.005 * torch.randn_like(p))
+    engine = S.SplitEngine(cfg, path, torch.device("cpu"), torch.float32, 128, model0)
+    try:
+        prompts, done = [tok("3941:").input_ids, tok("275:").input_ids], {}
+        for i, p in enumerate(prompts):
+            for j in range(3):
+                engine.submit((("t", i), j), p, 100, 1000 * i + j)
+
+        def until(key):
+            while key not in done:
+                done.update(engine.step()[0])
+        for v in (1, 2):
+            engine.submit((("short", v), 0), tok("8:").input_ids, 2, v)
+            until((("short", v), 0))  # the long completions are decoding now
+            engine.push(models[v], v)
+        for i in range(2):
+            for j in range(3):
+                until((("t", i), j))
+    finally:
+        engine.close()
+    for i, p in enumerate(prompts):
+        for j in range(3):
+            c = done[(("t", i), j)]
+            assert len(c.tokens) == 100 and not c.finished and c.versions == sorted(c.versions)
+            assert c.versions[0] == 0 and c.versions[-1] == 2 and c.versions.index(1) >= 2, c.versions
+            ref = kv_reference_logprobs(models, p, c.tokens, c.versions, cfg.temperature, refresh=False)
+            np.testing.assert_allclose(c.logprobs, ref, atol=1e-4)
+
+
+def split_cli(*args, threads=None):
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    return subprocess.Popen([sys.executable, os.path.join(HERE, "scalerl.py"), "--engine", "vllm", "--no-live-fit",
+                             *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def test_split_synchronous_run_writes_the_one_process_metrics(tmp_path):
+    """With --max-lag 0 a split run is the synchronous loop with its generation in another process: the same requests
+    with the same seeds, so with one thread on each side, as the one-process run has here, the same metrics bit for
+    bit, but for the mismatch columns: float32 rounding on both sides (under 1e-5), not bit-equal. Aside: the timing columns, the split's
+    idle fractions, and engine_batch_mean, which depends on when a continuation (after an interruption) reaches the
+    engine: at once in one process, a message later in the split. (Another thread count changes float sums, and then
+    sampled tokens now and then: not compared.)"""
+    need_vllm()
+    import bench
+    bench.long_tail_model(str(tmp_path / "m"), p_long=0.0)  # random digits, EOS after 10 on average: rewards vary
+    flags = ["--model", tmp_path / "m", "--max-lag", "0", "--steps", 4, "--prompts-per-step", 8,
+             "--generations-per-prompt", 8, "--val-size", 16, "--train-size", 256, "--eval-every", 2, "--eval-samples",
+             2, "--lr", 1e-2]
+    runs = {"one": split_cli(*flags, "--out", tmp_path / "one", threads=1),
+            "split": split_cli(*flags, "--generators", 1, "--out", tmp_path / "split")}
+    for name, p in runs.items():
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-2000:]
+    one, split = (read_metrics(str(tmp_path / k)) for k in runs)
+    assert all(r["trainer_idle_frac"] > 0 and 0 <= r["generator_idle_frac"] <= 1 for r in split[1:])
+    extra = {"trainer_idle_frac", "generator_idle_frac", "engine_batch_mean"}
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in extra} for r in untimed(rows)]  # noqa: E731
+    assert len(split) == len(one)
+    for a, b in zip(strip(split), strip(one)):  # the mismatch is float32 rounding on both sides (both engines hold
+        for k in [k for k in a if k.startswith("mismatch_")]:  # the trainer's weights); its sums differ at that level
+            assert a.pop(k) < 1e-5 and b.pop(k) < 1e-5, k
+        assert a == b, {k: (a.get(k), b.get(k)) for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
+    assert sum(r["active_prompts"] for r in one[1:]) > 0 and all(r["lag_max"] == 0 for r in one[1:])
+    assert json.load(open(tmp_path / "split" / "config.json"))["generators"] == 1
+
+
+def test_split_generators_run_ahead_of_a_slow_trainer_within_the_lag_bound(tmp_path, monkeypatch):
+    """The generator decodes while the trainer trains: with a slowed trainer, groups admitted at one version are
+    still decoding after the next updates, so trained tokens are up to K = 1 update old, never more, and the groups
+    that ended older than that are dropped and counted."""
+    need_vllm()
+    real = S.train_step
+    monkeypatch.setattr(S, "train_step", lambda *a, **kw: (time.sleep(0.2), real(*a, **kw))[1])
+    rows = S.run(small_cfg(tmp_path, engine="vllm", generators=1, steps=12, prompts_per_step=4, max_lag=1,
+                           eval_every=100, zero_variance_filter=False, length_control="truncate", max_new_tokens=200,
+                           live_fit=False))  # the random policy's completions: 50 tokens on average, some 200
+    assert all(r["lag_max"] <= 1 for r in rows[1:]) and sum(r["lag_max"] == 1 for r in rows[1:]) >= 6
+    assert sum(r["stale_dropped"] for r in rows[1:]) > 0
+    assert all(r["train_seconds"] > 0.2 for r in rows[1:])  # (the slowed trainer)
+
+
+def test_a_dead_generator_stops_the_run_with_a_checkpoint_and_no_process_left(tmp_path):
+    """SIGKILL to the generator: the trainer stops within seconds with one line naming it, exit status 1, a checkpoint
+    of its last completed step that resumes, and no process of the run left (the weights file in shared memory gone)."""
+    import signal
+    need_vllm()
+    out = tmp_path / "run"
+    p = split_cli("--generators", 1, "--steps", 500, "--eval-every", 3, "--out", out)
+    while p.poll() is None and not ((out / "metrics.jsonl").exists() and len(read_metrics(str(out))) >= 3):
+        time.sleep(0.05)
+    children = descendants(p.pid)
+    (gen,) = [c for c in children if "generator_main" in " ".join(c.cmdline()) or "spawn_main" in " ".join(c.cmdline())]
+    shm = [d for d in os.listdir("/dev/shm") if d.startswith("scalerl-")] if os.path.isdir("/dev/shm") else []
+    os.kill(gen.pid, signal.SIGKILL)
+    t0 = time.time()
+    _, stderr = p.communicate(timeout=120)
+    assert p.returncode == 1 and time.time() - t0 < 30
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("scalerl.py: error: generator 0 (pid ") and "died" in lines[0], lines
+    rows = read_metrics(str(out))
+    last = rows[-1]["step"]
+    assert [r["step"] for r in rows] == list(range(last + 1))
+    assert S.list_checkpoints(str(out))[-1].endswith(f"step_{last:06d}") and f"step_{last:06d}" in lines[0]
+    time.sleep(1)
+    assert not [c for c in children if c.is_running() and c.status() != "zombie"]
+    assert not set(os.listdir("/dev/shm") if shm else []) & set(shm)
+    q = split_cli("--resume", "auto", "--steps", last + 1, "--out", out)
+    _, err = q.communicate(timeout=600)
+    assert q.returncode == 0, err[-2000:]
+    assert [r["step"] for r in read_metrics(str(out))] == list(range(last + 2))
+
+
+def test_sigterm_to_a_split_trainer_saves_a_checkpoint_and_leaves_no_process(tmp_path):
+    import signal
+    need_vllm()
+    out = tmp_path / "run"
+    p = split_cli("--generators", 1, "--steps", 500, "--eval-every", 100, "--out", out)
+    while p.poll() is None and not ((out / "metrics.jsonl").exists() and len(read_metrics(str(out))) >= 2):
+        time.sleep(0.05)
+    children = descendants(p.pid)
+    assert children
+    p.send_signal(signal.SIGTERM)
+    stdout, stderr = p.communicate(timeout=120)
+    assert p.returncode == 0, stderr[-2000:]
+    last = read_metrics(str(out))[-1]["step"]
+    assert f"SIGTERM: stopped after step {last}" in stdout and "Traceback" not in stderr
+    time.sleep(1)
+    assert not [c for c in children if c.is_running() and c.status() != "zombie"]
