@@ -120,9 +120,9 @@ class Config:
     model: str = _f("", "HF hub id or local directory; empty = the embedded tiny Llama (CPU default)")
     engine: str = _f("auto", "rollout engine: vllm (in-process) or hf (Hugging Face generate, synchronous loop "
                              "only); auto = vllm when it is installed", ["auto", "vllm", "hf"])
-    generators: int = _f(0, "the generator-trainer split [Sec. 2]: N generator processes, each with its own vLLM engine on "
-                            "its own device (CUDA: the GPUs after the trainer's; CPU: each its share of the cores), "
-                            "decoding while the trainer trains; 0: the engine in the trainer's process (colocated)")
+    generators: int = _f(0, "the generator-trainer split [Sec. 2]: N generator processes, each with its own vLLM "
+                            "engine on its own device (CUDA: the GPUs after the trainer's; CPU: each its share of "
+                            "the cores), decoding while the trainer trains; 0: colocated, the engine in the trainer")
     out: str = _f("", "run directory (default runs/<timestamp>)")
     seed: int = _f(0, "random seed (data order, sampling, the embedded model's initial weights)")
     device: str = _f("auto", "auto | cpu | cuda | cuda:N")
@@ -138,8 +138,8 @@ class Config:
     vllm_sleep: bool = _f(None, "vLLM on CUDA: free the KV cache while training, wake before the next generation "
                                 "(default: on with CUDA when nothing is in flight during training; refused on CPU)")
     vllm_kv_cache_mb: int = _f(256, "vLLM on CPU: KV cache size in MiB")
-    vllm_max_num_seqs: int = _f(0, "vLLM: sequences decoded at once, at most (0: vLLM's default, 256 on CPU and 1024 on "
-                                   "H100-class GPUs); more is faster per token and takes more groups in flight")
+    vllm_max_num_seqs: int = _f(0, "vLLM: sequences decoded at once, at most (0: vLLM's default, 256 on CPU and "
+                                   "1024 on H100-class GPUs); more is faster per token and takes more groups in flight")
     task: str = _f("largest", "the built-in task, without --data: largest (the largest digit of a list), hidden (the "
                               "same with two digits hidden, so that the best possible pass rate is below 1) or "
                               "second (the second-largest distinct digit)", ["largest", "hidden", "second"])
@@ -895,8 +895,8 @@ def validate(cfg):
         if cfg.generators % world():
             die(f"--generators {cfg.generators} must be a multiple of the {world()} ranks")
         if local + cfg.generators > have:
-            die(f"--generators {cfg.generators}: the trainer's {local} and the generators need {local + cfg.generators} "
-                f"{'GPUs' if cuda else 'cores'}; this machine has {have}")
+            die(f"--generators {cfg.generators}: {local} trainer and {cfg.generators} generator processes need "
+                f"{local + cfg.generators} {'GPUs' if cuda else 'cores'}, one each; this machine has {have}")
     streaming = cfg.engine == "vllm" and cfg.off_policy == "pipeline" and cfg.max_lag > 0
     if cfg.vllm_sleep and cfg.engine != "vllm":
         die("--vllm-sleep needs --engine vllm")
@@ -1480,7 +1480,8 @@ def vllm_args(cfg, path, device, dtype, max_model_len):
     """The vllm.LLM arguments and environment of a run, built without starting an engine (a test pins them). Where
     vLLM 0.32 takes another path on CUDA than on CPU, they choose the CPU's, the one CI runs:
     - async_scheduling=False. vLLM turns it on for CUDA (config/vllm.py); step() then returns while one more batch is
-      in flight, and a weight version set between two steps labels tokens that the old weights sampled (v1/engine/core.py);
+      in flight, and a weight version set between two steps labels tokens that the old weights sampled
+      (v1/engine/core.py);
     - VLLM_USE_V2_MODEL_RUNNER=0: Model Runner V1. vLLM picks V2 wherever Triton imports, that is on CUDA;
     - the engine core in this process (weights are pushed as tensors, not serialised), log-probs after temperature
       scaling (the ratio's pi_gen), the LM head's logits in float32 (then engine_fp32_head gives it float32 weights).
@@ -1515,7 +1516,7 @@ def engine_fp32_head(model, weight=None):
     if not hasattr(head, "weight") or lp is None:
         return False
     lp.fp32_weight = head.weight.detach().float().clone()  # a plain tensor: sleep mode neither frees nor discards it
-    lp._apply_head = lambda lm_head, h, bias: F.linear(h.float(), lp.fp32_weight, None if bias is None else bias.float())
+    lp._apply_head = lambda lm_head, h, b: F.linear(h.float(), lp.fp32_weight, None if b is None else b.float())
     return True
 
 
@@ -1669,26 +1670,15 @@ class VLLMEngine:
 
 
 def write_weights(path, model, dtype, version, fp32_head):
-    """The model's weights as one safetensors file (plus the float32 LM head as 'fp32_head'), streamed a tensor at a
-    time (under torchrun each is gathered from the shards: every rank iterates, rank 0 writes), then renamed into
-    place; a generator still reading the previous file keeps it. Every rank returns once the file is in place."""
-    import struct
-    head = model.get_output_embeddings().weight
-    items = [(n, t.shape, dtype) for n, t in model.state_dict().items()] + [("fp32_head", head.shape, torch.float32)]
-    header, offset = {"__metadata__": {"version": str(version)}}, 0
-    for name, shape, dt in items[:None if fp32_head else -1]:
-        size = math.prod(shape) * dt.itemsize
-        header[name] = {"dtype": {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}[dt],
-                        "shape": list(shape), "data_offsets": [offset, offset + size]}
-        offset += size
-    blob = json.dumps(header).encode()
-    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
-    tensors = itertools.chain(full_weights(model, dtype), [("", full(head).detach().float())] if fp32_head else [])
-    with open(path + ".tmp" if rank() == 0 else os.devnull, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)) + blob)
-        for _, t in tensors:
-            f.write(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    """The model's weights (and the float32 LM head as 'fp32_head') as one safetensors file, renamed into place: a
+    generator still reading the previous file keeps it. Under torchrun every rank gathers each weight from the shards
+    and rank 0 keeps and writes them; every rank returns once the file is in place."""
+    from safetensors.torch import save_file
+    head = (("fp32_head", full(model.get_output_embeddings().weight).float()) for _ in range(fp32_head))  # (lazy)
+    tensors = {n: t.detach().to("cpu", copy=True) for n, t in itertools.chain(full_weights(model, dtype), head)
+               if rank() == 0}
     if rank() == 0:
+        save_file(tensors, path + ".tmp", metadata={"version": str(version)})
         os.replace(path + ".tmp", path)
     if world() > 1:
         dist.barrier()  # no rank sends a request for this version before its weights are in place
@@ -1703,7 +1693,7 @@ def generator_main(i, cfg, path, device, dtype, max_model_len, weights, requests
     import traceback
     from safetensors import safe_open
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the trainer stops us
-    loaded, steps, decoded, consumed = None, 0, 0, 0
+    loaded, steps, decoded, taken = None, 0, 0, 0
 
     def refresh():
         nonlocal loaded
@@ -1728,22 +1718,22 @@ def generator_main(i, cfg, path, device, dtype, max_model_len, weights, requests
                 msgs.append(requests.get(not engine.unfinished(), 0.05))  # (block only with nothing to decode)
                 while True:
                     msgs.append(requests.get_nowait())
-            for kind, batch in msgs:
+            for kind, request in msgs:
                 if kind == "stop":
                     return
                 if kind == "abort":
                     engine.abort()
-                for key, ids, max_tokens, seed, version in batch if kind == "submit" else []:
-                    consumed += 1
-                    if version > engine.version:  # pushed before the request was sent: the file holds it now
+                if kind == "submit":
+                    if request[-1] > engine.version:  # pushed before the request was sent: the file holds it now
                         refresh()
-                    engine.submit(key, ids, max_tokens, seed)
+                    engine.submit(*request[:-1])
+                    taken += 1
             if engine.unfinished():
                 done, n, k = engine.step()
                 steps, decoded = steps + k, decoded + n
-                if done:  # with what it has left, and how many requests it has taken so far
-                    results.put(("out", i, [(key, dataclasses.astuple(c)) for key, c in done], decoded, steps,
-                                 consumed, engine.unfinished()))
+                if done:  # with how many requests it has taken so far, and what it has left
+                    results.put(("out", i, [(key, dataclasses.astuple(c)) for key, c in done], decoded, steps, taken,
+                                 engine.unfinished()))
                     steps, decoded = 0, 0
     except Exception:  # noqa: BLE001  (whatever it is, the trainer reports it and stops)
         results.put(("error", i, traceback.format_exc()))
@@ -1758,57 +1748,54 @@ def generator_main(i, cfg, path, device, dtype, max_model_len, weights, requests
 
 class SplitEngine:
     """Engine 'vllm' with --generators N: the VLLMEngine contract, served by generator processes (under torchrun rank r
-    owns generators r, r + W, ...). submit() sends a request to the generator of its group at once (a group goes
-    whole to the least loaded generator); step() returns what the generators finished since the last call, waiting
-    only when nothing has; push() writes the weights file. On CUDA generator i takes the GPU after the trainer's
-    (LOCAL_WORLD_SIZE + i) and 0.9 of its memory; on CPU every process gets an equal share of the cores."""
+    owns generators r, r + W, ...). submit() sends the request at once, all of a group's to one generator; step()
+    returns what the generators finished since the last call, waiting only when nothing has; push() writes the
+    weights file. On CUDA generator i takes the GPU after the trainer's (LOCAL_WORLD_SIZE + i) and 0.9 of its memory;
+    on CPU every process gets an equal share of the cores."""
 
     def __init__(self, cfg, path, device, dtype, max_model_len, model):
         import tempfile
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        self.cfg, self.dtype, self.version, self.live, self.group_of = cfg, dtype, 0, {}, {}
-        self.idle, self.idle_since = [0.0, time.time()], {}  # generators' seconds with nothing to do, since; see step
+        local, shm = int(os.environ.get("LOCAL_WORLD_SIZE", 1)), "/dev/shm" if os.path.isdir("/dev/shm") else None
+        self.cfg, self.dtype, self.version, self.live = cfg, dtype, 0, {}
         self.dir = broadcast(tempfile.mkdtemp(prefix="scalerl-", dir=shm) if rank() == 0 else None)
         self.weights = os.path.join(self.dir, "weights.safetensors")
         write_weights(self.weights, model, dtype, 0, cfg.lm_head_fp32)
         cores = sorted(os.sched_getaffinity(0)) if device.type == "cpu" else []
-        self.restore = (cores, torch.get_num_threads())  # close() gives this process its cores back
-        share = max(1, len(cores) // (local + cfg.generators))
-        chunk = lambda k: cores[k * share:(k + 1) * share]  # noqa: E731
+        self.restore, share = (cores, torch.get_num_threads()), max(1, len(cores) // (local + cfg.generators))
+        chunk = lambda k: cores[k * share:(k + 1) * share]  # noqa: E731  (trainer ranks first, then generators)
         if cores:
             os.sched_setaffinity(0, chunk(int(os.environ.get("LOCAL_RANK", 0))))
             torch.set_num_threads(share)
         ctx, saved = torch.multiprocessing.get_context("spawn"), dict(os.environ)
         gpus = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(local + cfg.generators)))).split(",")
         gen_cfg = dataclasses.replace(cfg, vllm_sleep=False, vllm_gpu_memory_utilization=0.9)
-        self.results, self.requests, self.procs = ctx.Queue(), {}, {}
-        self.running, self.sent, self.taken = {}, {}, {}  # per generator: see load()
+        self.results, self.procs, self.requests = ctx.Queue(), {}, {}
+        self.left, self.sent, self.taken = {}, {}, {}  # per generator, for load(): as it last said; since then
         try:
             for i in range(rank(), cfg.generators, world()):
-                self.requests[i], self.running[i], self.sent[i], self.taken[i] = ctx.Queue(), 0, 0, 0
+                self.requests[i], self.left[i], self.sent[i], self.taken[i] = ctx.Queue(), 0, 0, 0
                 self.procs[i] = ctx.Process(target=generator_main, daemon=True, args=(
                     i, gen_cfg, path, device.type, dtype, max_model_len, self.weights, self.requests[i], self.results,
                     chunk(local + i), os.getpid()))
                 for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):  # its engine is a plain, single one
                     os.environ.pop(k, None)
-                os.environ.update({"OMP_NUM_THREADS": str(share)} if cores else {"CUDA_VISIBLE_DEVICES": gpus[local + i]})
+                os.environ.update({"OMP_NUM_THREADS": str(share)} if cores
+                                  else {"CUDA_VISIBLE_DEVICES": gpus[local + i]})
                 try:
                     self.procs[i].start()
                 finally:
                     os.environ.clear()
                     os.environ.update(saved)
-            self.capacity, deadline = 0, time.time() + 900
-            for _ in self.procs:  # twice what each engine decodes at once: work to go on with while the trainer trains
-                self.capacity += 2 * self.receive(deadline)[2]
-            self.idle_since = {i: time.time() for i in self.procs}
+            # twice what each engine decodes at once: work to go on with while the trainer trains
+            self.capacity = sum(2 * self.receive(time.time() + 900)[2] for _ in self.procs)
         except BaseException:
             self.close()
             raise
+        self.idle, self.idle_since = [0.0, time.time()], {i: time.time() for i in self.procs}  # see take_idle
 
     def receive(self, deadline):
-        """The next message from a generator. A generator that failed or died stops the run (status 1; the Book saves
-        a checkpoint of the last step)."""
+        """The next message from a generator. One that failed or died stops the run (status 1, resumable: the Book
+        saves a checkpoint of the last step)."""
         import queue
         while True:
             for i, p in self.procs.items():
@@ -1823,15 +1810,14 @@ class SplitEngine:
                 raise ScaleRLError("no word from the generators in 15 minutes", 1, True)
 
     def submit(self, key, ids, max_tokens, seed):
-        group = self.group_of.setdefault(key[0], [min(self.procs, key=lambda g: (self.load(g), g)), 0])
-        i, group[1] = group[0], group[1] + 1  # (its generator, its completions in flight)
-        self.requests[i].put(("submit", [(key, list(ids), max_tokens, seed, self.version)]))
+        i = sorted(self.procs)[hash(key[0]) % len(self.procs)]  # a group's completions: one request there
+        self.requests[i].put(("submit", (key, list(ids), max_tokens, seed, self.version)))
         self.idle[0] += time.time() - self.idle_since.pop(i, time.time())
         self.live[key], self.sent[i] = i, self.sent[i] + 1
 
     def load(self, i):
-        """Generator i's sequences queued or decoding: what it had left at its last report, plus what was sent since."""
-        return self.running[i] + self.sent[i] - self.taken[i]
+        """Generator i's sequences queued or decoding: what it had left when it last sent, plus what it took since."""
+        return self.left[i] + self.sent[i] - self.taken[i]
 
     def unfinished(self):
         return sum(map(self.load, self.procs))
@@ -1841,22 +1827,14 @@ class SplitEngine:
         with contextlib.suppress(__import__("queue").Empty):
             while True:
                 msgs.append(self.results.get_nowait())
-        done, decoded, steps = [], 0, 0
-        for _, i, pieces, n, k, taken, running in msgs:
-            for key, c in pieces:
-                if self.live.pop(key, None) is not None:  # (not aborted)
-                    done.append((key, Completion(*c)))
-                    self.group_of[key[0]][1] -= 1
-                    if not self.group_of[key[0]][1]:  # nothing of the group in flight: it may go elsewhere next
-                        del self.group_of[key[0]]
-            self.running[i], self.taken[i] = running, taken
+        done = [(key, Completion(*c)) for m in msgs for key, c in m[2] if self.live.pop(key, None) is not None]
+        for _, i, _, _, _, self.taken[i], self.left[i] in msgs:
             if not self.load(i):  # nothing to do until the next submit: idle from now
                 self.idle_since.setdefault(i, time.time())
-            decoded, steps = decoded + n, steps + k
-        return done, decoded, steps
+        return done, sum(m[3] for m in msgs), sum(m[4] for m in msgs)
 
     def take_idle(self):
-        """(Seconds this rank's generators spent with nothing to decode, seconds elapsed), since the last call."""
+        """(Seconds this rank's generators had nothing to decode, seconds elapsed), since the last call."""
         now, (idle, since) = time.time(), self.idle
         idle += sum(now - t for t in self.idle_since.values())
         self.idle, self.idle_since = [0.0, now], {i: now for i in self.idle_since}
@@ -1869,10 +1847,10 @@ class SplitEngine:
     def abort(self):
         for q in self.requests.values():
             q.put(("abort", None))
-        self.live, self.group_of, self.running, self.taken = {}, {}, {i: 0 for i in self.procs}, dict(self.sent)
+        self.live = {}
 
     def close(self):
-        """Stop the generators (5 s to go, then killed) and remove the weights file."""
+        """Stop the generators (5 s to go, then killed), remove the weights file, give this process its cores back."""
         import shutil
         for q in self.requests.values():
             q.put(("stop", None))
@@ -2120,7 +2098,7 @@ def setup(cfg):
         die(f"--vllm-max-model-len {cfg.vllm_max_model_len} is shorter than the longest prompt + completion "
             f"({longest})")
     autocast = None if dtype == getattr(torch, cfg.param_dtype) else dtype
-    policy = shard(model, device)  # FSDP2 under torchrun; before the engine starts, which sizes itself to the memory left
+    policy = shard(model, device)  # FSDP2 under torchrun; before the engine starts (it sizes itself to the memory left)
     generator = replica(model, device) if launched() and cfg.engine == "hf" else model
     L = cfg.vllm_max_model_len or longest
     engine = SplitEngine(cfg, path, device, dtype, L, model) if cfg.generators else \

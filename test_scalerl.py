@@ -987,7 +987,8 @@ def test_sleep_discards_the_weights_and_every_wake_up_reloads_them(default_model
     no push follows (an update skipped) reloads the weights of the last push itself."""
     model = default_model[0]
     engine = object.__new__(S.VLLMEngine)
-    engine.cfg, engine.llm, engine.sleeps, engine.asleep, engine.live = S.Config(), FakeLLM(), True, False, {}
+    engine.cfg, engine.llm, engine.sleeps, engine.asleep = S.Config(), FakeLLM(), True, False
+    engine.live, engine.queue = {}, []
     engine.core = type("Core", (), {"model_config": type("MC", (), {"dtype": torch.float32})(),
                                     "set_weight_version": lambda self, v: None})()
     engine.push(model, 3)
@@ -1882,7 +1883,7 @@ def split_cli(*args, threads=None):
 def test_split_synchronous_run_writes_the_one_process_metrics(tmp_path):
     """With --max-lag 0 a split run is the synchronous loop with its generation in another process: the same requests
     with the same seeds, so with one thread on each side, as the one-process run has here, the same metrics bit for
-    bit, but for the mismatch columns: float32 rounding on both sides (under 1e-5), not bit-equal. Aside: the timing columns, the split's
+    bit, but for the mismatch columns (float32 rounding on both sides, under 1e-5), the timing columns, the split's
     idle fractions, and engine_batch_mean, which depends on when a continuation (after an interruption) reaches the
     engine: at once in one process, a message later in the split. (Another thread count changes float sums, and then
     sampled tokens now and then: not compared.)"""
@@ -1904,7 +1905,8 @@ def test_split_synchronous_run_writes_the_one_process_metrics(tmp_path):
     assert len(split) == len(one)
     for a, b in zip(strip(split), strip(one)):  # the mismatch is float32 rounding on both sides (both engines hold
         for k in [k for k in a if k.startswith("mismatch_")]:  # the trainer's weights); its sums differ at that level
-            assert a.pop(k) < 1e-5 and b.pop(k) < 1e-5, k
+            assert a[k] < 1e-5 and b[k] < 1e-5, (k, a.pop(k), b.pop(k))
+            a.pop(k), b.pop(k)
         assert a == b, {k: (a.get(k), b.get(k)) for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
     assert sum(r["active_prompts"] for r in one[1:]) > 0 and all(r["lag_max"] == 0 for r in one[1:])
     assert json.load(open(tmp_path / "split" / "config.json"))["generators"] == 1
@@ -1972,3 +1974,14 @@ def test_sigterm_to_a_split_trainer_saves_a_checkpoint_and_leaves_no_process(tmp
     assert f"SIGTERM: stopped after step {last}" in stdout and "Traceback" not in stderr
     time.sleep(1)
     assert not [c for c in children if c.is_running() and c.status() != "zombie"]
+
+
+def test_split_refuses_what_it_cannot_run():
+    """--generators: a vLLM engine in each generator, a device (here: a core) for every process, one node."""
+    need_vllm()
+    have = len(os.sched_getaffinity(0))
+    with pytest.raises(S.ScaleRLError, match="--generators needs --engine vllm"):
+        S.parse_args(["--generators", "1", "--engine", "hf"])
+    with pytest.raises(S.ScaleRLError, match=f"1 trainer and {have} generator processes need {have + 1} cores"):
+        S.parse_args(["--generators", str(have), "--device", "cpu"])
+    assert S.parse_args(["--generators", str(have - 1), "--device", "cpu"]).generators == have - 1
