@@ -11,10 +11,11 @@ or time the math grader on a step's worth of long synthetic completions.
 sleep mode, the bfloat16 mismatch with the FP32 head, learning, the 0.5B shape's memory and time, 2 GPUs) and prints
 a pass/fail table with what it measured; --device cpu runs the part a CPU can.
 --long-tail compares the off-policy loop's pipeline (--max-lag 8), in one process and split between a generator and
-the trainer (--generators 1), with the synchronous loop (--max-lag 0) at equal batch sizes, on a policy whose completion lengths are long-tailed: a bigram policy built by hand in the embedded
-model's architecture (its attention and MLP outputs zeroed, so the next token depends on the previous one only).
-After the prompt, 5% of completions enter a loop that never emits EOS and runs to the 256-token limit; the others
-stop with probability 1/10 at each token (mean length 10). Everything after `--` is passed to scalerl.py. The model gets random weights and scalerl's character tokenizer,
+the trainer (--generators 1), with the synchronous loop (--max-lag 0) at equal batch sizes, on a policy whose
+completion lengths are long-tailed: a bigram policy built by hand in the embedded model's architecture (its attention
+and MLP outputs zeroed, so the next token depends on the previous one only). After the prompt, 5% of completions
+enter a loop that never emits EOS and runs to the 256-token limit; the others stop with probability 1/10 at each
+token (mean length 10). Everything after `--` is passed to scalerl.py. The model has scalerl's character tokenizer,
 so rewards are meaningless (use --no-zero-variance-filter, or every all-zero group is filtered out and nothing
 is trained); the numbers to read are the times, the throughputs and the memory.
 """
@@ -143,7 +144,8 @@ def bench_long_tail(rest, arms):
             out, env = os.path.join(tmp, arm), dict(os.environ)
             cmd = [sys.executable, SCALERL, *common, *rest, *LONG_TAIL_ARMS[arm], "--out", out]
             if arm == "torchrun-2":
-                cmd[:2] = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", SCALERL]
+                cmd[:2] = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           SCALERL]
                 env["OMP_NUM_THREADS"] = "1"
             p = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if p.returncode:
@@ -309,13 +311,34 @@ def check_torchrun(device):
             return False, "exit " + str(p.returncode) + ": " + p.stderr.strip().splitlines()[-1][:200]
         rows = read_metrics(os.path.join(tmp, "run"))[1:]
     worst = max(r["mismatch_abs_logprob"] for r in rows if r["train_tokens"])
-    return worst < MISMATCH_BOUND, f"2 ranks, 4 steps; worst mean |dlogp| {worst:.2e}; val {rows[-1]['val_pass_rate']:.2f}"
+    return worst < MISMATCH_BOUND, (f"2 ranks, 4 steps; worst mean |dlogp| {worst:.2e}; "
+                                    f"val {rows[-1]['val_pass_rate']:.2f}")
+
+
+def check_split(device):
+    """The generator-trainer split on 2 GPUs: the trainer on the first, a generator on the second; it learns, within
+    the lag bound, and the generator is busy."""
+    import torch
+    if not device.startswith("cuda") or torch.cuda.device_count() < 2:
+        return None, "needs 2 GPUs"
+    with tempfile.TemporaryDirectory() as tmp:
+        p = subprocess.run([sys.executable, SCALERL, "--engine", "vllm", "--generators", "1", "--steps", "30", "--lr",
+                            "2e-3", "--eval-every", "100", "--no-live-fit", "--out", os.path.join(tmp, "run")],
+                           capture_output=True, text=True)
+        if p.returncode:
+            return False, "exit " + str(p.returncode) + ": " + p.stderr.strip().splitlines()[-1][:200]
+        rows = read_metrics(os.path.join(tmp, "run"))[1:]
+    first, last = (sum(r["reward_mean"] for r in rs) / 3 for rs in (rows[:3], rows[-3:]))
+    lag, idle = max(r["lag_max"] for r in rows), sum(r["generator_idle_frac"] for r in rows) / len(rows)
+    return last > first + 0.1 and lag <= 8, (f"reward {first:.2f} -> {last:.2f} in 30 steps; lag max {lag}; "
+                                             f"generator idle {idle:.2f}, trainer idle "
+                                             f"{sum(r['trainer_idle_frac'] for r in rows) / len(rows):.2f}")
 
 
 GPU_CHECKS = {"engine on the chosen device": check_engine_device, "two versions across a push": check_two_versions,
               "sleep, wake-up, reload": check_sleep_reload, "bf16 mismatch, FP32 head": check_mismatch,
               "pipeline learns (built-in task)": check_learning, "0.5B shape: memory, time": check_shape,
-              "torchrun, 2 GPUs": check_torchrun}
+              "torchrun, 2 GPUs": check_torchrun, "generator-trainer split, 2 GPUs": check_split}
 
 
 def gpu_check(device, only=None, timeout=600):
@@ -334,7 +357,8 @@ def gpu_check(device, only=None, timeout=600):
             ok, measured = result[0] if result else (False, "crashed: " + (p.stderr.strip().splitlines() or ["?"])[-1])
         except subprocess.TimeoutExpired:
             ok, measured = False, f"no result in {timeout} s"
-        rows.append((name, "skipped" if ok is None else "PASS" if ok else "FAIL", f"{measured} [{time.time() - t0:.0f} s]"))
+        verdict = "skipped" if ok is None else "PASS" if ok else "FAIL"
+        rows.append((name, verdict, f"{measured} [{time.time() - t0:.0f} s]"))
         print(f"{name:<34} {rows[-1][1]:<8} {rows[-1][2]}", flush=True)
     return rows
 
@@ -484,7 +508,7 @@ def main():
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="--grading: process counts to try")
     p.add_argument("--chars", type=int, default=16000, help="--grading: reasoning length per completion")
     p.add_argument("--long-tail", nargs="*", choices=list(LONG_TAIL_ARMS), metavar="ARM",
-                   help=f"the off-policy loop's arms on long-tailed lengths (default: all of {', '.join(LONG_TAIL_ARMS)})")
+                   help=f"arms of the loop on long-tailed lengths (all by default: {', '.join(LONG_TAIL_ARMS)})")
     p.add_argument("--loo", action="store_true", help="the leave-one-out study: every variant, every seed, fitted")
     p.add_argument("--out", default="runs/loo", help="--loo: the study's directory (a rerun resumes it)")
     p.add_argument("--seeds", type=int, default=3, help="--loo: seeds per variant")

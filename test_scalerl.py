@@ -953,10 +953,11 @@ def test_gpu_check_runs_on_a_cpu_what_a_cpu_can(capsys):
     need_vllm()
     import bench
     names = list(bench.GPU_CHECKS)
-    rows = bench.gpu_check("cpu", only=[names[0], names[2], names[6]])
+    rows = bench.gpu_check("cpu", only=[names[0], names[2], names[6], names[7]])
     assert [(name, result) for name, result, _ in rows] == [(names[0], "PASS"), (names[2], "skipped"),
-                                                            (names[6], "skipped")], rows
-    assert "weights on cpu (want cpu)" in rows[0][2] and "needs CUDA" in rows[1][2] and "needs 2 GPUs" in rows[2][2]
+                                                            (names[6], "skipped"), (names[7], "skipped")], rows
+    assert "weights on cpu (want cpu)" in rows[0][2] and "needs CUDA" in rows[1][2]
+    assert "needs 2 GPUs" in rows[2][2] and "needs 2 GPUs" in rows[3][2]
     assert capsys.readouterr().out.count("PASS") == 1
     ok, measured = bench.check_two_versions("cpu")
     assert ok and measured.startswith("versions [0, 0, 0, 0, 0, 1, 1") and "5 tokens before" in measured
@@ -1828,6 +1829,21 @@ def descendants(pid):
     return psutil.Process(pid).children(recursive=True)
 
 
+def split_run_after(out, rows, *flags):
+    """A split run in the background, once it has logged `rows` metrics rows, with its processes at that moment."""
+    p = split_cli("--generators", 1, "--steps", 500, "--out", out, *flags)
+    while p.poll() is None and not ((out / "metrics.jsonl").exists() and len(read_metrics(str(out))) >= rows):
+        time.sleep(0.05)
+    return p, descendants(p.pid)
+
+
+def none_left(processes):
+    """Every one of the processes gone (or a zombie, its parent gone too) within 10 s."""
+    import psutil
+    _, alive = psutil.wait_procs(processes, timeout=10)
+    return not [c for c in alive if c.is_running() and c.status() != "zombie"]
+
+
 def test_split_generator_labels_each_token_with_the_weights_that_sampled_it(tmp_path):
     """--generators: the generator process loads each push between two of its engine steps while its sequences go on
     decoding. A short request's return marks a moment mid-completion: the long completions then span the three
@@ -1933,10 +1949,7 @@ def test_a_dead_generator_stops_the_run_with_a_checkpoint_and_no_process_left(tm
     import signal
     need_vllm()
     out = tmp_path / "run"
-    p = split_cli("--generators", 1, "--steps", 500, "--eval-every", 3, "--out", out)
-    while p.poll() is None and not ((out / "metrics.jsonl").exists() and len(read_metrics(str(out))) >= 3):
-        time.sleep(0.05)
-    children = descendants(p.pid)
+    p, children = split_run_after(out, 3, "--eval-every", 3)
     (gen,) = [c for c in children if "generator_main" in " ".join(c.cmdline()) or "spawn_main" in " ".join(c.cmdline())]
     shm = [d for d in os.listdir("/dev/shm") if d.startswith("scalerl-")] if os.path.isdir("/dev/shm") else []
     os.kill(gen.pid, signal.SIGKILL)
@@ -1949,9 +1962,7 @@ def test_a_dead_generator_stops_the_run_with_a_checkpoint_and_no_process_left(tm
     last = rows[-1]["step"]
     assert [r["step"] for r in rows] == list(range(last + 1))
     assert S.list_checkpoints(str(out))[-1].endswith(f"step_{last:06d}") and f"step_{last:06d}" in lines[0]
-    time.sleep(1)
-    assert not [c for c in children if c.is_running() and c.status() != "zombie"]
-    assert not set(os.listdir("/dev/shm") if shm else []) & set(shm)
+    assert none_left(children) and not set(os.listdir("/dev/shm") if shm else []) & set(shm)
     q = split_cli("--resume", "auto", "--steps", last + 1, "--out", out)
     _, err = q.communicate(timeout=600)
     assert q.returncode == 0, err[-2000:]
@@ -1959,21 +1970,18 @@ def test_a_dead_generator_stops_the_run_with_a_checkpoint_and_no_process_left(tm
 
 
 def test_sigterm_to_a_split_trainer_saves_a_checkpoint_and_leaves_no_process(tmp_path):
+    """SIGTERM to the trainer of a split run: it stops after the step it is in, as in one process, and its generator
+    stops with it."""
     import signal
     need_vllm()
     out = tmp_path / "run"
-    p = split_cli("--generators", 1, "--steps", 500, "--eval-every", 100, "--out", out)
-    while p.poll() is None and not ((out / "metrics.jsonl").exists() and len(read_metrics(str(out))) >= 2):
-        time.sleep(0.05)
-    children = descendants(p.pid)
+    p, children = split_run_after(out, 2, "--eval-every", 100)
     assert children
     p.send_signal(signal.SIGTERM)
     stdout, stderr = p.communicate(timeout=120)
     assert p.returncode == 0, stderr[-2000:]
     last = read_metrics(str(out))[-1]["step"]
-    assert f"SIGTERM: stopped after step {last}" in stdout and "Traceback" not in stderr
-    time.sleep(1)
-    assert not [c for c in children if c.is_running() and c.status() != "zombie"]
+    assert f"SIGTERM: stopped after step {last}" in stdout and "Traceback" not in stderr and none_left(children)
 
 
 def test_split_refuses_what_it_cannot_run():
