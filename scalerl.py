@@ -158,8 +158,8 @@ class Config:
     chat_template: bool = _f(True, "--data: format prompts with the model's chat template when it has one "
                                    "(--no-chat-template for base models)")
     reward: str = _f("auto", "math: the final answer checked with math-verify; exact: string match; digit: the last "
-                             "digit after the reasoning, for the built-in tasks (auto: math with --data, else digit)",
-                     ["auto", "math", "exact", "digit"])
+                             "digit after the reasoning, for the built-in tasks (auto: math with --data, else digit); "
+                             "the choices are the REWARDS table's", lambda: ["auto", *REWARDS])
     reward_workers: int = _f(-1, "grading processes (-1: min(16, CPUs) for math/exact, 0 for the built-in task; "
                                  "0: grade in this process, without a time limit)")
     reward_timeout: float = _f(10.0, "seconds allowed to grade one completion; over it, reward 0 and an error")
@@ -788,7 +788,8 @@ def parse_args(argv=None):
         elif f.metadata["nargs"]:
             p.add_argument(flag, type=type(f.default[0]), nargs=f.metadata["nargs"], metavar=("LO", "HI"), **kw)
         else:
-            p.add_argument(flag, type=type(f.default), choices=f.metadata["choices"], **kw)
+            choices = f.metadata["choices"]  # (a function: the names of a table in Part II)
+            p.add_argument(flag, type=type(f.default), choices=choices() if callable(choices) else choices, **kw)
     return validate(fill_defaults(Config(**vars(p.parse_args(argv)))))
 
 
