@@ -2119,8 +2119,9 @@ def setup(cfg):
 def live_fit(rows, bootstrap=100):
     """The paper's prediction while the run goes on: fit R(C) to the evaluations so far (against device_hours) with
     fit_curve.py's own fit_rows, as `python fit_curve.py RUN` would, and return fit_A, fit_B, fit_C_mid and the
-    bootstrap interval fit_A_ci; {} while the points cannot support a fit (fewer than four, or a parameter at the
-    edge of its search range, as before the curve bends) or where fit_curve.py is not beside this file. The paper
+    bootstrap interval fit_A_ci; with fit_A_at_bound when A is at 1, the pass rate's bound (the default task can
+    reach it); {} while the points cannot support a fit (fewer than four, or B, C_mid or a low A at the edge of
+    its search range, as before the curve bends) or where fit_curve.py is not beside this file. The paper
     leaves the first epoch out of its fits; here that would leave nothing to fit in most runs (the built-in tasks'
     first epoch is 128 of 150 steps), so the first 1.5% of the compute is left out, fit_curve.py's default."""
     try:
@@ -2131,9 +2132,11 @@ def live_fit(rows, bootstrap=100):
         f = fit_curve.fit_rows(rows, x="device_hours", bootstrap=bootstrap, seed=0)
     except fit_curve.NotEnoughPoints:
         return {}
-    if f["at_grid_edge"]:
+    at_bound = f["at_grid_edge"] == ["A"] and f["A"] > 0.99  # A at 1, the pass rate's own bound: not a failed fit
+    if f["at_grid_edge"] and not at_bound:
         return {}
-    return {"fit_A": f["A"], "fit_B": f["B"], "fit_C_mid": f["C_mid"], "fit_A_ci": list(f["A_ci"])}
+    return {"fit_A": f["A"], "fit_B": f["B"], "fit_C_mid": f["C_mid"], "fit_A_ci": list(f["A_ci"]),
+            **({"fit_A_at_bound": True} if at_bound else {})}
 
 
 def metrics_row(s, cfg, step, r):
@@ -2190,7 +2193,7 @@ class Book:
     def __init__(self, cfg, s, rows, first, device, ceiling=None):
         self.cfg, self.s, self.rows, self.first, self.out = cfg, s, rows, first, cfg.out
         self.saved = self.done = first - 1
-        self.stop, self.in_a_row, self.handlers, self.unlogged = [], 0, {}, None
+        self.stop, self.in_a_row, self.handlers, self.unlogged, self.warned = [], 0, {}, None, set()
         self.fresh, self.writer = not os.path.isdir(self.out), rank() == 0
         n_params = sum(p.numel() for p in s.model.parameters())
         const, const_rate = best_constant_pass_rate(s.val_answers)
@@ -2246,6 +2249,10 @@ class Book:
               f"{row['val_pass_rate']:.3f}", flush=True)
         if self.writer:
             report_grading_errors(step, errors)
+        cause, why = stall_reason(self.rows, self.cfg) or (None, None)
+        if cause and self.writer and cause not in self.warned:  # once for each cause
+            self.warned.add(cause)
+            print(f"warning: the last 5 steps trained on under half of their prompts: {why}", flush=True)
         if not step:
             return False
         self.done = step
@@ -2299,7 +2306,9 @@ class Book:
 
 def progress_line(row, steps):
     val = f" | val {row['val_pass_rate']:.3f}" if "val_pass_rate" in row else ""
-    if "fit_A" in row:
+    if row.get("fit_A_at_bound"):
+        val += f" (A \u2192 {row['fit_A']:.2f})"
+    elif "fit_A" in row:
         val += f" (A {row['fit_A']:.3f} [{row['fit_A_ci'][0]:.3f}, {row['fit_A_ci'][1]:.3f}])"
     return (f"step {row['step']:>4}/{steps} | reward {row['reward_mean']:.3f}{val} | zero-var "
             f"{row['zero_variance_frac']:.2f} | active {row['active_prompts']:>3} | npr {row['npr_removed']:>4} | "
@@ -2308,6 +2317,28 @@ def progress_line(row, steps):
             f"{row['grad_norm']:.3f} | mismatch {row.get('mismatch_abs_logprob', 0.0):.1e} | "
             f"{row['step_seconds']:.2f}s (gen {row['gen_seconds']:.2f} train {row['train_seconds']:.2f} sync "
             f"{row['sync_seconds']:.2f})")
+
+
+def stall_reason(rows, cfg, n=5):
+    """Why the last n steps trained on under half of their prompts, as (cause, what to change); None when they did
+    not, or when the groups are flat because the prompts are solved (a run that has learned its task)."""
+    last = [r for r in rows if r["step"]][-n:]
+    if len(last) < n or any(r["active_prompts"] >= cfg.prompts_per_step / 2 for r in last):
+        return None
+    mean = lambda k: sum(r[k] for r in last) / n  # noqa: E731
+    if cfg.mask_truncated and mean("truncated_frac") > 0.5:
+        return "truncated", (f"{mean('truncated_frac'):.0%} of the completions reach --max-new-tokens "
+                             f"{cfg.max_new_tokens} and are left out of the batch (--mask-truncated), so nothing "
+                             f"teaches the model to stop: raise --max-new-tokens, or pass --no-mask-truncated")
+    removed, pool = last[-1]["npr_removed"], last[-1]["npr_removed"] + last[-1]["pool_size"]
+    if removed > 0.9 * pool:
+        return "npr", (f"NPR has removed {removed} of the {pool} training prompts (--npr-threshold "
+                       f"{cfg.npr_threshold}): add prompts, or raise the threshold")
+    if mean("reward_mean") < 0.05:
+        return "flat", ("almost every group is flat at reward 0, so there is nothing to learn from: a stronger "
+                        "--model, easier prompts, more --generations-per-prompt, or check --reward on a few "
+                        "completions")
+    return None
 
 
 def report_grading_errors(step, errors):

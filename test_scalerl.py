@@ -4,9 +4,12 @@ import collections
 import copy
 import dataclasses
 import importlib.util
+import inspect
 import json
 import math
 import os
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -437,6 +440,55 @@ def test_live_fit_is_fit_curves_fit_and_absent_until_supported():
     assert abs(got["fit_A"] - 0.7) < 0.03 and got["fit_A_ci"][0] < got["fit_A"] < got["fit_A_ci"][1]
     assert S.live_fit(rows[:4]) == {}  # three points: too few
     assert S.live_fit(sigmoid_rows(12, c_mid=1.0)) == {}  # far from bending: A at the edge of its grid
+
+
+def test_live_fit_at_the_pass_rates_bound_says_so():
+    """A curve that rises to 1 (as the default task can): A ends on the top of its grid, which is the pass rate's own
+    bound, not a failed fit: the fields are there, marked, and the progress line shows A -> 1.00. B or C_mid on the
+    edge of its grid is a failed fit: nothing."""
+    import fit_curve
+    rows = sigmoid_rows(40, a=1.0, noise=0.0)
+    want = fit_curve.fit_rows(rows, x="device_hours", bootstrap=100, seed=0)
+    assert want["at_grid_edge"] == ["A"] and want["A"] > 0.999  # (the premise)
+    got = S.live_fit(rows)
+    assert got == {"fit_A": want["A"], "fit_B": want["B"], "fit_C_mid": want["C_mid"], "fit_A_ci": list(want["A_ci"]),
+                   "fit_A_at_bound": True}
+    fields = ["reward_mean", "zero_variance_frac", "npr_removed", "lag_mean", "interrupted_frac", "truncated_frac",
+              "mean_completion_tokens", "loss", "grad_norm", "step_seconds", "gen_seconds", "train_seconds",
+              "sync_seconds"]
+    row = {**rows[-1], **got, **dict.fromkeys(fields, 0.0), "active_prompts": 0, "lag_max": 0}
+    assert f"val {rows[-1]['val_pass_rate']:.3f} (A \u2192 1.00) |" in S.progress_line(row, 40)
+    assert "fit_A_at_bound" not in S.live_fit(sigmoid_rows(40, a=0.9))
+    edge = sigmoid_rows(12, c_mid=1.0)
+    assert fit_curve.fit_rows(edge, x="device_hours", bootstrap=0, seed=0)["at_grid_edge"] == ["B"]
+    assert S.live_fit(edge) == {}
+
+
+def test_a_run_that_cannot_learn_says_why(tmp_path, capsys):
+    """Five steps on under half of the prompts: one line naming the cause and the flag, once; not for a run whose
+    groups are flat because it has solved its prompts. The cause in a real run: a random policy that never ends
+    within 2 tokens, its truncated completions masked."""
+    cfg = S.Config(prompts_per_step=8, mask_truncated=True, max_new_tokens=16, npr_threshold=0.9)
+    base = {"step": 1, "active_prompts": 3, "truncated_frac": 0.1, "reward_mean": 0.3, "npr_removed": 10,
+            "pool_size": 90}
+    rows = lambda **kw: [{"step": 0}] + [{**base, **kw, "step": k} for k in range(1, 6)]  # noqa: E731
+    assert S.stall_reason(rows(), cfg) is None  # neither cause: 3 of 8 active, rewards mixed
+    assert S.stall_reason(rows()[:5], S.Config(prompts_per_step=8)) is None  # four steps only
+    assert S.stall_reason(rows(active_prompts=4, reward_mean=0.0), cfg) is None  # half of the prompts: not under
+    assert S.stall_reason(rows(reward_mean=1.0), cfg) is None  # solved
+    cause, why = S.stall_reason(rows(truncated_frac=0.94), cfg)
+    assert cause == "truncated" and why.startswith("94% of the completions reach --max-new-tokens 16") \
+        and "--no-mask-truncated" in why
+    assert S.stall_reason(rows(truncated_frac=0.94), S.Config(prompts_per_step=8, mask_truncated=False)) is None
+    assert S.stall_reason(rows(npr_removed=95, pool_size=5), cfg) == (
+        "npr", "NPR has removed 95 of the 100 training prompts (--npr-threshold 0.9): add prompts, or raise the "
+        "threshold")
+    assert S.stall_reason(rows(reward_mean=0.01), cfg)[0] == "flat"
+    S.run(small_cfg(tmp_path, engine="hf", steps=7, prompts_per_step=4, generations_per_prompt=4, val_size=4,
+                    eval_samples=1, eval_every=100, max_new_tokens=2, length_control="truncate", mask_truncated=True,
+                    live_fit=False))
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("warning: ")]
+    assert len(lines) == 1 and "of the completions reach --max-new-tokens 2" in lines[0], lines
 
 
 def test_live_fit_in_a_run_matches_its_rows(tmp_path):
@@ -1993,3 +2045,92 @@ def test_split_refuses_what_it_cannot_run():
     with pytest.raises(S.ScaleRLError, match=f"1 trainer and {have} generator processes need {have + 1} cores"):
         S.parse_args(["--generators", str(have), "--device", "cpu"])
     assert S.parse_args(["--generators", str(have - 1), "--device", "cpu"]).generators == have - 1
+
+
+# ---------------------------------------------------------------------------------------------- the README's examples
+def fork_example(name):
+    """The code block of README.md that follows the line <!-- fork-example: NAME -->, as written there."""
+    text = open(os.path.join(HERE, "README.md")).read()
+    block = text.split(f"<!-- fork-example: {name} -->", 1)[1].split("```", 2)[1]
+    return block.split("\n", 1)[1]  # (the language tag's line off)
+
+
+def forked(tmp_path, edits, replace=("", "")):
+    """scalerl.py with the edits (anchor line prefix, lines to insert before it, or after it) and one replacement
+    applied: imported as a module of its own."""
+    text = open(os.path.join(HERE, "scalerl.py")).read()
+    assert text.count(replace[0]) == 1 or not replace[0]
+    lines = text.replace(*replace).split("\n")
+    for anchor, new, after in edits:
+        (i,) = [k for k, ln in enumerate(lines) if ln.startswith(anchor)]
+        lines[i + after:i + after] = new
+    path = tmp_path / "scalerl_fork.py"
+    path.write_text("\n".join(lines))
+    spec = importlib.util.spec_from_file_location("scalerl_fork", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["scalerl_fork"] = mod  # (dataclasses look their module up)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_readme_fork_example_reward_runs_as_written(tmp_path):
+    """README, Fork it, your reward: the function beside the others and the table entry after the table, nothing
+    else, make --reward number a choice that grades by the last number."""
+    code = fork_example("reward").split("\n")
+    fn = code[:code.index("")]
+    entry = [ln for ln in code if ln.startswith("REWARDS[")]
+    assert fn[1].startswith("def reward_last_number") and len(entry) == 1
+    fork = forked(tmp_path, [("REWARDS = {", entry, 1), ("REWARDS = {", fn + [""], 0)])
+    try:
+        assert fork.parse_args(["--reward", "number"]).reward == "number"
+        grader = fork.Grader(fork.REWARDS["number"], 0, 10.0)
+        rewards, errors = grader([("<think>7 and 9</think> it is 1,234", "1234"), ("<think>12</think> 13", "12"),
+                                  ("12", "12.0"), ("<think>9</think>", "9"), ("3", "three")])
+        assert list(rewards) == [1.0, 0.0, 1.0, 0.0, 0.0] and len(errors) == 1 and "ValueError" in errors[0]
+    finally:
+        sys.modules.pop("scalerl_fork")
+
+
+def test_the_readme_fork_example_dataset_runs_as_written(tmp_path, monkeypatch):
+    """README, Fork it, your dataset: the script writes the file, and the command's flags read it: 500 training and
+    100 held-out rows, answers the sums written as strings."""
+    code = fork_example("data")
+    script = code.split("<<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
+    subprocess.run([sys.executable, "-"], input=script, text=True, cwd=tmp_path, check=True)
+    flags = shlex.split([ln for ln in code.split("\n") if ln.startswith("python scalerl.py")][0])[2:]
+    monkeypatch.chdir(tmp_path)
+    cfg = S.parse_args(flags)
+    assert cfg.reward == "math" and cfg.model == "Qwen/Qwen2.5-0.5B-Instruct"
+    train, val = S.load_data(cfg)
+    rows = [json.loads(line) for line in open(tmp_path / "sums.jsonl")]
+    assert len(rows) == 600 and len(val) == 100 and len(train) + len(val) <= 600
+    sums = {r["prompt"]: str(r["answer"]) for r in rows}
+    assert all(sums[p] == a for p, a in train + val)
+    assert all(str(sum(map(int, re.findall(r"\d+", p)))) == a for p, a in train + val)
+
+
+def test_the_readme_fork_example_loss_runs_as_written(tmp_path):
+    """README, Fork it, your loss: the function after gspo_loss, the branch first in policy_loss and the choice
+    added: --loss reinforce gives -sum(weight * A * log pi), and a run trains with it."""
+    code = fork_example("loss").split("\n")
+    fn = code[1:code.index("")]
+    branch = [ln for ln in code if ln.startswith("    ")][-2:]
+    choices = re.search(r"choices become (\[.*\])", "\n".join(code)).group(1)
+    assert fn[0].startswith("def reinforce_loss") and branch[0].strip().startswith('if cfg.loss == "reinforce"')
+    src = inspect.getsource(S.policy_loss).split("\n")
+    doc_end = next(k for k, ln in enumerate(src) if k and ln.rstrip().endswith('"""'))
+    fork = forked(tmp_path, [(src[doc_end + 1], branch, 0), ("def policy_loss", fn + ["", ""], 0)],
+                  ('["cispo", "dapo", "gspo"])', choices + ")"))
+    try:
+        logp, adv, w = torch.tensor([-1.0, -2.0, -0.5]), torch.tensor([1.0, -1.0, 2.0]), torch.tensor([0.5, 0.5, 1.0])
+        cfg = fork.parse_args(["--loss", "reinforce", "--max-lag", "0"])
+        loss, n = fork.policy_loss(logp, logp - 0.3, adv, w, torch.tensor([0, 0, 1]), cfg)
+        assert n == 0 and loss.item() == pytest.approx(-(0.5 * 1 * -1 + 0.5 * -1 * -2 + 1 * 2 * -0.5))
+        calls, reinforce = [], fork.reinforce_loss
+        fork.reinforce_loss = lambda *a: calls.append(a) or reinforce(*a)  # (policy_loss finds it by name)
+        rows = fork.run(fork.Config(**{**dataclasses.asdict(small_cfg(
+            tmp_path, engine="hf", steps=1, prompts_per_step=4, val_size=4, eval_samples=1,
+            zero_variance_filter=False)), "loss": "reinforce", "max_lag": 0}))
+        assert rows[1]["train_tokens"] > 0 and sum(len(a[0]) for a in calls) >= rows[1]["train_tokens"] > 0
+    finally:
+        sys.modules.pop("scalerl_fork")
