@@ -1413,8 +1413,11 @@ def hf_generate(model, tok, prompts, max_tokens, temperature, seed, lm_head_fp32
     gen_cfg = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max(max_tokens),
                                pad_token_id=pad, eos_token_id=eos)
     hook = model.get_output_embeddings().register_forward_hook(fp32_head_hook) if lm_head_fp32 else None
-    was_training = model.training
+    was_training, shipped = model.training, model.generation_config
     model.eval()
+    # generate fills the settings gen_cfg leaves unset (repetition_penalty, min_p, ...) from the model's own
+    # generation config: in its place, gen_cfg alone decides how to sample
+    model.generation_config = gen_cfg
     torch.manual_seed(seed)
     try:
         with torch.no_grad(), torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
@@ -1422,6 +1425,7 @@ def hf_generate(model, tok, prompts, max_tokens, temperature, seed, lm_head_fp32
                                   logits_processor=LogitsProcessorList([record]))
     finally:
         model.train(was_training)
+        model.generation_config = shipped
         if hook:
             hook.remove()
     recorded.append(last["lp"].gather(1, seqs[:, -1:]).squeeze(1))

@@ -316,25 +316,38 @@ def test_hf_engine_logprobs_equal_trainer_logprobs(default_model, temperature):
 
 
 def test_hf_engine_samples_from_the_full_distribution(default_model):
-    """No hidden top-k / top-p: first-token frequencies match softmax(logits / T), even when the model ships a
-    generation config with other sampling settings (as real models do)."""
+    """No hidden top-k / top-p, and the temperature applied: first-token frequencies follow softmax(logits / T), even
+    when the model ships a generation config with other sampling settings (as real models do). The embedded model's
+    first-token distribution is nearly flat (T = 1 and T = 1.3 differ by 0.003 at most), so its head is scaled by 4
+    here: then a chi-square test of the counts, and the mean logit of the sampled tokens (the statistic that tells
+    temperatures apart), both reject sampling at T = 1 by far (chi-square p ~ 1e-10, z ~ 9) and accept T = 1.3."""
+    from scipy.stats import chi2
     from transformers import GenerationConfig
     model, tok = default_model
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(4.0)
     prompt = tok("5:").input_ids
     n = 3000
-    saved = model.generation_config
     model.generation_config = GenerationConfig(do_sample=True, top_k=3, top_p=0.5, temperature=0.3,
                                                repetition_penalty=1.5, eos_token_id=2, pad_token_id=0)
-    try:
-        group, _ = S.hf_generate(model, tok, [prompt] * n, [1] * n, 1.3, seed=2, lm_head_fp32=True)
-    finally:
-        model.generation_config = saved
+    group, _ = S.hf_generate(model, tok, [prompt] * n, [1] * n, 1.3, seed=2, lm_head_fp32=True)
     with torch.no_grad():
         logits = model(torch.tensor([prompt])).logits[0, -1].double()
     probs = torch.softmax(logits / 1.3, -1).numpy()
-    freq = np.bincount([c.tokens[0] for c in group], minlength=len(probs)) / n
-    assert np.abs(freq - probs).max() < 4 * math.sqrt(0.25 / n)
-    assert (freq > 0).sum() >= 12  # the tail of the vocabulary is sampled too
+    first = np.array([c.tokens[0] for c in group])
+    counts = np.bincount(first, minlength=len(probs))
+    assert n * probs.min() > 5  # every cell of the chi-square test is large enough
+    stat = ((counts - n * probs) ** 2 / (n * probs)).sum()
+    assert chi2.sf(stat, len(probs) - 1) > 1e-4
+    lg = logits.numpy()
+    mean, sd = (probs * lg).sum(), math.sqrt((probs * lg ** 2).sum() - (probs * lg).sum() ** 2)
+    assert abs(lg[first].mean() - mean) < 4 * sd / math.sqrt(n)
+    p1 = torch.softmax(logits, -1).numpy()  # the power of the two tests against T = 1: far beyond their bounds
+    assert n * ((p1 - probs) ** 2 / probs).sum() > 60 and ((p1 * lg).sum() - mean) / (sd / math.sqrt(n)) > 7
+    assert (counts > 0).sum() == len(probs)  # the tail of the vocabulary is sampled too
+    # the recorded log-probs are those of the same distribution (the importance ratio's pi_gen)
+    np.testing.assert_allclose([c.logprobs[0] for c in group], np.log(probs[first]), atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------- train step
