@@ -174,6 +174,20 @@ def test_truncated_completions_leave_the_batch_by_hand():
     assert stats["active_prompts"] == 3 and [s["advantage"] for s in samples][-1] == 0.0 and len(samples) == 5
 
 
+def test_injected_tokens_count_in_no_normaliser_by_hand():
+    """Each aggregation's normaliser counts a completion's sampled tokens, sum(mask), not len(tokens): here 2 of 4
+    tokens and 3 of 3 in the first group, 1 of 5 and 2 of 2 in the second (rewards 1/0 in each: both kept)."""
+    C = lambda mask: S.Completion([5] * len(mask), [-1.0] * len(mask), True, mask, [0] * len(mask))  # noqa: E731
+    groups = [[C([1, 0, 0, 1]), C([1, 1, 1])], [C([1, 0, 0, 0, 0]), C([1, 1])]]
+    rewards = np.array([[1.0, 0.0], [0.0, 1.0]])
+    want = {"prompt": [1 / (2 * 5)] * 2 + [1 / (2 * 3)] * 2,      # 2 prompts: 5 and 3 sampled tokens
+            "sample": [1 / (4 * 2), 1 / (4 * 3), 1 / (4 * 1), 1 / (4 * 2)],  # 4 completions
+            "token": [1 / 8] * 4}                                  # 8 sampled tokens in the batch
+    for agg, w in want.items():
+        samples, _ = S.build_batch([[1], [2]], groups, rewards, S.Config(loss_agg=agg))
+        assert [s["weight"] for s in samples] == pytest.approx(w, rel=1e-12), agg
+
+
 def test_mask_truncated_default_depends_on_the_model():
     assert S.fill_defaults(S.Config(model="org/name")).mask_truncated is True   # the paper's choice
     assert S.fill_defaults(S.Config()).mask_truncated is False  # the embedded model starts from random weights
@@ -1737,6 +1751,32 @@ def test_rank_zero_metrics_and_evaluation_cover_both_ranks(tmp_path):
         if k not in ("device_hours", "train_tokens"):
             assert row[k] == pytest.approx(want[k]), k
     assert val == pytest.approx(3 / 7)
+
+
+def test_metrics_row_by_hand():
+    """One step's row against values worked out by hand (a 2 x 3 + 2 = 8-parameter model): two prompts of 3 and 2
+    tokens, 4 completions each; prompt 1 is flat (dropped), completion (0, 2) and (1, 2) did not end, (0, 3) was
+    interrupted (2 injected tokens)."""
+    s, cfg = metrics_state(50, 5, ["yes"])
+    C = lambda n, finished=True, mask=None, intr=False: S.Completion(  # noqa: E731
+        [5] * n, [-1.0] * n, finished, mask or [1] * n, [0] * n, intr)
+    groups = [[C(4), C(2), C(3, False), C(5, True, [1, 0, 0, 1, 1], True)], [C(1), C(1), C(6, False), C(2)]]
+    rewards = np.array([[1.0, 0, 0, 1.0], [0.0, 0, 0, 0]])
+    r = fake_results([[1, 2, 3], [4, 5]], groups, rewards, cfg, lags=[0, 1, 1, 2], stale=1, in_flight=3)
+    row = S.metrics_row(s, cfg, 1, r)
+    # generated tokens 4+2+3+5 + 1+1+6+2 = 24, of which 22 sampled; prompt tokens 3 + 2 (once per group);
+    # trained: the 4 samples of prompt 0, 4 x 3 prompt + 14 completion tokens = 26
+    # flops: 2 N (prompt + generated) + 6 N trained = 2*8*(5 + 24) + 6*8*26 = 464 + 1248
+    want = {"step": 1, "flops": 1712.0, "gen_tokens": 22, "train_tokens": 5, "skipped_updates": 0,
+            "device_hours": 0.5 / 3600, "reward_mean": 2 / 8, "zero_variance_frac": 0.5, "active_prompts": 1,
+            "truncated_excluded": 0, "npr_removed": 0, "pool_size": 40, "truncated_frac": 2 / 8,
+            "interrupted_frac": 1 / 8, "mean_completion_tokens": 24 / 8, "lag_mean": 1.0, "lag_max": 2,
+            "stale_dropped": 1, "inflight_groups": 3, "engine_batch_mean": 50 / 5, "step_seconds": 0.5,
+            "gen_seconds": 0.1, "train_seconds": 0.2, "sync_seconds": 0.1, "loss": 0.0, "grad_norm": 0.0}
+    assert {k: row[k] for k in want} == pytest.approx(want, rel=1e-12)
+    assert row["flops"] == s.totals["flops"]  # the counter goes on from the row
+    S.metrics_row(s, cfg, 2, r)
+    assert s.totals["flops"] == 2 * 1712 and s.totals["gen_tokens"] == 44  # cumulative
 
 
 def torchrun(*args, env=None):
