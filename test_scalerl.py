@@ -388,6 +388,126 @@ def test_gradient_accumulation_is_exact(default_model, tmp_path):
     assert torch.allclose(deltas[0], deltas[1], atol=1e-6)
 
 
+def plain_logprobs(model, s):
+    """A completion's log-probs from one plain forward pass of prompt + completion (no padding, no chunks), float64."""
+    logits = model(torch.tensor([s["prompt"] + s["tokens"]])).logits[0].double()
+    pos = torch.arange(len(s["prompt"]) - 1, len(s["prompt"]) - 1 + len(s["tokens"]))
+    return torch.log_softmax(logits[pos], -1).gather(1, torch.tensor(s["tokens"])[:, None])[:, 0]
+
+
+def hand_gradient(model, samples, eps_max):
+    """The CISPO step's gradient by hand: d/d theta of sum over sampled tokens of c_t * log pi(y_t), with the constant
+    c_t = -weight * A * min(rho_t, eps_max) worked out here as a number (truncated tokens keep their gradient, scaled
+    by eps_max). Returns {name: gradient} (float64) and the number of truncated tokens."""
+    model.zero_grad(set_to_none=True)
+    total, truncated = 0.0, 0
+    for s in samples:
+        lp = plain_logprobs(model, s)
+        for t, (x, g, m) in enumerate(zip(lp.tolist(), s["gen_logprobs"], s["mask"])):
+            if m:
+                rho = math.exp(x - g)
+                truncated += rho > eps_max
+                total = total + (-s["weight"] * s["advantage"] * min(rho, eps_max)) * lp[t]
+    total.backward()
+    grads = {n: p.grad.double().clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return grads, truncated
+
+
+def off_policy_samples(model, tok, ratios, seed=0):
+    """Six completions whose generator log-probs make rho = ratios[t % len(ratios)] at token t (some above eps_max)."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for i in range(6):
+        s = {"prompt": tok("4712:").input_ids, "tokens": rng.integers(6, 30, 4).tolist(), "mask": [1, 1, 0, 1],
+             "advantage": (-1.0) ** i * (1 + 0.1 * i), "weight": 0.05}
+        with torch.no_grad():
+            lp = plain_logprobs(model, s).tolist()
+        s["gen_logprobs"] = [x - math.log(ratios[t % len(ratios)]) for t, x in enumerate(lp)]
+        samples.append(s)
+    return samples
+
+
+def test_cispo_gradient_in_train_step_by_hand(default_model):
+    """train_step's CISPO gradient, truncated tokens included, equals the hand gradient: with SGD at lr 1 the weights
+    move by minus it. Two of each completion's three sampled tokens have rho = 10 > eps_max = 2 (weight 2, not 0, not
+    10, and no gradient through rho); the third rho = 0.5."""
+    model, tok = default_model
+    m = copy.deepcopy(model)
+    samples = off_policy_samples(m, tok, [10.0, 0.5, 1.0, 10.0])  # (token 2 is injected: mask 0)
+    want, truncated = hand_gradient(m, samples, eps_max=2.0)
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    opt = torch.optim.SGD(m.parameters(), lr=1.0)
+    cfg = S.Config(eps_max=2.0, grad_clip=1e9)
+    out = S.train_step(m, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), samples, cfg, tok.pad_token_id)
+    assert truncated == 12 and out["clip_frac"] == pytest.approx(12 / 18)  # tokens 0 and 3 of each completion
+    for n, p in m.named_parameters():
+        torch.testing.assert_close((before[n] - p.detach()).double(), want[n], rtol=1e-4, atol=1e-6, msg=lambda e, n=n: f"{n}: {e}")
+    assert max(g.abs().max().item() for g in want.values()) > 1e-2
+    # a loss that dropped the truncated tokens' gradient (or kept their weight at 10) would move them otherwise
+    dropped, _ = hand_gradient(m, [{**s, "mask": [0, 1, 0, 0]} for s in samples], eps_max=2.0)
+    assert max((want[n] - dropped[n]).abs().max().item() for n in want) > 1e-3
+
+
+def test_grad_clip_weight_decay_and_adam_eps_reach_adamw_by_hand(default_model):
+    """From the flags to the update: --grad-clip scales the gradient to norm 0.05 (the norm before clipping is
+    reported), --weight-decay and --adam-eps go into AdamW's first step, worked out by hand:
+    p <- p (1 - lr wd) - lr g / (|g| + eps), g the clipped gradient (Adam's bias-corrected moments are g and g^2)."""
+    model, tok = default_model
+    m = copy.deepcopy(model)
+    samples = off_policy_samples(m, tok, [1.0])  # on-policy: rho = 1
+    g, _ = hand_gradient(m, samples, eps_max=5.0)
+    norm = math.sqrt(sum((x ** 2).sum().item() for x in g.values()))
+    cfg = S.parse_args(["--grad-clip", "0.05", "--weight-decay", "0.5", "--adam-eps", "1e-4", "--lr", "0.05",
+                        "--warmup-steps", "0", "--engine", "hf"])
+    opt, sched = S.make_optimizer(m, cfg)
+    before = {n: p.detach().double().clone() for n, p in m.named_parameters()}
+    out = S.train_step(m, opt, sched, samples, cfg, tok.pad_token_id)
+    assert norm > 0.5 and out["grad_norm"] == pytest.approx(norm, rel=1e-4)
+
+    def adamw(clip, wd, eps):
+        c = min(1.0, clip / (norm + 1e-6))
+        return {n: before[n] * (1 - 0.05 * wd) - 0.05 * c * g[n] / ((c * g[n]).abs() + eps) for n in g}
+
+    want = adamw(0.05, 0.5, 1e-4)
+    for n, p in m.named_parameters():
+        torch.testing.assert_close(p.detach().double(), want[n], rtol=0, atol=2e-6, msg=lambda e, n=n: f"{n}: {e}")
+    for other in (adamw(1e9, 0.5, 1e-4), adamw(0.05, 0.01, 1e-4), adamw(0.05, 0.5, 1e-15)):  # each flag matters
+        assert max((other[n] - want[n]).abs().max().item() for n in g) > 1e-4
+
+
+def test_fp32_head_in_the_trainer_under_bf16_autocast(default_model):
+    """--dtype bfloat16 on CPU (autocast; the weights stay float32): with --lm-head-fp32 the trainer's log-probs are
+    the float64 head's on the same hidden states (read off the final norm inside train_step) to 1e-5; without it
+    they carry bf16's error (above 1e-4). Measured through train_step's mismatch metric, gen log-probs set to the
+    float64 reference."""
+    model, tok = default_model
+    m = copy.deepcopy(model)
+    rng = np.random.default_rng(3)
+    prompt = tok("93:").input_ids
+    samples = [{"prompt": prompt, "tokens": rng.integers(6, 30, 6).tolist(), "mask": [1] * 6, "advantage": 1.0,
+                "weight": 0.0, "gen_logprobs": [0.0] * 6} for _ in range(5)]  # one length: micro-batch order kept
+    captured = []
+    hook = m.model.norm.register_forward_hook(lambda mod, i, o: captured.append(o.detach()))
+    opt = torch.optim.SGD(m.parameters(), lr=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    mismatch = {}
+    try:
+        for fp32 in (True, False):
+            cfg = S.Config(lm_head_fp32=fp32, temperature=0.8)
+            captured.clear()
+            S.train_step(m, opt, sched, samples, cfg, tok.pad_token_id, torch.bfloat16)
+            (h,) = captured
+            logits = h[:, len(prompt) - 1:-1].double() @ m.lm_head.weight.double().T / 0.8
+            ref = torch.log_softmax(logits, -1).gather(2, torch.tensor([s["tokens"] for s in samples])[..., None])
+            refs = [dict(s, gen_logprobs=r[:, 0].tolist()) for s, r in zip(samples, ref)]
+            mismatch[fp32] = S.train_step(m, opt, sched, refs, cfg, tok.pad_token_id, torch.bfloat16)[
+                "mismatch_abs_logprob"]
+    finally:
+        hook.remove()
+    assert mismatch[True] < 1e-5 and mismatch[False] > 1e-4, mismatch  # (measured: 1.4e-7 and 6.5e-4)
+
+
 def test_micro_batches_respect_budget():
     samples = [{"prompt": [1] * 3, "tokens": [2] * L} for L in [1, 7, 2, 9, 4, 4, 30]]
     mbs = S.micro_batches(samples, 24)
