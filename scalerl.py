@@ -161,7 +161,8 @@ class Config:
                              "digit after the reasoning, for the built-in tasks (auto: math with --data, else digit)",
                      ["auto", "math", "exact", "digit"])
     reward_workers: int = _f(-1, "grading processes (-1: min(16, CPUs) for math/exact, 0 for the built-in task; "
-                                 "0: grade in this process, without a time limit)")
+                                 "0: grade in this process, with no time limit: --reward-timeout does not apply, "
+                                 "and it is refused with --reward math, whose checker can hang)")
     reward_timeout: float = _f(10.0, "seconds allowed to grade one completion; over it, reward 0 and an error")
     save_every: int = _f(0, "save a checkpoint every N steps (0: only at the end and when stopped by a signal)")
     keep_last: int = _f(2, "keep the newest K checkpoints")
@@ -848,6 +849,9 @@ def validate(cfg):
         die(f"--vllm-gpu-memory-utilization must be in (0, 1) (got {cfg.vllm_gpu_memory_utilization})")
     if cfg.reward_workers < -1:
         die(f"--reward-workers must be >= -1 (got {cfg.reward_workers})")
+    if cfg.reward_workers == 0 and cfg.reward == "math":
+        die("--reward-workers 0 grades in this process with no time limit, and math-verify can hang (sympy never "
+            "returns on some answers): --reward math needs grading processes (--reward-workers -1 or >= 1)")
     if cfg.model and not is_hub_id(cfg.model) and not os.path.isfile(os.path.join(cfg.model, "config.json")):
         die(f"--model {cfg.model}: no such model directory (a local model needs config.json)")
     if cfg.model and cfg.tie_word_embeddings:

@@ -1467,6 +1467,33 @@ def test_cli_bad_input(args, message, tmp_path):
     assert not (tmp_path / "cache").exists() and not (tmp_path / "o").exists()  # nothing built, nothing written
 
 
+def test_reward_workers_and_timeout_reach_the_grader_in_a_run(tmp_path, monkeypatch):
+    """--reward-workers 1 --reward-timeout 4.5 in a real run: the run's one grader has one process and that limit,
+    and every completion scored (evaluations and the training step) went through that process, with the rewards that
+    grading in this process gives. --reward-workers 0 (no time limit) is refused with --reward math at parse time."""
+    made, graded = [], []
+
+    class Spy(S.Grader):
+        def __init__(self, fn, workers, timeout):
+            super().__init__(fn, workers, timeout)
+            made.append((fn, workers, timeout, len(self.procs), self.timeout))
+
+        def _in_workers(self, items):
+            out = super()._in_workers(items)
+            graded.append((items, out))
+            return out
+
+    monkeypatch.setattr(S, "Grader", Spy)
+    rows = S.run(small_cfg(tmp_path, engine="hf", steps=1, reward_workers=1, reward_timeout=4.5, val_size=8))
+    assert made == [(S.reward_last_digit, 1, 4.5, 1, 4.5)] and len(rows) == 2
+    assert len(graded) == 3 and all(items for items, _ in graded)  # step 0's evaluation, step 1, its evaluation
+    for items, out in graded:
+        assert out == [(S.reward_last_digit(t, a), None) for t, a in items]
+    with pytest.raises(S.ScaleRLError, match="--reward-workers 0 grades in this process with no time limit"):
+        S.parse_args(["--reward", "math", "--reward-workers", "0"])
+    assert S.parse_args(["--reward", "math", "--reward-workers", "1"]).reward_workers == 1
+
+
 BOUNDS = {  # every numeric flag: a value just out of its range (each must also refuse nan and inf if it is a float)
     "seed": -1, "vllm_gpu_memory_utilization": 1.0, "vllm_max_model_len": -1, "vllm_kv_cache_mb": 0,
     "train_size": -1, "val_size": -1, "reward_workers": -2, "reward_timeout": 0.0, "steps": -1,
