@@ -2402,7 +2402,7 @@ def save_checkpoint(out, step, s, cfg):
     prompts of the groups still in flight, which a resumed run generates again). Under torchrun the weights and
     the optimiser state are gathered whole on rank 0 (in CPU memory), which writes. Written to a temporary directory
     and renamed into place, so a crash mid-write leaves the previous checkpoint intact; then only the newest
-    --keep-last are kept."""
+    --keep-last are kept, and the temporary directories of writers killed mid-write are removed."""
     import shutil
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                          get_optimizer_state_dict)
@@ -2426,6 +2426,9 @@ def save_checkpoint(out, step, s, cfg):
             os.replace(tmp, final)
             for old in list_checkpoints(out)[:-cfg.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
+            for name in os.listdir(os.path.dirname(final)):  # what a writer killed mid-write left (its own pid)
+                if re.fullmatch(r"step_\d+\.tmp\d+", name):
+                    shutil.rmtree(os.path.join(os.path.dirname(final), name), ignore_errors=True)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         die(f"cannot write checkpoint {final} ({e.strerror or e}); the last good checkpoint is "

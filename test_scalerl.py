@@ -1678,26 +1678,50 @@ def cli(*args, **kw):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
+# scalerl.py's command line, with torch.save held (forever) on the trainer state of step 3's checkpoint, after saying so
+HOLD_STEP_3 = """
+import sys, time, torch
+sys.path.insert(0, sys.argv.pop(1))
+import scalerl
+real = torch.save
+def held(obj, path, *a, **kw):
+    if "step_000003.tmp" in str(path) and str(path).endswith("trainer_state.pt"):
+        print("writing step 3", flush=True)
+        time.sleep(600)
+    return real(obj, path, *a, **kw)
+torch.save = held
+scalerl.main()
+"""
+
+
 def test_sigkill_while_writing_a_checkpoint_leaves_the_previous_one(tmp_path):
+    """SIGKILL lands while step 3's checkpoint is half written (its model is in the temporary directory, its trainer
+    state not: the write is held there until the kill). With --keep-last 1, step 2's checkpoint is the only other one:
+    it survives whole (pruning before the new one is in place would have removed it), and the run resumes from it;
+    the resumed run keeps the newest --keep-last 2 and removes the killed writer's temporary directory."""
     out = tmp_path / "run"
-    p = cli("--out", str(out), "--steps", "60", "--save-every", "1", "--keep-last", "3", "--eval-every", "100")
-    caught = False
-    while p.poll() is None and not caught:
-        root = out / "checkpoints"
-        caught = root.is_dir() and any(".tmp" in n for n in os.listdir(root)) and len(S.list_checkpoints(str(out)))
-        if caught:
-            p.kill()
+    small = ["--prompts-per-step", "8", "--generations-per-prompt", "4", "--val-size", "8", "--eval-samples", "2",
+             "--eval-every", "100"]
+    p = subprocess.Popen([sys.executable, "-c", HOLD_STEP_3, HERE, "--engine", "hf", "--out", str(out), "--steps",
+                          "60", "--save-every", "1", "--keep-last", "1", *small], stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True)
+    caught = any("writing step 3" in line for line in p.stdout)  # (reads until that line, or the end)
+    p.kill()
     p.communicate()
-    assert caught, "the run ended before a checkpoint was seen being written"
-    last = S.list_checkpoints(str(out))[-1]
-    step = int(last.rsplit("_", 1)[1])
-    state = torch.load(last + "/trainer_state.pt", weights_only=False)
-    assert state["step"] == step and load_params(last)  # complete and loadable
-    q = cli("--out", str(out), "--resume", "auto", "--steps", str(step + 2), "--eval-every", "100")
+    assert caught, "the run ended before step 3's checkpoint was written"
+    root = out / "checkpoints"
+    (tmp,) = [n for n in os.listdir(root) if ".tmp" in n]
+    assert tmp.startswith("step_000003.tmp") and (root / tmp / "config.json").is_file()  # the kill: mid-write
+    assert not (root / tmp / "trainer_state.pt").exists() and not (root / "step_000003").exists()
+    assert S.list_checkpoints(str(out)) == [str(root / "step_000002")]
+    state = torch.load(root / "step_000002" / "trainer_state.pt", weights_only=False)
+    assert state["step"] == 2 and load_params(str(root / "step_000002"))  # complete and loadable
+    q = cli("--out", str(out), "--resume", "auto", "--steps", "5", "--save-every", "1", "--keep-last", "2", *small)
     stdout, stderr = q.communicate(timeout=300)
     assert q.returncode == 0, stderr[-2000:]
-    assert f"resuming after step {step}" in stdout
-    assert [r["step"] for r in read_metrics(str(out))] == list(range(step + 3))
+    assert "resuming after step 2" in stdout
+    assert [r["step"] for r in read_metrics(str(out))] == list(range(6))
+    assert sorted(os.listdir(root)) == ["step_000004", "step_000005"]  # --keep-last 2, and no temporary left
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
