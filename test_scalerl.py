@@ -1975,12 +1975,13 @@ def torchrun(*args, env=None):
 
 
 def test_two_rank_run_agrees_on_prompts_counts_both_ranks_and_resumes(tmp_path):
-    """torchrun, 2 ranks, the HF engine: each rank draws only its shard of the prompts, every rank holds the same
-    No-Positive-Resampling history, rank 0's rows count both ranks' prompts and tokens, the checkpoint is a whole HF
+    """torchrun, 2 ranks, the HF engine: each rank draws only its shard of the prompts, generates with the trainer's
+    newest weights (pushed into its copy of the model), every rank holds the same No-Positive-Resampling history, rank 0's rows count both ranks' prompts and tokens, the checkpoint is a whole HF
     model, and the run resumes with 2 ranks (but not with 1)."""
     out, P, G = str(tmp_path / "run"), 16, 8
     common = ["--engine", "hf", "--out", out, "--prompts-per-step", str(P), "--generations-per-prompt", str(G),
-              "--npr-threshold", "0.1", "--val-size", "20", "--eval-every", "2", "--eval-samples", "2"]
+              "--npr-threshold", "0.1", "--val-size", "20", "--eval-every", "2", "--eval-samples", "2",
+              "--no-zero-variance-filter"]  # every step trains (and moves the weights, where a group is not flat)
     p = torchrun(*common, "--steps", "2")
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.count("cannot stream") == p.stdout.count("parameters on cpu x 2 ranks") == 1  # rank 0 alone prints
@@ -1996,6 +1997,10 @@ def test_two_rank_run_agrees_on_prompts_counts_both_ranks_and_resumes(tmp_path):
     assert {i % 2 for i in c0["order"]} == {0} and {i % 2 for i in c1["order"]} == {1}  # each its own shard
     assert c0["removed"] == {i for i, r in c0["pass_rate"].items() if r >= 0.1} and c0["removed"]
     assert rows[-1]["npr_removed"] == len(c0["removed"])
+    # each rank generates with its own whole copy of the model, which HFEngine.push fills from the shards: the
+    # synchronous loop's log-probs are the trainer's only if every push copied the newest weights into it
+    trained = [b for a, b in zip(rows, rows[1:]) if b["train_tokens"] > a["train_tokens"]]
+    assert len(trained) == 4 and all(r["lag_max"] == 0 and r["mismatch_abs_logprob"] < 1e-5 for r in trained)
     # one rank decodes at most P/2 x G x 8 sampled tokens a step (think budget 6 + answer budget 2)
     steps = [b["gen_tokens"] - a["gen_tokens"] for a, b in zip(rows, rows[1:])]
     assert all(P // 2 * G * 8 < n <= P * G * 8 for n in steps), steps
