@@ -909,12 +909,17 @@ def test_tied_embeddings_train_and_stay_tied(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- vLLM engine
-def need_vllm():
-    """vLLM tests skip where vllm is not installed, except where SCALERL_REQUIRE_VLLM=1 (CI): there they fail."""
-    if importlib.util.find_spec("vllm") is None:
+def need(module):
+    """Tests of an optional package (vllm, wandb) skip where it is not installed, and conftest.py counts them at the
+    end of the run; where SCALERL_REQUIRE_VLLM=1 (CI, which installs requirements-cpu.txt, both included) they fail."""
+    if importlib.util.find_spec(module) is None:
         if os.environ.get("SCALERL_REQUIRE_VLLM") == "1":
-            pytest.fail("vllm is not installed, and SCALERL_REQUIRE_VLLM=1 requires it")
-        pytest.skip("vllm is not installed")
+            pytest.fail(f"{module} is not installed, and SCALERL_REQUIRE_VLLM=1 requires it")
+        pytest.skip(f"{module} is not installed")
+
+
+def need_vllm():
+    need("vllm")
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
@@ -1501,7 +1506,8 @@ def test_reward_workers_and_timeout_reach_the_grader_in_a_run(tmp_path, monkeypa
             return out
 
     monkeypatch.setattr(S, "Grader", Spy)
-    rows = S.run(small_cfg(tmp_path, engine="hf", steps=1, reward_workers=1, reward_timeout=4.5, val_size=8))
+    rows = S.run(small_cfg(tmp_path, engine="hf", steps=1, reward_workers=1, reward_timeout=4.5, val_size=8,
+                           prompts_per_step=4, length_control="truncate"))
     assert made == [(S.reward_last_digit, 1, 4.5, 1, 4.5)] and len(rows) == 2
     assert len(graded) == 3 and all(items for items, _ in graded)  # step 0's evaluation, step 1, its evaluation
     for items, out in graded:
@@ -1591,8 +1597,39 @@ def wandb_history(path):
     return rows
 
 
+def test_wandb_logging_reaches_a_stand_in_module(tmp_path, monkeypatch):
+    """--wandb with a stand-in `wandb` module that records its calls (no package, no network): one init with the
+    project, the name, the run's config and its directory; every metrics row logged at its step; one finish."""
+    import importlib.machinery
+    import types
+    calls = []
+    fake = types.ModuleType("wandb")
+    fake.__spec__ = importlib.machinery.ModuleSpec("wandb", None)  # (validate asks importlib whether it exists)
+
+    class Run:
+        def log(self, row, step):
+            calls.append(("log", json.loads(json.dumps(row)), step))
+
+        def finish(self):
+            calls.append(("finish",))
+
+    fake.init = lambda **kw: calls.append(("init", kw)) or Run()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    rows = S.run(small_cfg(tmp_path, engine="hf", steps=2, eval_every=100, wandb="proj", wandb_name="nm",
+                           prompts_per_step=4, val_size=8, length_control="truncate"))
+    config = json.load(open(tmp_path / "run" / "config.json"))
+    (kind, init), *logs, end = calls
+    assert kind == "init" and init.keys() == {"project", "name", "config", "dir"}
+    assert (init["project"], init["name"], init["dir"]) == ("proj", "nm", str(tmp_path / "run"))
+    assert init["config"]["steps"] == 2 and init["config"]["device"] == "auto"  # (config.json: the device used)
+    assert {k: v for k, v in json.loads(json.dumps(init["config"])).items() if k != "device"} == {
+        k: config[k] for k in init["config"] if k != "device"}
+    assert logs == [("log", r, r["step"]) for r in read_metrics(str(tmp_path / "run"))] and len(logs) == len(rows) == 3
+    assert end == ("finish",)
+
+
 def test_wandb_offline_logs_the_metrics_rows(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
+    need("wandb")
     import glob
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
