@@ -167,7 +167,8 @@ class Config:
     save_every: int = _f(0, "save a checkpoint every N steps (0: only at the end and when stopped by a signal)")
     keep_last: int = _f(2, "keep the newest K checkpoints")
     resume: str = _f("", "continue a run from a checkpoint directory, or 'auto': the newest in --out. Every setting "
-                         "comes from the checkpoint except --steps (to extend a run), --save-every and --keep-last")
+                         "comes from the checkpoint except --steps (to extend a run), --save-every and --keep-last; "
+                         "another flag given with a value other than the run's is refused")
     max_skipped_updates: int = _f(3, "stop after this many non-finite updates (loss or gradient) in a row")
     live_fit: bool = _f(True, "at each evaluation, fit the scaling curve to the run so far (fit_curve.py) and log the "
                               "predicted asymptote: fit_A, fit_B, fit_C_mid, fit_A_ci")
@@ -791,6 +792,10 @@ def parse_args(argv=None):
         else:
             p.add_argument(flag, type=type(f.default), choices=f.metadata["choices"], **kw)
     return validate(fill_defaults(Config(**vars(p.parse_args(argv)))))
+
+
+DERIVED = ("mask_truncated", "eps_low", "eps_high", "answer_budget", "think_budget", "max_len", "cache_len",
+           "train_size", "val_size", "reward", "engine")  # the settings fill_defaults derives from the others
 
 
 def fill_defaults(cfg):
@@ -2444,6 +2449,17 @@ def resumed_config(cfg, ckpt):
     if len(state["ranks"]) != world():
         die(f"--resume {ckpt}: the run had {len(state['ranks'])} ranks; resume it with as many (this has {world()})")
     saved = {**state["config"], "think_budget": tuple(state["config"]["think_budget"])}
+    # a flag given now with another value than the run's is refused, not ignored: what fill_defaults derives counts as
+    # given only where it differs from what it derives from the flags given now
+    derived = fill_defaults(dataclasses.replace(cfg, resume="", **{k: getattr(Config, k) for k in DERIVED}))
+    changed = [f.name for f in dataclasses.fields(Config) if f.name not in ("steps", "save_every", "keep_last",
+                                                                             "resume", "out")
+               and getattr(cfg, f.name) != saved[f.name]
+               and getattr(cfg, f.name) != getattr(derived if f.name in DERIVED else Config, f.name)]
+    if changed:
+        die(f"--resume {ckpt}: a resumed run keeps the settings of its checkpoint (all but --steps, --save-every and "
+            "--keep-last); given now with other values: " + ", ".join(
+                f"--{k.replace('_', '-')} {getattr(cfg, k)} (the run's: {saved[k]})" for k in changed))
     steps = cfg.steps if cfg.steps != Config.steps else saved["steps"]
     return Config(**{**saved, "steps": steps, "save_every": cfg.save_every, "keep_last": cfg.keep_last,
                      "resume": ckpt}), state

@@ -442,7 +442,8 @@ def test_cispo_gradient_in_train_step_by_hand(default_model):
     out = S.train_step(m, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), samples, cfg, tok.pad_token_id)
     assert truncated == 12 and out["clip_frac"] == pytest.approx(12 / 18)  # tokens 0 and 3 of each completion
     for n, p in m.named_parameters():
-        torch.testing.assert_close((before[n] - p.detach()).double(), want[n], rtol=1e-4, atol=1e-6, msg=lambda e, n=n: f"{n}: {e}")
+        torch.testing.assert_close((before[n] - p.detach()).double(), want[n], rtol=1e-4, atol=1e-6,
+                                   msg=lambda e, n=n: f"{n}: {e}")
     assert max(g.abs().max().item() for g in want.values()) > 1e-2
     # a loss that dropped the truncated tokens' gradient (or kept their weight at 10) would move them otherwise
     dropped, _ = hand_gradient(m, [{**s, "mask": [0, 1, 0, 0]} for s in samples], eps_max=2.0)
@@ -1688,6 +1689,27 @@ def test_resume_is_exact(tmp_path):
     assert any(not torch.equal(first[k], b[k]) for k in b)  # and the weights moved between the two parts
 
 
+def test_resume_refuses_changed_flags_and_names_them(tmp_path):
+    """A resumed run takes its settings from the checkpoint: a flag given with another value is refused (status 2,
+    before any compute) with its name and both values, never silently ignored. A derived setting (--answer-budget
+    follows --max-new-tokens) is not named; --steps, --save-every, --keep-last and values equal to the run's pass."""
+    tiny = dict(steps=1, prompts_per_step=4, generations_per_prompt=2, val_size=8, eval_samples=2, eval_every=100,
+                length_control="truncate", max_new_tokens=6)
+    S.run(ckpt_cfg(tmp_path, **tiny))
+    before = read_metrics(str(tmp_path))
+    with pytest.raises(S.ScaleRLError) as e:
+        S.run(ckpt_cfg(tmp_path, **{**tiny, "steps": 2, "max_new_tokens": 16, "lr": 0.1, "resume": "auto"}))
+    msg = str(e.value)
+    assert e.value.status == 2 and "--max-new-tokens 16 (the run's: 6)" in msg and "--lr 0.1 (the run's: 0.002)" in msg
+    named = msg.split("given now with other values: ")[1]
+    assert "--answer-budget" not in named and "--steps" not in named
+    assert read_metrics(str(tmp_path)) == before  # nothing ran
+    with pytest.raises(S.ScaleRLError, match=r"--seed 3 \(the run's: 0\)"):
+        S.run(S.parse_args(["--resume", "auto", "--out", str(tmp_path), "--seed", "3", "--engine", "hf"]))
+    rows = S.run(ckpt_cfg(tmp_path, **{**tiny, "steps": 2, "save_every": 1, "keep_last": 1, "resume": "auto"}))
+    assert [r["step"] for r in rows] == [0, 1, 2]
+
+
 def test_resume_in_pipeline_mode_regenerates_the_groups_in_flight(tmp_path):
     """A checkpoint taken with groups in flight records their prompts; the resumed run generates them again first,
     and the counters, the curriculum and the weight version go on (continued correctly, not bit-exactly)."""
@@ -2013,8 +2035,9 @@ def torchrun(*args, env=None):
 
 def test_two_rank_run_agrees_on_prompts_counts_both_ranks_and_resumes(tmp_path):
     """torchrun, 2 ranks, the HF engine: each rank draws only its shard of the prompts, generates with the trainer's
-    newest weights (pushed into its copy of the model), every rank holds the same No-Positive-Resampling history, rank 0's rows count both ranks' prompts and tokens, the checkpoint is a whole HF
-    model, and the run resumes with 2 ranks (but not with 1)."""
+    newest weights (pushed into its copy of the model), every rank holds the same No-Positive-Resampling history,
+    rank 0's rows count both ranks' prompts and tokens, the checkpoint is a whole HF model, and the run resumes with
+    2 ranks (but not with 1)."""
     out, P, G = str(tmp_path / "run"), 16, 8
     common = ["--engine", "hf", "--out", out, "--prompts-per-step", str(P), "--generations-per-prompt", str(G),
               "--npr-threshold", "0.1", "--val-size", "20", "--eval-every", "2", "--eval-samples", "2",
