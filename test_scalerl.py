@@ -1397,6 +1397,35 @@ def test_evaluation_mid_ppo_round_lets_the_round_finish_with_its_weights():
     assert [c.versions for c in g.completions] == [[0, 0, 0, 0]] * 2
 
 
+def test_npr_over_whole_epochs_in_a_run(tmp_path, monkeypatch, capsys):
+    """No-Positive-Resampling in a run: a reward of 1 for every completion of the prompt whose answer is 9 (0 for the
+    others) removes it after its first draw: of 8 prompts, 4 a step, epoch 1 draws all 8, epoch 2 the other 7, and
+    the 16th draw opens epoch 3 without it. With every reward 1, epoch 1 removes every prompt and the run stops,
+    saying why, after its 2 steps."""
+    drawn = []
+    real = S.update_curriculum
+    monkeypatch.setattr(S, "update_curriculum", lambda cur, idx, rates, thr: (drawn.extend(idx), real(cur, idx, rates,
+                                                                                                       thr))[1])
+    real_score = S.score  # every completion graded, as if it had ended (a random policy seldom ends by itself)
+    monkeypatch.setattr(S, "score", lambda tok, groups, *a: real_score(
+        tok, [[dataclasses.replace(c, finished=True) for c in g] for g in groups], *a))
+    tiny = dict(engine="hf", train_size=8, val_size=8, prompts_per_step=4, generations_per_prompt=2, eval_every=100,
+                eval_samples=2, length_control="truncate", max_new_tokens=4)
+    train, _ = S.make_task(8, 8, 0)  # the run's prompts (load_data: the built-in task, seed 0)
+    (nine,) = [i for i, (_, a) in enumerate(train) if a == "9"]
+    monkeypatch.setitem(S.REWARDS, "digit", lambda text, answer: float(answer == "9"))
+    rows = S.run(small_cfg(tmp_path / "a", steps=4, **tiny))
+    assert len(drawn) == 16 and sorted(drawn[:8]) == list(range(8))
+    assert sorted(drawn[8:15]) == [i for i in range(8) if i != nine] and drawn[15] != nine
+    assert rows[-1]["npr_removed"] == 1 and rows[-1]["pool_size"] == 7 and rows[-1]["epoch"] == 3
+    monkeypatch.setitem(S.REWARDS, "digit", lambda text, answer: 1.0)
+    drawn.clear()
+    rows = S.run(small_cfg(tmp_path / "b", steps=10, **tiny))
+    assert [r["step"] for r in rows] == [0, 1, 2] and sorted(drawn) == list(range(8))
+    assert rows[-1]["npr_removed"] == 8 and rows[-1]["pool_size"] == 0
+    assert "every training prompt has been removed by No-Positive-Resampling; stopping" in capsys.readouterr().out
+
+
 def test_pipeline_lag_bound_holds_when_training_is_slow(tmp_path, monkeypatch):
     """In one process, generation pauses while the trainer runs, so a slow trainer cannot let the generator run
     ahead: the bound holds however slow training is, and groups really span updates."""
