@@ -1663,7 +1663,8 @@ def test_wandb_offline_logs_the_metrics_rows(tmp_path, monkeypatch):
     import glob
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    rows = S.run(small_cfg(tmp_path, engine="hf", steps=3, wandb="scalerl-test", wandb_name="t"))
+    rows = S.run(small_cfg(tmp_path, engine="hf", steps=3, wandb="scalerl-test", wandb_name="t", prompts_per_step=4,
+                           val_size=8, length_control="truncate"))
     (path,) = glob.glob(str(tmp_path / "run" / "wandb" / "offline-run-*" / "*.wandb"))
     assert wandb_history(path) == rows == read_metrics(str(tmp_path / "run")) and len(rows) == 4
 
