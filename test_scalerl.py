@@ -509,6 +509,22 @@ def test_fp32_head_in_the_trainer_under_bf16_autocast(default_model):
     assert mismatch[True] < 1e-5 and mismatch[False] > 1e-4, mismatch  # (measured: 1.4e-7 and 6.5e-4)
 
 
+def test_dtype_bfloat16_reaches_the_trainer_and_the_hf_engine_in_a_run(tmp_path, monkeypatch):
+    """--dtype bfloat16 on CPU in a run: the weights stay float32 (--param-dtype), and every train_step and every
+    generate runs under bfloat16 autocast, each with the FP32 head (what they do with them: the tests above)."""
+    seen = collections.defaultdict(set)
+    real_train, real_generate = S.train_step, S.hf_generate
+    monkeypatch.setattr(S, "train_step", lambda *a: seen["train_step"].add((a[6], a[4].lm_head_fp32)) or
+                        real_train(*a))
+    monkeypatch.setattr(S, "hf_generate", lambda *a: seen["hf_generate"].add((a[7], a[6])) or real_generate(*a))
+    rows = S.run(small_cfg(tmp_path, dtype="bfloat16", engine="hf", steps=2, prompts_per_step=4, val_size=8,
+                           eval_every=100, zero_variance_filter=False, length_control="truncate"))
+    assert seen == {"train_step": {(torch.bfloat16, True)}, "hf_generate": {(torch.bfloat16, True)}}
+    assert rows[-1]["train_tokens"] > 0
+    weights = load_params(S.list_checkpoints(str(tmp_path / "run"))[-1])
+    assert {p.dtype for p in weights.values()} == {torch.float32}
+
+
 def test_micro_batches_respect_budget():
     samples = [{"prompt": [1] * 3, "tokens": [2] * L} for L in [1, 7, 2, 9, 4, 4, 30]]
     mbs = S.micro_batches(samples, 24)
