@@ -818,7 +818,7 @@ def test_train_step_uses_the_configured_loss_and_measures_the_mismatch(loss, def
 
 def test_warmup_is_linear_then_constant(tmp_path):
     rows = S.run(small_cfg(tmp_path, engine="hf", steps=6, warmup_steps=4, lr=1e-3, zero_variance_filter=False,
-                           eval_every=100))
+                           eval_every=100, prompts_per_step=4, val_size=8, length_control="truncate"))
     assert [r["lr"] for r in rows[1:]] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
 
 
@@ -1833,7 +1833,8 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     import signal
     import time
     out = tmp_path / "run"
-    p = cli("--out", str(out), "--steps", "500", "--eval-every", "100")
+    p = cli("--out", str(out), "--steps", "500", "--eval-every", "100", "--prompts-per-step", "8",
+            "--generations-per-prompt", "4", "--val-size", "8", "--eval-samples", "2")
     while p.poll() is None and not ((out / "metrics.jsonl").exists() and len(read_metrics(str(out))) >= 3):
         time.sleep(0.05)
     p.send_signal(signal.SIGTERM)
