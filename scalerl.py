@@ -2454,7 +2454,7 @@ def resumed_config(cfg, ckpt):
     derived = fill_defaults(dataclasses.replace(cfg, resume="", **{k: getattr(Config, k) for k in DERIVED}))
     changed = [f.name for f in dataclasses.fields(Config) if f.name not in ("steps", "save_every", "keep_last",
                                                                              "resume", "out")
-               and getattr(cfg, f.name) != saved[f.name]
+               and getattr(cfg, f.name) != saved.get(f.name, f.default)  # (a field newer than the checkpoint)
                and getattr(cfg, f.name) != getattr(derived if f.name in DERIVED else Config, f.name)]
     if changed:
         die(f"--resume {ckpt}: a resumed run keeps the settings of its checkpoint (all but --steps, --save-every and "
