@@ -161,12 +161,14 @@ class Config:
                              "digit after the reasoning, for the built-in tasks (auto: math with --data, else digit); "
                              "the choices are the REWARDS table's", lambda: ["auto", *REWARDS])
     reward_workers: int = _f(-1, "grading processes (-1: min(16, CPUs) for math/exact, 0 for the built-in task; "
-                                 "0: grade in this process, without a time limit)")
+                                 "0: grade in this process, with no time limit: --reward-timeout does not apply, "
+                                 "and it is refused with --reward math, whose checker can hang)")
     reward_timeout: float = _f(10.0, "seconds allowed to grade one completion; over it, reward 0 and an error")
     save_every: int = _f(0, "save a checkpoint every N steps (0: only at the end and when stopped by a signal)")
     keep_last: int = _f(2, "keep the newest K checkpoints")
     resume: str = _f("", "continue a run from a checkpoint directory, or 'auto': the newest in --out. Every setting "
-                         "comes from the checkpoint except --steps (to extend a run), --save-every and --keep-last")
+                         "comes from the checkpoint except --steps (to extend a run), --save-every and --keep-last; "
+                         "another flag given with a value other than the run's is refused")
     max_skipped_updates: int = _f(3, "stop after this many non-finite updates (loss or gradient) in a row")
     live_fit: bool = _f(True, "at each evaluation, fit the scaling curve to the run so far (fit_curve.py) and log the "
                               "predicted asymptote: fit_A, fit_B, fit_C_mid, fit_A_ci")
@@ -793,6 +795,10 @@ def parse_args(argv=None):
     return validate(fill_defaults(Config(**vars(p.parse_args(argv)))))
 
 
+DERIVED = ("mask_truncated", "eps_low", "eps_high", "answer_budget", "think_budget", "max_len", "cache_len",
+           "train_size", "val_size", "reward", "engine")  # the settings fill_defaults derives from the others
+
+
 def fill_defaults(cfg):
     """Fill in the settings whose default depends on others (0, '' or 'auto' means 'derive it')."""
     if cfg.mask_truncated is None:
@@ -849,6 +855,9 @@ def validate(cfg):
         die(f"--vllm-gpu-memory-utilization must be in (0, 1) (got {cfg.vllm_gpu_memory_utilization})")
     if cfg.reward_workers < -1:
         die(f"--reward-workers must be >= -1 (got {cfg.reward_workers})")
+    if cfg.reward_workers == 0 and cfg.reward == "math":
+        die("--reward-workers 0 grades in this process with no time limit, and math-verify can hang (sympy never "
+            "returns on some answers): --reward math needs grading processes (--reward-workers -1 or >= 1)")
     if cfg.model and not is_hub_id(cfg.model) and not os.path.isfile(os.path.join(cfg.model, "config.json")):
         die(f"--model {cfg.model}: no such model directory (a local model needs config.json)")
     if cfg.model and cfg.tie_word_embeddings:
@@ -1414,8 +1423,11 @@ def hf_generate(model, tok, prompts, max_tokens, temperature, seed, lm_head_fp32
     gen_cfg = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max(max_tokens),
                                pad_token_id=pad, eos_token_id=eos)
     hook = model.get_output_embeddings().register_forward_hook(fp32_head_hook) if lm_head_fp32 else None
-    was_training = model.training
+    was_training, shipped = model.training, model.generation_config
     model.eval()
+    # generate fills the settings gen_cfg leaves unset (repetition_penalty, min_p, ...) from the model's own
+    # generation config: in its place, gen_cfg alone decides how to sample
+    model.generation_config = gen_cfg
     torch.manual_seed(seed)
     try:
         with torch.no_grad(), torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
@@ -1423,6 +1435,7 @@ def hf_generate(model, tok, prompts, max_tokens, temperature, seed, lm_head_fp32
                                   logits_processor=LogitsProcessorList([record]))
     finally:
         model.train(was_training)
+        model.generation_config = shipped
         if hook:
             hook.remove()
     recorded.append(last["lp"].gather(1, seqs[:, -1:]).squeeze(1))
@@ -2426,7 +2439,7 @@ def save_checkpoint(out, step, s, cfg):
     prompts of the groups still in flight, which a resumed run generates again). Under torchrun the weights and
     the optimiser state are gathered whole on rank 0 (in CPU memory), which writes. Written to a temporary directory
     and renamed into place, so a crash mid-write leaves the previous checkpoint intact; then only the newest
-    --keep-last are kept."""
+    --keep-last are kept, and the temporary directories of writers killed mid-write are removed."""
     import shutil
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                          get_optimizer_state_dict)
@@ -2450,6 +2463,9 @@ def save_checkpoint(out, step, s, cfg):
             os.replace(tmp, final)
             for old in list_checkpoints(out)[:-cfg.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
+            for name in os.listdir(os.path.dirname(final)):  # what a writer killed mid-write left (its own pid)
+                if re.fullmatch(r"step_\d+\.tmp\d+", name):
+                    shutil.rmtree(os.path.join(os.path.dirname(final), name), ignore_errors=True)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         die(f"cannot write checkpoint {final} ({e.strerror or e}); the last good checkpoint is "
@@ -2465,6 +2481,17 @@ def resumed_config(cfg, ckpt):
     if len(state["ranks"]) != world():
         die(f"--resume {ckpt}: the run had {len(state['ranks'])} ranks; resume it with as many (this has {world()})")
     saved = {**state["config"], "think_budget": tuple(state["config"]["think_budget"])}
+    # a flag given now with another value than the run's is refused, not ignored: what fill_defaults derives counts as
+    # given only where it differs from what it derives from the flags given now
+    derived = fill_defaults(dataclasses.replace(cfg, resume="", **{k: getattr(Config, k) for k in DERIVED}))
+    changed = [f.name for f in dataclasses.fields(Config) if f.name not in ("steps", "save_every", "keep_last",
+                                                                             "resume", "out")
+               and getattr(cfg, f.name) != saved.get(f.name, f.default)  # (a field newer than the checkpoint)
+               and getattr(cfg, f.name) != getattr(derived if f.name in DERIVED else Config, f.name)]
+    if changed:
+        die(f"--resume {ckpt}: a resumed run keeps the settings of its checkpoint (all but --steps, --save-every and "
+            "--keep-last); given now with other values: " + ", ".join(
+                f"--{k.replace('_', '-')} {getattr(cfg, k)} (the run's: {saved[k]})" for k in changed))
     steps = cfg.steps if cfg.steps != Config.steps else saved["steps"]
     return Config(**{**saved, "steps": steps, "save_every": cfg.save_every, "keep_last": cfg.keep_last,
                      "resume": ckpt}), state
