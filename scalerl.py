@@ -2189,8 +2189,8 @@ def metrics_row(s, cfg, step, r):
     s.ro.decoded = s.ro.steps = 0
     if cfg.generators:  # each side's idle fraction: the trainer waiting for groups, the generators with nothing to do
         idle, period = s.engine.take_idle()
-        row["trainer_idle_frac"], row["generator_idle_frac"] = r["t_gen"] / r["t_step"], all_sum(idle) / (
-            cfg.generators * period)
+        row["trainer_idle_frac"], row["generator_idle_frac"] = r["t_gen"] / r["t_step"], max(0.0, all_sum(idle) / (
+            cfg.generators * period))
     if "gpu_peak_gb" in update:  # the largest over the ranks
         row["gpu_peak_gb"] = all_max(update["gpu_peak_gb"])
     return row
