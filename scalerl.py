@@ -2265,7 +2265,7 @@ class Book:
         cause, why = stall_reason(self.rows, self.cfg) or (None, None)
         if cause and self.writer and cause not in self.warned:  # once for each cause
             self.warned.add(cause)
-            print(f"warning: the last 5 steps trained on under half of their prompts: {why}", flush=True)
+            print(f"warning: the last 10 steps trained on under half of their prompts: {why}", flush=True)
         if not step:
             return False
         self.done = step
@@ -2332,13 +2332,16 @@ def progress_line(row, steps):
             f"{row['sync_seconds']:.2f})")
 
 
-def stall_reason(rows, cfg, n=5):
-    """Why the last n steps trained on under half of their prompts, as (cause, what to change); None when they did
-    not, or when the groups are flat because the prompts are solved (a run that has learned its task)."""
+def stall_reason(rows, cfg, n=10):
+    """Why the last n steps trained on under half of their prompts without their reward rising, as (cause, what to
+    change); None when they did not, when the reward rose (a run that starts slowly, as the default one does), or
+    when the groups are flat because the prompts are solved (a run that has learned its task)."""
     last = [r for r in rows if r["step"]][-n:]
     if len(last) < n or any(r["active_prompts"] >= cfg.prompts_per_step / 2 for r in last):
         return None
-    mean = lambda k: sum(r[k] for r in last) / n  # noqa: E731
+    mean = lambda k, part=last: sum(r[k] for r in part) / len(part)  # noqa: E731
+    if mean("reward_mean", last[n // 2:]) > mean("reward_mean", last[:n // 2]):
+        return None
     if cfg.mask_truncated and mean("truncated_frac") > 0.5:
         return "truncated", (f"{mean('truncated_frac'):.0%} of the completions reach --max-new-tokens "
                              f"{cfg.max_new_tokens} and are left out of the batch (--mask-truncated), so nothing "
@@ -2347,7 +2350,7 @@ def stall_reason(rows, cfg, n=5):
     if removed > 0.9 * pool:
         return "npr", (f"NPR has removed {removed} of the {pool} training prompts (--npr-threshold "
                        f"{cfg.npr_threshold}): add prompts, or raise the threshold")
-    if mean("reward_mean") < 0.05:
+    if mean("reward_mean") < 0.01:
         return "flat", ("almost every group is flat at reward 0, so there is nothing to learn from: a stronger "
                         "--model, easier prompts, more --generations-per-prompt, or check --reward on a few "
                         "completions")

@@ -370,10 +370,18 @@ def test_bad_input_is_one_line_error_with_status_2(case, tmp_path, run_file):
 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT delivery differs on Windows")
 def test_ctrl_c_exits_without_traceback(run_file):
+    def as_from_a_shell():  # SIGINT neither blocked nor ignored in the child, whatever this process inherited or
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])  # was left with by libraries that earlier tests loaded
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # (in the full suite, the child once never saw the signal)
     proc = subprocess.Popen([sys.executable, SCRIPT, str(run_file[0]), "--bootstrap", "1000000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_shell)
     assert "bootstrap" in proc.stderr.readline()  # its first progress line: the bootstrap is under way (no timing)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"no exit 60 s after SIGINT (this process: SIGINT handler {signal.getsignal(signal.SIGINT)}, "
+                    f"blocked {signal.pthread_sigmask(signal.SIG_BLOCK, [])})")
     assert proc.returncode == 130
     assert "Traceback" not in err and "interrupted" in err

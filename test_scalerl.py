@@ -629,15 +629,19 @@ def test_live_fit_at_the_pass_rates_bound_says_so():
 
 
 def test_a_run_that_cannot_learn_says_why(tmp_path, capsys):
-    """Five steps on under half of the prompts: one line naming the cause and the flag, once; not for a run whose
-    groups are flat because it has solved its prompts. The cause in a real run: a random policy that never ends
-    within 2 tokens, its truncated completions masked."""
+    """Ten steps on under half of the prompts, the reward not rising: one line naming the cause and the flag, once;
+    not for a run whose reward rises (the default run's first steps) or whose groups are flat because it has solved
+    its prompts. The cause in a real run: a random policy that never ends within 2 tokens, truncation masked."""
     cfg = S.Config(prompts_per_step=8, mask_truncated=True, max_new_tokens=16, npr_threshold=0.9)
     base = {"step": 1, "active_prompts": 3, "truncated_frac": 0.1, "reward_mean": 0.3, "npr_removed": 10,
             "pool_size": 90}
-    rows = lambda **kw: [{"step": 0}] + [{**base, **kw, "step": k} for k in range(1, 6)]  # noqa: E731
+    rows = lambda **kw: [{"step": 0}] + [{**base, **kw, "step": k} for k in range(1, 11)]  # noqa: E731
     assert S.stall_reason(rows(), cfg) is None  # neither cause: 3 of 8 active, rewards mixed
-    assert S.stall_reason(rows()[:5], S.Config(prompts_per_step=8)) is None  # four steps only
+    assert S.stall_reason(rows(reward_mean=0.005)[:10], cfg) is None  # nine steps only
+    rising = rows(reward_mean=0.0)
+    for r in rising[6:]:
+        r["reward_mean"] = 0.02  # the default run's first steps: flat groups, but the reward rises
+    assert S.stall_reason(rising, cfg) is None
     assert S.stall_reason(rows(active_prompts=4, reward_mean=0.0), cfg) is None  # half of the prompts: not under
     assert S.stall_reason(rows(reward_mean=1.0), cfg) is None  # solved
     cause, why = S.stall_reason(rows(truncated_frac=0.94), cfg)
@@ -647,8 +651,8 @@ def test_a_run_that_cannot_learn_says_why(tmp_path, capsys):
     assert S.stall_reason(rows(npr_removed=95, pool_size=5), cfg) == (
         "npr", "NPR has removed 95 of the 100 training prompts (--npr-threshold 0.9): add prompts, or raise the "
         "threshold")
-    assert S.stall_reason(rows(reward_mean=0.01), cfg)[0] == "flat"
-    S.run(small_cfg(tmp_path, engine="hf", steps=7, prompts_per_step=4, generations_per_prompt=4, val_size=4,
+    assert S.stall_reason(rows(reward_mean=0.005), cfg)[0] == "flat"
+    S.run(small_cfg(tmp_path, engine="hf", steps=10, prompts_per_step=4, generations_per_prompt=4, val_size=4,
                     eval_samples=1, eval_every=100, max_new_tokens=2, length_control="truncate", mask_truncated=True,
                     live_fit=False))
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("warning: ")]
