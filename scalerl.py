@@ -2262,10 +2262,10 @@ class Book:
               f"{row['val_pass_rate']:.3f}", flush=True)
         if self.writer:
             report_grading_errors(step, errors)
-        cause, why = stall_reason(self.rows, self.cfg) or (None, None)
-        if cause and self.writer and cause not in self.warned:  # once for each cause
+        cause, why = (stall_reason(self.rows, self.cfg) if self.writer else None) or (None, None)
+        if cause and cause not in self.warned:  # once for each cause
             self.warned.add(cause)
-            print(f"warning: the last 10 steps trained on under half of their prompts: {why}", flush=True)
+            print(f"warning: the last {STALL_STEPS} steps trained on under half of their prompts: {why}", flush=True)
         if not step:
             return False
         self.done = step
@@ -2332,7 +2332,10 @@ def progress_line(row, steps):
             f"{row['sync_seconds']:.2f})")
 
 
-def stall_reason(rows, cfg, n=10):
+STALL_STEPS = 10  # steps on under half of the prompts, the reward not rising, before stall_reason names a cause
+
+
+def stall_reason(rows, cfg, n=STALL_STEPS):
     """Why the last n steps trained on under half of their prompts without their reward rising, as (cause, what to
     change); None when they did not, when the reward rose (a run that starts slowly, as the default one does), or
     when the groups are flat because the prompts are solved (a run that has learned its task)."""
