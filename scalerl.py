@@ -39,6 +39,7 @@ import collections
 import contextlib
 import dataclasses
 import importlib.util
+import inspect
 import itertools
 import json
 import logging
@@ -59,7 +60,7 @@ import torch.nn.functional as F
 # ==================================================================================================
 
 
-def _f(default, help, choices=None, nargs=None):
+def flag(default, help, choices=None, nargs=None):
     return field(default=default, metadata={"help": help, "choices": choices, "nargs": nargs})
 
 
@@ -67,115 +68,115 @@ def _f(default, help, choices=None, nargs=None):
 class Config:
     """Every field is a command-line flag (--prompts-per-step, ...); defaults are ScaleRL's."""
     # the recipe's components [Sec. 3, 4]
-    off_policy: str = _f("pipeline", "pipeline: PipelineRL-k, generation streams on while each update's weights are "
+    off_policy: str = flag("pipeline", "pipeline: PipelineRL-k, generation streams on while each update's weights are "
                                      "pushed into the engine in flight (ScaleRL); ppo: PPO-off-policy-k, generate K "
                                      "batches with the same weights, then take K optimiser steps", ["pipeline", "ppo"])
-    max_lag: int = _f(8, "K: a trained token is at most K updates older than the weights being updated (the paper: "
+    max_lag: int = flag(8, "K: a trained token is at most K updates older than the weights being updated (the paper: "
                          "8; 4 did as well); 0: the synchronous loop (generate a batch, train on it, push the weights)")
-    refresh_kv: bool = _f(False, "pipeline: at each update, re-prefill the running sequences with the new weights "
+    refresh_kv: bool = flag(False, "pipeline: at each update, re-prefill the running sequences with the new weights "
                                  "(default: they keep the KV cache computed with older weights, as PipelineRL does)")
-    length_control: str = _f("interrupt", "interrupt: forced interruption at a thinking budget (ScaleRL); penalty: "
+    length_control: str = flag("interrupt", "interrupt: forced interruption at a thinking budget (ScaleRL); penalty: "
                                           "DAPO overlong penalty; truncate: plain cut at --max-new-tokens",
                              ["interrupt", "penalty", "truncate"])
-    think_budget: tuple = _f((0, 0), "interrupt: thinking budget drawn per completion in [LO, HI] (0 0: HI = "
+    think_budget: tuple = flag((0, 0), "interrupt: thinking budget drawn per completion in [LO, HI] (0 0: HI = "
                                      "--max-new-tokens - --answer-budget, LO = 5/6 HI, as the paper's 10k-12k)",
                              nargs=2)
-    answer_budget: int = _f(0, "interrupt: tokens allowed after the interruption (0: --max-new-tokens / 8, "
+    answer_budget: int = flag(0, "interrupt: tokens allowed after the interruption (0: --max-new-tokens / 8, "
                                "at least 2)")
-    interruption_phrase: str = _f("Okay, time is up. Let me stop thinking and formulate a final answer now. "
+    interruption_phrase: str = flag("Okay, time is up. Let me stop thinking and formulate a final answer now. "
                                   "</think>", "interrupt: text appended to an interrupted completion")
-    think_end: str = _f("</think>", "interrupt: the marker that closes the reasoning")
-    max_len: int = _f(0, "penalty: L_max, longer correct answers get -1 (0: --max-new-tokens)")
-    cache_len: int = _f(0, "penalty: L_cache, the linear penalty zone before L_max (0: L_max / 5)")
-    mask_truncated: bool = _f(None, "leave completions that did not end (no EOS within the limits) out of the batch: "
+    think_end: str = flag("</think>", "interrupt: the marker that closes the reasoning")
+    max_len: int = flag(0, "penalty: L_max, longer correct answers get -1 (0: --max-new-tokens)")
+    cache_len: int = flag(0, "penalty: L_cache, the linear penalty zone before L_max (0: L_max / 5)")
+    mask_truncated: bool = flag(None, "leave completions that did not end (no EOS within the limits) out of the batch: "
                                     "out of the group mean, the zero-variance test, the batch std and the loss (the "
                                     "paper's 'effective batch after excluding truncated samples'). Default: on with "
                                     "--model; off for the embedded model, whose random initial policy almost never "
                                     "ends by itself, so that masking would leave it nothing to learn to stop from")
-    zero_variance_filter: bool = _f(True, "drop prompts whose G rewards are all equal from the loss")
-    adv_norm: str = _f("batch", "advantage normalisation", ["batch", "prompt", "none"])
-    loss_agg: str = _f("prompt", "loss aggregation", ["prompt", "sample", "token"])
-    npr_threshold: float = _f(0.9, "No-Positive-Resampling: drop a prompt from later epochs once its pass "
+    zero_variance_filter: bool = flag(True, "drop prompts whose G rewards are all equal from the loss")
+    adv_norm: str = flag("batch", "advantage normalisation", ["batch", "prompt", "none"])
+    loss_agg: str = flag("prompt", "loss aggregation", ["prompt", "sample", "token"])
+    npr_threshold: float = flag(0.9, "No-Positive-Resampling: drop a prompt from later epochs once its pass "
                                    "rate reaches this (>= 1 disables)")
-    loss: str = _f("cispo", "policy loss: cispo (ScaleRL), dapo (PPO clipping with DAPO's asymmetric range), gspo "
+    loss: str = flag("cispo", "policy loss: cispo (ScaleRL), dapo (PPO clipping with DAPO's asymmetric range), gspo "
                             "(a sequence-level ratio, clipped)", ["cispo", "dapo", "gspo"])
-    eps_max: float = _f(5.0, "CISPO: truncation of the importance weight from above (the paper: 4, 5 and 8 alike)")
-    eps_low: float = _f(0.0, "DAPO/GSPO: lower clip, ratio >= 1 - eps_low (0: the loss's own, dapo 0.2, gspo 3e-4)")
-    eps_high: float = _f(0.0, "DAPO/GSPO: upper clip, ratio <= 1 + eps_high (0: dapo 0.28, gspo 4e-4)")
-    lm_head_fp32: bool = _f(True, "compute the LM head (hidden -> logits) in float32, trainer and generator")
+    eps_max: float = flag(5.0, "CISPO: truncation of the importance weight from above (the paper: 4, 5 and 8 alike)")
+    eps_low: float = flag(0.0, "DAPO/GSPO: lower clip, ratio >= 1 - eps_low (0: the loss's own, dapo 0.2, gspo 3e-4)")
+    eps_high: float = flag(0.0, "DAPO/GSPO: upper clip, ratio <= 1 + eps_high (0: dapo 0.28, gspo 4e-4)")
+    lm_head_fp32: bool = flag(True, "compute the LM head (hidden -> logits) in float32, trainer and generator")
     # sampling, optimiser and evaluation
-    steps: int = _f(150, "number of training steps (optimiser updates)")
-    prompts_per_step: int = _f(32, "prompts per step, P (the paper: 48)")
-    generations_per_prompt: int = _f(16, "completions sampled per prompt, G (the paper: 16)")
-    max_new_tokens: int = _f(8, "generation limit per completion")
-    temperature: float = _f(1.0, "sampling temperature (generator and trainer log-probs use it)")
-    lr: float = _f(5e-4, "learning rate, constant after warm-up (the paper: 5e-7 for an 8B model)")
-    warmup_steps: int = _f(10, "linear learning-rate warm-up steps (the paper: 100)")
-    weight_decay: float = _f(0.01, "AdamW weight decay")
-    adam_eps: float = _f(1e-15, "AdamW epsilon (the paper: 1e-15)")
-    grad_clip: float = _f(1.0, "clip the global gradient norm to this (our choice: the paper gives no value)")
-    eval_every: int = _f(10, "evaluate every this many steps (and at step 0 and the last step)")
-    eval_samples: int = _f(8, "samples per held-out prompt: k of mean@k (the paper: 16)")
+    steps: int = flag(150, "number of training steps (optimiser updates)")
+    prompts_per_step: int = flag(32, "prompts per step, P (the paper: 48)")
+    generations_per_prompt: int = flag(16, "completions sampled per prompt, G (the paper: 16)")
+    max_new_tokens: int = flag(8, "generation limit per completion")
+    temperature: float = flag(1.0, "sampling temperature (generator and trainer log-probs use it)")
+    lr: float = flag(5e-4, "learning rate, constant after warm-up (the paper: 5e-7 for an 8B model)")
+    warmup_steps: int = flag(10, "linear learning-rate warm-up steps (the paper: 100)")
+    weight_decay: float = flag(0.01, "AdamW weight decay")
+    adam_eps: float = flag(1e-15, "AdamW epsilon (the paper: 1e-15)")
+    grad_clip: float = flag(1.0, "clip the global gradient norm to this (our choice: the paper gives no value)")
+    eval_every: int = flag(10, "evaluate every this many steps (and at step 0 and the last step)")
+    eval_samples: int = flag(8, "samples per held-out prompt: k of mean@k (the paper: 16)")
     # --- plumbing: model, engines, data, grading, checkpoints, logging (they do not change the recipe) ---
-    model: str = _f("", "HF hub id or local directory; empty = the embedded tiny Llama (CPU default)")
-    engine: str = _f("auto", "rollout engine: vllm (in-process) or hf (Hugging Face generate, synchronous loop "
+    model: str = flag("", "HF hub id or local directory; empty = the embedded tiny Llama (CPU default)")
+    engine: str = flag("auto", "rollout engine: vllm (in-process) or hf (Hugging Face generate, synchronous loop "
                              "only); auto = vllm when it is installed", ["auto", "vllm", "hf"])
-    generators: int = _f(0, "the generator-trainer split [Sec. 2]: N generator processes, each with its own vLLM "
+    generators: int = flag(0, "the generator-trainer split [Sec. 2]: N generator processes, each with its own vLLM "
                             "engine on its own device (CUDA: the GPUs after the trainer's; CPU: each its share of "
                             "the cores), decoding while the trainer trains; 0: colocated, the engine in the trainer")
-    out: str = _f("", "run directory (default runs/<timestamp>)")
-    seed: int = _f(0, "random seed (data order, sampling, the embedded model's initial weights)")
-    device: str = _f("auto", "auto | cpu | cuda | cuda:N")
-    dtype: str = _f("auto", "compute dtype (auto: bfloat16 on CUDA, float32 on CPU)",
+    out: str = flag("", "run directory (default runs/<timestamp>)")
+    seed: int = flag(0, "random seed (data order, sampling, the embedded model's initial weights)")
+    device: str = flag("auto", "auto | cpu | cuda | cuda:N")
+    dtype: str = flag("auto", "compute dtype (auto: bfloat16 on CUDA, float32 on CPU)",
                     ["auto", "float32", "bfloat16", "float16"])
-    param_dtype: str = _f("float32", "dtype of the trained weights and optimiser state", ["float32", "bfloat16"])
-    tie_word_embeddings: bool = _f(False, "embedded model only: tie the input embedding and the LM head")
-    logprob_chunk: int = _f(1024, "tokens per chunk when computing log-probs (memory ~ chunk x vocab)")
-    micro_batch_tokens: int = _f(8192, "padded tokens per micro-batch (gradient accumulation)")
-    vllm_gpu_memory_utilization: float = _f(0.3, "vLLM on CUDA: fraction of GPU memory for the engine (weights + "
+    param_dtype: str = flag("float32", "dtype of the trained weights and optimiser state", ["float32", "bfloat16"])
+    tie_word_embeddings: bool = flag(False, "embedded model only: tie the input embedding and the LM head")
+    logprob_chunk: int = flag(1024, "tokens per chunk when computing log-probs (memory ~ chunk x vocab)")
+    micro_batch_tokens: int = flag(8192, "padded tokens per micro-batch (gradient accumulation)")
+    vllm_gpu_memory_utilization: float = flag(0.3, "vLLM on CUDA: fraction of GPU memory for the engine (weights + "
                                                  "KV cache); the trainer uses the rest")
-    vllm_max_model_len: int = _f(0, "vLLM: context length (0: the longest prompt + completion)")
-    vllm_sleep: bool = _f(None, "vLLM on CUDA: free the KV cache while training, wake before the next generation "
+    vllm_max_model_len: int = flag(0, "vLLM: context length (0: the longest prompt + completion)")
+    vllm_sleep: bool = flag(None, "vLLM on CUDA: free the KV cache while training, wake before the next generation "
                                 "(default: on with CUDA when nothing is in flight during training; refused on CPU)")
-    vllm_kv_cache_mb: int = _f(256, "vLLM on CPU: KV cache size in MiB")
-    vllm_max_num_seqs: int = _f(0, "vLLM: sequences decoded at once, at most (0: vLLM's default, 256 on CPU and "
+    vllm_kv_cache_mb: int = flag(256, "vLLM on CPU: KV cache size in MiB")
+    vllm_max_num_seqs: int = flag(0, "vLLM: sequences decoded at once, at most (0: vLLM's default, 256 on CPU and "
                                    "1024 on H100-class GPUs); more is faster per token and takes more groups in flight")
-    task: str = _f("largest", "the built-in task, without --data: largest (the largest digit of a list), hidden (the "
+    task: str = flag("largest", "the built-in task, without --data: largest (the largest digit of a list), hidden (the "
                               "same with two digits hidden, so that the best possible pass rate is below 1) or "
                               "second (the second-largest distinct digit)", ["largest", "hidden", "second"])
-    data: str = _f("", "training prompts: a .jsonl/.json/.csv/.parquet file, a datasets.save_to_disk directory or a "
+    data: str = flag("", "training prompts: a .jsonl/.json/.csv/.parquet file, a datasets.save_to_disk directory or a "
                        "hub dataset NAME[:SPLIT] (needs `datasets` and network); empty = the built-in task")
-    val_data: str = _f("", "held-out prompts, same formats (default: --val-size prompts split off --data)")
-    prompt_key: str = _f("", "prompt field (default: the first of prompt, problem, question)")
-    answer_key: str = _f("", "answer field (default: the first of answer, final_answer, ground_truth, solution)")
-    skip_bad_rows: bool = _f(False, "drop malformed rows with a count instead of stopping")
-    train_size: int = _f(0, "training prompts (0: all of --data; 4096 for the built-in task)")
-    val_size: int = _f(0, "held-out validation prompts, never trained on (0: 200, or all of --val-data; the paper: "
+    val_data: str = flag("", "held-out prompts, same formats (default: --val-size prompts split off --data)")
+    prompt_key: str = flag("", "prompt field (default: the first of prompt, problem, question)")
+    answer_key: str = flag("", "answer field (default: the first of answer, final_answer, ground_truth, solution)")
+    skip_bad_rows: bool = flag(False, "drop malformed rows with a count instead of stopping")
+    train_size: int = flag(0, "training prompts (0: all of --data; 4096 for the built-in task)")
+    val_size: int = flag(0, "held-out validation prompts, never trained on (0: 200, or all of --val-data; the paper: "
                           "1,000)")
-    system_prompt: str = _f("", "--data: system message put before each prompt")
-    instruction: str = _f(" Please reason step by step, and put your final answer within \\boxed{}.",
+    system_prompt: str = flag("", "--data: system message put before each prompt")
+    instruction: str = flag(" Please reason step by step, and put your final answer within \\boxed{}.",
                           "--data: appended to each prompt (default: ask for the answer in \\boxed{}; '' for none)")
-    chat_template: bool = _f(True, "--data: format prompts with the model's chat template when it has one "
+    chat_template: bool = flag(True, "--data: format prompts with the model's chat template when it has one "
                                    "(--no-chat-template for base models)")
-    reward: str = _f("auto", "math: the final answer checked with math-verify; exact: string match; digit: the last "
+    reward: str = flag("auto", "math: the final answer checked with math-verify; exact: string match; digit: the last "
                              "digit after the reasoning, for the built-in tasks (auto: math with --data, else digit); "
                              "the choices are the REWARDS table's", lambda: ["auto", *REWARDS])
-    reward_workers: int = _f(-1, "grading processes (-1: min(16, CPUs) for math/exact, 0 for the built-in task; "
+    reward_workers: int = flag(-1, "grading processes (-1: min(16, CPUs) for math/exact, 0 for the built-in task; "
                                  "0: grade in this process, with no time limit: --reward-timeout does not apply, "
                                  "and it is refused with --reward math, whose checker can hang)")
-    reward_timeout: float = _f(10.0, "seconds allowed to grade one completion; over it, reward 0 and an error")
-    save_every: int = _f(0, "save a checkpoint every N steps (0: only at the end and when stopped by a signal)")
-    keep_last: int = _f(2, "keep the newest K checkpoints")
-    resume: str = _f("", "continue a run from a checkpoint directory, or 'auto': the newest in --out. Every setting "
+    reward_timeout: float = flag(10.0, "seconds allowed to grade one completion; over it, reward 0 and an error")
+    save_every: int = flag(0, "save a checkpoint every N steps (0: only at the end and when stopped by a signal)")
+    keep_last: int = flag(2, "keep the newest K checkpoints")
+    resume: str = flag("", "continue a run from a checkpoint directory, or 'auto': the newest in --out. Every setting "
                          "comes from the checkpoint except --steps (to extend a run), --save-every and --keep-last; "
                          "another flag given with a value other than the run's is refused")
-    max_skipped_updates: int = _f(3, "stop after this many non-finite updates (loss or gradient) in a row")
-    live_fit: bool = _f(True, "at each evaluation, fit the scaling curve to the run so far (fit_curve.py) and log the "
-                              "predicted asymptote: fit_A, fit_B, fit_C_mid, fit_A_ci")
-    wandb: str = _f("", "also log every metrics row to this Weights & Biases project (needs `pip install wandb`; "
+    max_skipped_updates: int = flag(3, "stop after this many non-finite updates (loss or gradient) in a row")
+    live_fit: bool = flag(True, "at each evaluation, fit the scaling curve to the run so far (fit_curve.py) and log "
+                                "the predicted asymptote: fit_A, fit_B, fit_C_mid, fit_A_ci")
+    wandb: str = flag("", "also log every metrics row to this Weights & Biases project (needs `pip install wandb`; "
                         "WANDB_MODE=offline works without network); metrics.jsonl stays the record")
-    wandb_name: str = _f("", "--wandb: the run's name (default: the --out directory's name)")
-    verbose: bool = _f(False, "show vLLM's and the libraries' own log lines and warnings (default: ours and errors)")
+    wandb_name: str = flag("", "--wandb: the run's name (default: the --out directory's name)")
+    verbose: bool = flag(False, "show vLLM's and the libraries' own log lines and warnings (default: ours and errors)")
 
 
 # Named random streams: every random draw comes from np.random.SeedSequence([seed, RNG_..., ...]).
@@ -191,28 +192,22 @@ def step_seed(seed, stream, n):
 # --------------------------------------------------------------------------------------------------
 
 
-def rl_step(s, cfg):
-    """One update. Returns what happened, for the metrics row, or None when no prompt is left to train on."""
-    t0 = time.time()
-    groups, stale = next_batch(s, cfg)                                         # 1. [Sec. 3.1, 4] P complete groups
+def rl_step(state, cfg):
+    """One update. Returns what happened, for the metrics row (run() times it), or None when no prompt is left."""
+    groups, stale = next_batch(state, cfg)                                     # 1. [Sec. 3.1, 4] P complete groups
     if all_max(groups is None):  # no prompt left (under torchrun: on some rank; every rank stops)
         return None
-    s.engine.sleep()                                                           # (vLLM sleep mode, when idle)
-    t_gen = time.time() - t0
+    state.engine.sleep()                                                       # (vLLM sleep mode, when idle)
     prompts, comps, idx = [g.prompt for g in groups], [g.completions for g in groups], [g.info for g in groups]
-    correct, rewards, errors = score(s.tok, comps, [s.train[i][1] for i in idx], s.grader, cfg)  # 2. [Sec. 2]
+    correct, rewards, errors = score(state.tok, comps, [state.train[i] for i in idx], state.grader, cfg)  # 2. [2]
     samples, stats = build_batch(prompts, comps, rewards, cfg)                 # 3. [Sec. 3.2] the batch
-    update_curriculum(s.cur, *all_gather(idx, correct.mean(axis=1).tolist()), cfg.npr_threshold)  # 4. NPR [3.2]
-    lags = [s.version - v for x in samples for v, m in zip(x["versions"], x["mask"]) if m]
-    in_flight, t1 = len(s.ro.open), time.time()
-    update = train_step(s.policy, s.opt, s.sched, samples, cfg, s.tok.pad_token_id, s.autocast) \
-        if all_sum(len(samples)) else {}
-    t2 = time.time()                                                           # 5. [Sec. 3.2] CISPO, FP32 head
-    s.version += bool(update) and not update["skipped"]
-    push_weights(s, cfg)                                                       # 6. [Sec. 3.1] in flight
+    update_curriculum(state.curriculum, *all_gather(idx, correct.mean(axis=1).tolist()), cfg.npr_threshold)  # 4. NPR
+    update = train_step(state.policy, state.opt, state.sched, samples, cfg, state.tok.pad_token_id, state.autocast) \
+        if all_sum(len(samples)) else {}                                       # 5. [Sec. 3.2] CISPO, FP32 head
+    trained, state.version = state.version, state.version + (bool(update) and not update["skipped"])
+    push_seconds = push_weights(state, cfg)                                    # 6. [Sec. 3.1] in flight
     return dict(groups=groups, rewards=rewards, errors=errors, samples=samples, stats=stats, update=update,
-                lags=lags, stale=stale, in_flight=in_flight, t_gen=t_gen, t_train=t2 - t1, t_sync=time.time() - t2,
-                t_step=time.time() - t0)
+                stale=stale, trained_version=trained, push_seconds=push_seconds)
 
 # --------------------------------------------------------------------------------------------------
 # 1. Rollouts with forced length interruptions [Sec. 2, 4]: a group is one prompt's G completions, streamed
@@ -269,7 +264,7 @@ class Rollouts:
         self.phrase = tok(cfg.interruption_phrase, add_special_tokens=False).input_ids
         self.think_end = tok(cfg.think_end, add_special_tokens=False).input_ids
         self.open, self.done = {}, []  # key -> Group being generated; complete groups, in completion order
-        self.decoded = self.steps = 0  # tokens decoded and engine steps, for engine_batch_mean
+        self.decoded = self.steps = self.seconds = 0  # tokens decoded, engine steps and their time, for the metrics
 
     def add(self, key, prompt, n, seed, info=None):
         """Start a group: n completions of prompt (token ids), with the random stream `seed` (thinking budgets and
@@ -284,8 +279,10 @@ class Rollouts:
             self.engine.submit((key, j), g.prompt, budgets[j], seeds[j][0])
 
     def poll(self):
+        t0 = time.time()
         pieces, decoded, steps = self.engine.step()
         self.decoded, self.steps = self.decoded + decoded, self.steps + steps
+        self.seconds += time.time() - t0
         for (key, j), p in pieces:
             g = self.open[key]
             c = g.completions[j]
@@ -317,28 +314,30 @@ class Rollouts:
         return [got[k] for k in keys]
 
 
-def rollout(ro, prompts, n, seed, kind="eval", ids=None):
+def rollout(rollouts, prompts, n, seed, kind="eval", ids=None):
     """Generate n completions for each prompt with length control, now; returns the list of groups' completions.
     ids: the prompts' numbers, which choose their random streams (default 0, 1, ...)."""
     keys = [(kind, seed, i) for i in (range(len(prompts)) if ids is None else ids)]
     for k, p in zip(keys, prompts):
-        ro.add(k, p, n, step_seed(seed, RNG_ROLLOUT, k[2]))
-    return [g.completions for g in ro.wait(keys)]
+        rollouts.add(k, p, n, step_seed(seed, RNG_ROLLOUT, k[2]))
+    return [g.completions for g in rollouts.wait(keys)]
 
 # --------------------------------------------------------------------------------------------------
 # 2. Scoring [Sec. 2]: a verifiable, binary reward (the reward functions and the grading pool are in Part II)
 # --------------------------------------------------------------------------------------------------
 
 
-def score(tok, groups, answers, grader, cfg):
-    """Correctness and reward of every completion: two arrays [n_prompts, G], and the grading errors. A completion
-    that did not end by itself (EOS) has no final answer: 0, ungraded. With --length-control penalty the overlong
-    penalty is added to the correct answers only (as the paper ablated it); otherwise reward = correct."""
+def score(tok, groups, data, grader, cfg):
+    """Correctness and reward of every completion: two arrays [n_prompts, G], and the grading errors. data: each
+    group's (prompt, answer, row) item; the reward sees the completion's text, the answer and the whole row. A
+    completion that did not end by itself (EOS) has no final answer: 0, ungraded. With --length-control penalty the
+    overlong penalty is added to the correct answers only (as the paper ablated it); otherwise reward = correct."""
     specials, items, where = set(tok.all_special_ids), [], []
-    for i, (g, a) in enumerate(zip(groups, answers)):
+    for i, (g, (_, answer, row)) in enumerate(zip(groups, data)):
         for j, c in enumerate(g):
             if c.finished:  # the stop token that ends it is not part of the text graded
-                items.append((tok.decode(c.tokens[:-1] if c.tokens and c.tokens[-1] in specials else c.tokens), a))
+                text = tok.decode(c.tokens[:-1] if c.tokens and c.tokens[-1] in specials else c.tokens)
+                items.append((text, answer, row))
                 where.append((i, j))
     rewards, errors = grader(items)
     correct = np.zeros((len(groups), len(groups[0]) if groups else 0))
@@ -409,11 +408,22 @@ def completion_weights(groups_lengths, agg):
     return [[1.0 / max(n_tokens, 1)] * len(g) for g in groups_lengths]
 
 
+@dataclass
+class Sample:
+    """One completion of the training batch (sequence_logprobs needs only prompt and tokens)."""
+    prompt: list                # prompt token ids
+    tokens: list                # completion token ids
+    gen_logprobs: list = None   # the generator's log pi_gen of each token
+    mask: list = None           # 1 = sampled (trained on), 0 = injected (context only)
+    versions: list = None       # weight version that sampled each token
+    advantage: float = 0.0      # the completion's normalised advantage
+    weight: float = 0.0         # its tokens' aggregation weight (completion_weights)
+
+
 def build_batch(prompt_ids, groups, rewards, cfg):
     """From one step's rollouts to the training batch: truncated completions out (--mask-truncated), zero-variance
-    filter, advantages, aggregation weights. Returns (samples, stats); each sample is a plain dict (prompt ids,
-    completion, its loss mask and weight versions, advantage, weight). Tokens with mask 0 (injected, not sampled)
-    and excluded completions count in no normaliser."""
+    filter, advantages, aggregation weights. Returns (samples, stats): a list of Sample and the filters' counts.
+    Tokens with mask 0 (injected, not sampled) and excluded completions count in no normaliser."""
     valid = np.array([[c.finished or not cfg.mask_truncated for c in g] for g in groups]).reshape(rewards.shape)
     varied = zero_variance_keep(rewards, valid)
     kept = np.flatnonzero(varied if cfg.zero_variance_filter else valid.any(axis=1))
@@ -423,10 +433,8 @@ def build_batch(prompt_ids, groups, rewards, cfg):
     members = [[j for j in range(len(groups[i])) if valid[i, j]] for i in kept]
     weights = completion_weights([[sum(groups[i][j].mask) for j in js] for i, js in zip(kept, members)],
                                  cfg.loss_agg)
-    samples = [{"prompt": prompt_ids[i], "tokens": groups[i][j].tokens, "gen_logprobs": groups[i][j].logprobs,
-                "mask": groups[i][j].mask, "versions": groups[i][j].versions, "advantage": float(adv[a, j]),
-                "weight": w}
-               for a, (i, js) in enumerate(zip(kept, members)) for j, w in zip(js, weights[a])]
+    samples = [Sample(prompt_ids[i], c.tokens, c.logprobs, c.mask, c.versions, float(adv[a, j]), w)
+               for a, (i, js) in enumerate(zip(kept, members)) for j, w in zip(js, weights[a]) for c in [groups[i][j]]]
     return samples, stats
 
 # --------------------------------------------------------------------------------------------------
@@ -449,33 +457,34 @@ class Curriculum:
     removed: set = field(default_factory=set)
 
 
-def next_prompts(cur, k):
+def next_prompts(curriculum, k):
     """The next k prompt indices (fewer only when NPR has removed every prompt). Each epoch is a fresh shuffle of the
     prompts NPR has not removed; a prompt removed during an epoch is skipped if its turn in that epoch is still to
     come (with the off-policy loop its result can arrive after the next epoch has been shuffled)."""
-    out = []
+    out, removed = [], curriculum.removed
     while len(out) < k:
-        if cur.pos >= len(cur.order):
-            active = [i for i in range(cur.rank, cur.n_prompts, cur.world) if i not in cur.removed]
+        if curriculum.pos >= len(curriculum.order):
+            rank, world = curriculum.rank, curriculum.world  # rank r's shard: prompts r, r + W, ...
+            active = [i for i in range(rank, curriculum.n_prompts, world) if i not in removed]
             if not active:
                 return out
-            seed = [cur.seed, RNG_EPOCH, cur.epoch] + ([cur.rank] if cur.world > 1 else [])  # each shard its own
-            cur.order = np.random.default_rng(seed).permutation(active).tolist()
-            cur.epoch, cur.pos = cur.epoch + 1, 0
-        i, cur.pos = cur.order[cur.pos], cur.pos + 1
-        if i not in cur.removed:
+            seed = [curriculum.seed, RNG_EPOCH, curriculum.epoch] + ([rank] if world > 1 else [])  # a shard its own
+            curriculum.order = np.random.default_rng(seed).permutation(active).tolist()
+            curriculum.epoch, curriculum.pos = curriculum.epoch + 1, 0
+        i, curriculum.pos = curriculum.order[curriculum.pos], curriculum.pos + 1
+        if i not in removed:
             out.append(i)
     return out
 
 
-def update_curriculum(cur, indices, pass_rates, threshold):
+def update_curriculum(curriculum, indices, pass_rates, threshold):
     """No-Positive-Resampling: record each prompt's pass rate; one that reaches the threshold (0.9) is
     removed permanently from later epochs. The paper does not define the history; here it is
     the last observed pass rate."""
     for i, r in zip(indices, pass_rates):
-        cur.pass_rate[i] = float(r)
+        curriculum.pass_rate[i] = float(r)
         if threshold < 1.0 and r >= threshold:
-            cur.removed.add(i)
+            curriculum.removed.add(i)
 
 # --------------------------------------------------------------------------------------------------
 # 5. Losses [Sec. 3.2]: log-probs with an FP32 LM head; CISPO, and DAPO and GSPO for the ablation
@@ -588,14 +597,14 @@ def sequence_logprobs(policy, samples, cfg, pad_id):
     the model itself)."""
     policy = policy if isinstance(policy, Policy) else Policy(policy)
     device = next(policy.parameters()).device
-    seqs = [s["prompt"] + s["tokens"] for s in samples]
+    seqs = [s.prompt + s.tokens for s in samples]
     width = max(map(len, seqs))
     ids = torch.tensor([q + [pad_id] * (width - len(q)) for q in seqs], device=device)  # right padding
     attn = torch.tensor([[1] * len(q) + [0] * (width - len(q)) for q in seqs], device=device)
     # position p predicts token p+1: mark the positions whose next token is a completion token
     pred = torch.zeros(len(seqs), width - 1, dtype=torch.bool, device=device)
     for r, s in enumerate(samples):
-        pred[r, len(s["prompt"]) - 1:len(s["prompt"]) - 1 + len(s["tokens"])] = True
+        pred[r, len(s.prompt) - 1:len(s.prompt) - 1 + len(s.tokens)] = True
     return policy(ids, attn, pred, cfg)
 
 
@@ -604,23 +613,24 @@ def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None):
     aggregation weights already hold the global normalisers), clip, AdamW step. Under torchrun each rank has its
     share of the batch; FSDP2 averages the ranks' gradients, so each rank's loss is scaled by the world size to sum
     them, and every rank runs as many micro-batches as the rank with the most (FSDP's collectives run in step)."""
-    device, mark = next(model.parameters()).device, memory_mark(model, opt)  # (CUDA: see trainer_peak)
+    t0, device, mark = time.time(), next(model.parameters()).device, memory_mark(model, opt)  # (CUDA: trainer_peak)
     model.train()
     loss_sum, clipped, n_tok, mismatch = 0.0, 0.0, 0, np.zeros(3)
     for mb in even_out(micro_batches(samples, cfg.micro_batch_tokens), pad_id):
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
             logp = sequence_logprobs(model, mb, cfg, pad_id)
-        keep = torch.tensor([m == 1 for s in mb for m in s["mask"]], device=device)
-        per_tok = lambda key: torch.tensor([s[key] for s in mb for _ in s["tokens"]], device=device)[keep]  # noqa
-        logp_gen = torch.tensor([x for s in mb for x in s["gen_logprobs"]], device=device)[keep]
+        keep = torch.tensor([m == 1 for s in mb for m in s.mask], device=device)
+        adv = torch.tensor([s.advantage for s in mb for _ in s.tokens], device=device)[keep]
+        weight = torch.tensor([s.weight for s in mb for _ in s.tokens], device=device)[keep]
+        logp_gen = torch.tensor([x for s in mb for x in s.gen_logprobs], device=device)[keep]
         logp = logp[keep]  # injected tokens (mask 0) are context only: no ratio, no loss, no count
-        seq = torch.tensor([k for k, s in enumerate(mb) for _ in s["tokens"]], device=device)[keep]
-        loss, n_clipped = policy_loss(logp, logp_gen, per_tok("advantage"), per_tok("weight"), seq, cfg)
+        seq = torch.tensor([k for k, s in enumerate(mb) for _ in s.tokens], device=device)[keep]
+        loss, n_clipped = policy_loss(logp, logp_gen, adv, weight, seq, cfg)
         (loss * world()).backward()
         loss_sum, clipped, n_tok = loss_sum + loss.item(), clipped + n_clipped, n_tok + len(logp)
         mismatch += mismatch_sums(logp, logp_gen, cfg.eps_max)
     loss_sum, clipped, n_tok, *mismatch = all_sum(loss_sum, clipped, n_tok, *mismatch)  # the whole batch's
-    grad_norm = full(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)).item()
+    grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)).item()
     skipped = not (math.isfinite(loss_sum) and math.isfinite(grad_norm))
     lr = opt.param_groups[0]["lr"]  # the rate of this update (the scheduler moves on after it)
     if not skipped:  # a non-finite loss or gradient would poison the weights and AdamW's moments: skip it
@@ -629,7 +639,7 @@ def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None):
     opt.zero_grad(set_to_none=True)
     m = np.array(mismatch) / max(n_tok, 1)
     return {"loss": loss_sum, "grad_norm": grad_norm, "clip_frac": clipped / max(n_tok, 1), "skipped": skipped,
-            "trained_tokens": 0 if skipped else int(n_tok), "lr": lr,
+            "trained_tokens": 0 if skipped else int(n_tok), "lr": lr, "train_seconds": time.time() - t0,
             "mismatch_abs_logprob": m[0], "mismatch_kl_k3": m[1], "mismatch_trunc_frac": m[2], **trainer_peak(mark)}
 
 
@@ -652,13 +662,14 @@ def admission(cfg, in_flight, ready, unfinished, capacity):
     return int(max(0, min((K + 1) * P - in_flight - ready, free)))
 
 
-def admit(s, cfg, n):
+def admit(state, cfg, n):
     """Start n new groups: the prompts in flight at a resumed checkpoint first, then the curriculum's next ones."""
-    idx = [i for i in (s.requeue.popleft() for _ in range(min(n, len(s.requeue)))) if i not in s.cur.removed]
-    for i in idx + next_prompts(s.cur, n - len(idx)):
-        s.ro.add(("train", s.serial), s.train_ids[i], cfg.generations_per_prompt,
-                 step_seed(cfg.seed, RNG_ROLLOUT, s.serial), info=i)
-        s.serial += s.cur.world  # under torchrun rank r numbers its groups r, r + W, ...: each has its own stream
+    again = [state.requeue.popleft() for _ in range(min(n, len(state.requeue)))]
+    idx = [i for i in again if i not in state.curriculum.removed]
+    for i in idx + next_prompts(state.curriculum, n - len(idx)):
+        state.rollouts.add(("train", state.serial), state.train_ids[i], cfg.generations_per_prompt,
+                           step_seed(cfg.seed, RNG_ROLLOUT, state.serial), info=i)
+        state.serial += state.curriculum.world  # under torchrun rank r numbers its groups r, r + W, ...: own streams
 
 
 def group_lag(g, version):
@@ -668,30 +679,33 @@ def group_lag(g, version):
     return version - g.oldest
 
 
-def next_batch(s, cfg):
+def next_batch(state, cfg):
     """Run the engine until P complete groups are fresh enough to train on at this update (no sampled token more
     than K updates old), admitting new groups as admission() allows. Returns (groups, stale): the P groups, oldest
     first, and how many groups were dropped as stale; groups is None when nothing is left to generate."""
-    stale = 0
+    stale, rollouts, engine = 0, state.rollouts, state.engine
     while True:
-        fresh = sorted((g for g in s.ro.done if group_lag(g, s.version) <= cfg.max_lag),
-                       key=lambda g: (-group_lag(g, s.version), g.key))  # among equals, the first started
-        stale, s.ro.done = stale + len(s.ro.done) - len(fresh), fresh
+        fresh = sorted((g for g in rollouts.done if group_lag(g, state.version) <= cfg.max_lag),
+                       key=lambda g: (-group_lag(g, state.version), g.key))  # among equals, the first started
+        stale, rollouts.done = stale + len(rollouts.done) - len(fresh), fresh
         share = cfg.prompts_per_step // world()  # under torchrun each rank brings its share of the P groups
-        admit(s, cfg, admission(cfg, len(s.ro.open), len(s.ro.done), s.engine.unfinished(), s.engine.capacity))
+        admit(state, cfg, admission(cfg, len(rollouts.open), len(rollouts.done), engine.unfinished(), engine.capacity))
         if len(fresh) >= share:  # (the groups just admitted decode meanwhile, where generators are apart)
-            batch, s.ro.done = fresh[:share], fresh[share:]
+            batch, rollouts.done = fresh[:share], fresh[share:]
             return batch, stale
-        if not s.ro.open:
+        if not rollouts.open:
             return None, stale
-        s.ro.poll()
+        rollouts.poll()
 
 
-def push_weights(s, cfg):
+def push_weights(state, cfg):
     """The engine gets each update at once (pipeline: sequences in flight go on with the new weights), except in
-    PPO-off-policy-k, where it waits until the round's K batches are trained: none still decoding or waiting."""
-    if s.engine.version != s.version and not (cfg.off_policy == "ppo" and (s.ro.open or s.ro.done)):
-        s.engine.push(s.model, s.version)
+    PPO-off-policy-k, where it waits until the round's K batches are trained: none still decoding or waiting.
+    Returns the seconds it took."""
+    t0, waiting = time.time(), cfg.off_policy == "ppo" and (state.rollouts.open or state.rollouts.done)
+    if state.engine.version != state.version and not waiting:
+        state.engine.push(state.model, state.version)
+    return time.time() - t0
 
 # --------------------------------------------------------------------------------------------------
 # 8. The run: setup, then rl_step after rl_step, evaluating every --eval-every steps
@@ -707,13 +721,13 @@ class State:
     sched: object
     autocast: object          # the compute dtype under autocast (bfloat16 on CUDA), or None
     engine: object            # HFEngine or VLLMEngine (Part II)
-    ro: Rollouts
+    rollouts: Rollouts
     grader: object            # Grader (Part II)
-    train: list               # (prompt, answer) pairs and their token ids
+    train: list               # training (prompt, answer, row) items (load_data) and their prompts' token ids
     train_ids: list
+    val: list                 # held-out items, and their prompts' token ids
     val_ids: list
-    val_answers: list
-    cur: Curriculum
+    curriculum: Curriculum
     totals: dict              # cumulative counters: device_hours, flops, ... (the scaling curve's x-axes)
     version: int = 0          # optimiser updates so far: the version of the trainer's weights
     serial: int = 0           # training groups started so far
@@ -721,18 +735,19 @@ class State:
     policy: object = None     # the Policy module that trains `model` (FSDP2-sharded under torchrun)
 
 
-def evaluate(s, cfg, step):
+def evaluate(state, cfg, step):
     """Held-out mean pass rate, mean@k with k = --eval-samples (the paper's mean@16) [Sec. 2], with the current
     weights, and the grading errors. Training groups in flight go on decoding meanwhile and stay apart. Under
     torchrun rank r evaluates the held-out prompts r, r + W, ...; the mean is over all of them."""
-    if s.engine.version != s.version:  # PPO-off-policy-k mid-round: the engine still holds the round's weights;
-        while s.ro.open:                # the round's groups finish with them, then the engine gets the newest
-            s.ro.poll()
-        s.engine.push(s.model, s.version)
-    ids = list(range(s.cur.rank, len(s.val_ids), s.cur.world))
-    groups = rollout(s.ro, [s.val_ids[i] for i in ids], cfg.eval_samples, step_seed(cfg.seed, RNG_EVAL, step), ids=ids)
-    s.ro.decoded = s.ro.steps = 0  # the engine statistics of the metrics rows are the training steps' only
-    correct, _, errors = score(s.tok, groups, [s.val_answers[i] for i in ids], s.grader, cfg)
+    if state.engine.version != state.version:  # PPO-off-policy-k mid-round: the engine holds the round's weights;
+        while state.rollouts.open:             # the round's groups finish with them, then the engine gets the newest
+            state.rollouts.poll()
+        state.engine.push(state.model, state.version)
+    ids = list(range(state.curriculum.rank, len(state.val_ids), state.curriculum.world))
+    groups = rollout(state.rollouts, [state.val_ids[i] for i in ids], cfg.eval_samples,
+                     step_seed(cfg.seed, RNG_EVAL, step), ids=ids)
+    state.rollouts.decoded = state.rollouts.steps = state.rollouts.seconds = 0  # metrics count training steps only
+    correct, _, errors = score(state.tok, groups, [state.val[i] for i in ids], state.grader, cfg)
     total, count = all_sum(correct.sum(), correct.size)
     return total / count, errors
 
@@ -740,24 +755,27 @@ def evaluate(s, cfg, step):
 def run(cfg):
     """Train for --steps updates (or continue a run with --resume), writing config.json, metrics.jsonl and the
     checkpoints to the run directory. Returns the metric rows."""
-    s, cfg, book = setup(cfg)  # Part II: data, model, engine, grader, optimiser, and a resumed run's state
-    with book:                 # Part II: metrics.jsonl, the progress line, checkpoints, signals, clean-up
-        if book.first == 1:
-            val, errors = evaluate(s, cfg, 0)
-            book.log(s, {"step": 0, **s.totals, "val_pass_rate": val}, errors)
-        for step in range(book.first, cfg.steps + 1):
-            result = rl_step(s, cfg)
+    state, cfg, recorder = setup(cfg)  # Part II: data, model, engine, grader, optimiser, a resumed run's state
+    with recorder:                     # Part II: metrics.jsonl, the progress line, checkpoints, signals, clean-up
+        if recorder.first == 1:
+            val, errors = evaluate(state, cfg, 0)
+            recorder.log({"step": 0, **state.totals, "val_pass_rate": val}, errors)
+        for step in range(recorder.first, cfg.steps + 1):
+            t0 = time.time()
+            result = rl_step(state, cfg)
             if result is None:
                 print("every training prompt has been removed by No-Positive-Resampling; stopping")
                 break
-            row, errors = book.row(step, result), result["errors"]
+            row, errors = recorder.row(step, result, time.time() - t0), result["errors"]
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                row["val_pass_rate"], val_errors = evaluate(s, cfg, step)
+                row["val_pass_rate"], val_errors = evaluate(state, cfg, step)
                 errors = errors + val_errors
-                row.update(live_fit(book.rows + [row]) if cfg.live_fit and book.writer else {})  # the predicted end
-            if book.log(s, row, errors):  # True: stopped by a signal, after saving a checkpoint
+                row.update(live_fit(recorder.rows + [row]) if cfg.live_fit and recorder.writer else {})  # predicted A
+            recorder.log(row, errors)
+            if recorder.signalled():  # Ctrl-C or SIGTERM during the step: checkpoint it, say how to resume, stop
+                recorder.stop_here()
                 break
-    return book.rows
+    return recorder.rows
 
 # ==================================================================================================
 # PART II -- PLUMBING. Nothing below this line changes the recipe: the command line and its checks, the data
@@ -771,7 +789,7 @@ class ScaleRLError(Exception):
 
     def __init__(self, msg, status=2, resumable=False):
         super().__init__(msg)
-        self.status, self.resumable = status, resumable  # resumable: the Book saves a checkpoint on the way out
+        self.status, self.resumable = status, resumable  # resumable: the Recorder saves a checkpoint on the way out
 
 
 def die(msg, status=2):
@@ -873,6 +891,10 @@ def validate(cfg):
         die(f"--train-size + --val-size must be <= {MAX_TASK_PROMPTS} for the built-in task")
     if not cfg.data and cfg.prompts_per_step > cfg.train_size:
         die(f"--prompts-per-step {cfg.prompts_per_step} exceeds --train-size {cfg.train_size}")
+    try:  # a reward written for another signature would fail on every completion, each an error worth 0
+        inspect.signature(REWARDS[cfg.reward]).bind("text", "answer", {})
+    except TypeError:
+        die(f"--reward {cfg.reward}: {REWARDS[cfg.reward].__name__} must take (completion_text, answer, row)")
     if cfg.reward == "math" and importlib.util.find_spec("math_verify") is None:
         die("--reward math needs math-verify: pip install math-verify (it is in requirements.txt)")
     if cfg.wandb and importlib.util.find_spec("wandb") is None:
@@ -953,7 +975,8 @@ MAX_TASK_PROMPTS = 20_000  # 8 answers x 3,019 distinct lists of length 3-7 whos
 
 
 def make_task(n_train, n_val, seed, task="largest"):
-    """Return (train, val): lists of (prompt_text, answer), all prompts distinct, none shared between them."""
+    """Return (train, val): lists of (prompt_text, answer, row) items (the row: {"prompt", "answer"}), all prompts
+    distinct, none shared between them."""
     rng = np.random.default_rng([seed, RNG_TASK])
     seen, items = set(), []
     while len(items) < n_train + n_val:
@@ -973,6 +996,7 @@ def make_task(n_train, n_val, seed, task="largest"):
         if prompt + ":" not in seen:
             seen.add(prompt + ":")
             items.append((prompt + ":", str(answer)))
+    items = [(p, a, {"prompt": p, "answer": a}) for p, a in items]
     return items[n_val:], items[:n_val]
 
 
@@ -992,8 +1016,8 @@ def hidden_task_ceiling(prompts):
     return total / len(prompts)
 
 
-# Datasets: --data FILE|DIR|NAME. Rows become (prompt, answer) pairs; a prompt is a string or a list of chat
-# messages, an answer a string. Every check runs before a model is loaded.
+# Datasets: --data FILE|DIR|NAME. Rows become (prompt, answer, row) items; a prompt is a string or a list of chat
+# messages, an answer a string, the row the whole record (for the reward). Every check runs before a model is loaded.
 PROMPT_KEYS, ANSWER_KEYS = ("prompt", "problem", "question"), ("answer", "final_answer", "ground_truth", "solution")
 
 
@@ -1083,7 +1107,8 @@ def row_problem(row, pk, ak):
 
 
 def load_rows(path, cfg):
-    """(prompt, answer) pairs of one data source. Bad rows stop the run with their line numbers (exit 2), or
+    """(prompt, answer, row) items of one data source: the prompt field, the answer as text (gold_answer) and the
+    whole row, every field as read, for the reward. Bad rows stop the run with their line numbers (exit 2), or
     are dropped and counted with --skip-bad-rows."""
     records = read_records(path)
     keys = set().union(*(r for _, r in records if isinstance(r, dict)))
@@ -1099,7 +1124,7 @@ def load_rows(path, cfg):
         if problem:
             bad.append(f"{where}: {problem}")
         else:
-            rows.append((r[pk], gold_answer(r[ak])))
+            rows.append((r[pk], gold_answer(r[ak]), r))
     if bad and not cfg.skip_bad_rows:
         die(f"{path}: {len(bad)} of {len(records)} rows are unusable; " + "; ".join(bad[:5])
             + ("; ..." if len(bad) > 5 else "") + ". Fix them, or pass --skip-bad-rows to drop them")
@@ -1111,7 +1136,7 @@ def load_rows(path, cfg):
 
 
 def load_data(cfg):
-    """Return (train, val) lists of (prompt, answer): the built-in task, or --data with its held-out part
+    """Return (train, val) lists of (prompt, answer, row) items: the built-in task, or --data with its held-out part
     (--val-data, or --val-size prompts split off by the seed [Sec. 2]). A training prompt equal to a held-out
     one is dropped, so validation prompts are never trained on."""
     if not cfg.data:
@@ -1126,8 +1151,8 @@ def load_data(cfg):
         if n_val >= len(rows):
             die(f"--val-size {n_val}: {cfg.data} has only {len(rows)} usable rows")
         val, train = rows[:n_val], rows[n_val:]
-    held = {json.dumps(p, sort_keys=True) for p, _ in val}
-    train = [(p, a) for p, a in train if json.dumps(p, sort_keys=True) not in held]
+    held = {json.dumps(p, sort_keys=True) for p, _, _ in val}
+    train = [item for item in train if json.dumps(item[0], sort_keys=True) not in held]
     train = train[:cfg.train_size or len(train)]
     if len(train) < cfg.prompts_per_step:
         die(f"--prompts-per-step {cfg.prompts_per_step} exceeds the {len(train)} training prompts left in {cfg.data}")
@@ -1156,11 +1181,13 @@ def best_constant_pass_rate(answers):
     return values[counts.argmax()], counts.max() / len(answers)
 
 # --------------------------------------------------------------------------------------------------
-# Rewards, fn(completion_text, answer) -> float, and the grading pool that runs them with a time limit
+# Rewards, fn(completion_text, answer, row) -> float, and the grading pool that runs them with a time limit.
+# answer: the reference answer as text (--answer-key's field, see gold_answer); row: the whole data row, every field
+# as read (the built-in tasks': prompt and answer), for a reward that needs more than the answer.
 # --------------------------------------------------------------------------------------------------
 
 
-def reward_last_digit(completion_text, answer):
+def reward_last_digit(completion_text, answer, row=None):
     """The built-in tasks' verifiable reward, binary [Sec. 2]: 1 if the last digit written after the reasoning is
     the answer."""
     digits = re.findall(r"\d", completion_text.split("</think>")[-1])
@@ -1204,7 +1231,7 @@ def _plain(s):
     return re.sub(r"\s+", " ", s).lower()
 
 
-def reward_math(completion_text, answer):
+def reward_math(completion_text, answer, row=None):
     """Math reward, binary [Sec. 2]: the extracted final answer checked against the reference with math-verify
     (the paper's verifier), so 1/2 = 0.5 = \\frac{1}{2} = \\dfrac12 and 1,000 = 1000. Word answers ('Paris',
     'yes') are compared as words, case-insensitively: math-verify would read them as products of symbols."""
@@ -1219,7 +1246,7 @@ def reward_math(completion_text, answer):
     return float(verify(gold, guess, timeout_seconds=None, raise_on_error=True))
 
 
-def reward_exact(completion_text, answer):
+def reward_exact(completion_text, answer, row=None):
     """Exact-match reward: the extracted final answer equals the reference, ignoring whitespace."""
     pred = extract_answer(completion_text)
     return float(pred is not None and re.sub(r"\s+", "", pred) == re.sub(r"\s+", "", answer))
@@ -1228,28 +1255,28 @@ def reward_exact(completion_text, answer):
 REWARDS = {"digit": reward_last_digit, "math": reward_math, "exact": reward_exact}
 
 
-def grade_one(fn, text, answer):
+def grade_one(fn, text, answer, row=None):
     """(reward, error message or None): an exception in the reward function costs its completion only."""
     try:
-        return float(fn(text, answer)), None
+        return float(fn(text, answer, row)), None
     except Exception as e:  # noqa: BLE001
         return 0.0, f"{type(e).__name__}: {e}"
 
 
 def _grading_worker(conn, fn):
-    """A grading process: grades the (text, answer) pairs it receives until it is killed."""
+    """A grading process: grades the (text, answer[, row]) items it receives until it is killed."""
     import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
-    conn.send(grade_one(fn, "\\boxed{0}", "0"))  # load the reward's dependencies, then report ready
+    conn.send(grade_one(fn, "\\boxed{0}", "0", {}))  # load the reward's dependencies, then report ready
     try:
-        for text, answer in iter(conn.recv, None):
-            conn.send(grade_one(fn, text, answer))
+        for item in iter(conn.recv, None):
+            conn.send(grade_one(fn, *item))
     except EOFError:  # the trainer is gone
         pass
 
 
 class Grader:
-    """Grades completions so that grading never stalls or kills a run: each (text, answer) pair goes to one of
+    """Grades completions so that grading never stalls or kills a run: each (text, answer, row) item goes to one of
     `workers` processes and gets `timeout` seconds; a process that overruns or dies is replaced, and that
     completion gets reward 0 and an error message, like one whose grading raised. workers=0 grades in this
     process, without a time limit."""
@@ -1277,8 +1304,8 @@ class Grader:
         die("a grading process did not start (its error is above)", 1)
 
     def __call__(self, items):
-        """Rewards of (text, answer) pairs, and the error messages."""
-        out = self._in_workers(items) if self.procs else [grade_one(self.fn, t, a) for t, a in items]
+        """Rewards of (text, answer, row) items (or (text, answer) pairs), and the error messages."""
+        out = self._in_workers(items) if self.procs else [grade_one(self.fn, *item) for item in items]
         return [r for r, _ in out], [e for _, e in out if e]
 
     def _in_workers(self, items):
@@ -1634,7 +1661,8 @@ class VLLMEngine:
         gathered from the shards as the engine takes it): a call with part of a layer's weights would leave that
         layer wrong."""
         self.wake(reload=False)
-        head = (lambda: full(model.get_output_embeddings().weight).detach().float()) if self.cfg.lm_head_fp32 else None
+        head = (lambda: full_tensor(model.get_output_embeddings().weight).detach().float()) \
+            if self.cfg.lm_head_fp32 else None
         self.load(full_weights(model, self.core.model_config.dtype), head, version)
         self.source = model
 
@@ -1688,7 +1716,7 @@ def write_weights(path, model, dtype, version, fp32_head):
     generator still reading the previous file keeps it. Under torchrun every rank gathers each weight from the shards
     and rank 0 keeps and writes them; every rank returns once the file is in place."""
     from safetensors.torch import save_file
-    head = (("fp32_head", full(model.get_output_embeddings().weight).float()) for _ in range(fp32_head))  # (lazy)
+    head = (("fp32_head", full_tensor(model.get_output_embeddings().weight).float()) for _ in range(fp32_head))  # lazy
     tensors = {n: t.detach().to("cpu", copy=True) for n, t in itertools.chain(full_weights(model, dtype), head)
                if rank() == 0}
     if rank() == 0:
@@ -1808,7 +1836,7 @@ class SplitEngine:
         self.idle, self.idle_since = [0.0, time.time()], {i: time.time() for i in self.procs}  # see take_idle
 
     def receive(self, deadline):
-        """The next message from a generator. One that failed or died stops the run (status 1, resumable: the Book
+        """The next message from a generator. One that failed or died stops the run (status 1, resumable: the Recorder
         saves a checkpoint of the last step)."""
         import queue
         while True:
@@ -1897,10 +1925,10 @@ class SplitEngine:
 def micro_batches(samples, budget):
     """Split samples (sorted by length, to waste little padding) so each micro-batch holds at most `budget`
     padded tokens; a sample longer than the budget gets a micro-batch of its own."""
-    order = sorted(range(len(samples)), key=lambda i: len(samples[i]["prompt"]) + len(samples[i]["tokens"]))
+    order = sorted(range(len(samples)), key=lambda i: len(samples[i].prompt) + len(samples[i].tokens))
     out, cur, width = [], [], 0
     for i in order:
-        w = len(samples[i]["prompt"]) + len(samples[i]["tokens"])
+        w = len(samples[i].prompt) + len(samples[i].tokens)
         if cur and max(width, w) * (len(cur) + 1) > budget:
             out.append(cur)
             cur, width = [], 0
@@ -1989,7 +2017,7 @@ def all_gather(*lists):
     return [sum((g[k] for g in got), []) for k in range(len(lists))]
 
 
-def full(t):
+def full_tensor(t):
     """A whole tensor from a sharded one (DTensor.full_tensor gathers it: a collective, every rank in turn)."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
@@ -1997,8 +2025,7 @@ def full(t):
 def even_out(batches, pad_id):
     """Micro-batches as many as on the rank with the most: the others get empty ones (one padding token with loss
     mask 0: no loss, no count), so that FSDP's collectives in forward and backward line up across ranks."""
-    filler = [{"prompt": [pad_id], "tokens": [pad_id], "gen_logprobs": [0.0], "mask": [0], "versions": [0],
-               "advantage": 0.0, "weight": 0.0}]
+    filler = [Sample([pad_id], [pad_id], [0.0], [0], [0], 0.0, 0.0)]
     return batches + [filler] * (int(all_max(len(batches))) - len(batches))
 
 
@@ -2007,7 +2034,7 @@ def full_weights(model, dtype):
     each is gathered from the shards when the engine asks for it, so no rank ever holds the whole model twice in
     full (vLLM's reload takes them layer by layer). Every rank iterates in the same order."""
     for name, t in model.state_dict().items():
-        yield name, full(t).detach().to(dtype)
+        yield name, full_tensor(t).detach().to(dtype)
 
 
 def init_distributed(cfg, device):
@@ -2073,7 +2100,8 @@ def replica(model, device):
 def setup(cfg):
     """Everything the loop needs, in an order that spends nothing on bad input: the checks, the data (bad data stops
     the run before a model is loaded), the grading pool, the model, the optimiser, the engine (started from exactly
-    the trainer's weights) and, with --resume, the checkpoint's state. Returns (State, the config in force, Book)."""
+    the trainer's weights) and, with --resume, the checkpoint's state. Returns (State, the config in force, its
+    Recorder)."""
     validate(fill_defaults(cfg))
     quiet_libraries(cfg.verbose)
     if rank():  # under torchrun only rank 0 prints (errors still show)
@@ -2102,7 +2130,7 @@ def setup(cfg):
     model, tok, path = load_model(cfg, torch.device("cpu") if launched() else device, cfg.resume or None,
                                   empty=launched() and rank() > 0)
     init_distributed(cfg, device)  # torchrun: the process group
-    train_ids, val_ids = ([encode_prompt(tok, p, cfg) for p, _ in items] for items in (train, val))
+    train_ids, val_ids = ([encode_prompt(tok, p, cfg) for p, _, _ in items] for items in (train, val))
     longest = max(map(len, train_ids + val_ids)) + cfg.max_new_tokens
     if cfg.length_control == "interrupt":
         phrase_len = len(tok(cfg.interruption_phrase, add_special_tokens=False).input_ids)
@@ -2119,14 +2147,14 @@ def setup(cfg):
     engine = SplitEngine(cfg, path, device, dtype, L, model) if cfg.generators else \
         VLLMEngine(cfg, path, device, dtype, L) if cfg.engine == "vllm" else HFEngine(generator, tok, cfg, autocast)
     opt, sched = make_optimizer(model, cfg)
-    s = State(model, tok, opt, sched, autocast, engine, Rollouts(cfg, engine, tok), grader, train, train_ids, val_ids,
-              [a for _, a in val], Curriculum(len(train), cfg.seed, rank(), world()),
-              {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0, "skipped_updates": 0},
-              serial=rank(), policy=policy)
-    rows = restore(saved, s, cfg.out) if saved else []
-    engine.push(model, s.version)  # the engine starts from exactly the trainer's weights
-    ceiling = hidden_task_ceiling([p for p, _ in val]) if not cfg.data and cfg.task == "hidden" else None
-    return s, cfg, Book(cfg, s, rows, saved["step"] + 1 if saved else 1, device, ceiling)
+    state = State(model, tok, opt, sched, autocast, engine, Rollouts(cfg, engine, tok), grader, train, train_ids,
+                  val, val_ids, Curriculum(len(train), cfg.seed, rank(), world()),
+                  {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0, "skipped_updates": 0},
+                  serial=rank(), policy=policy)
+    rows = restore(saved, state, cfg.out) if saved else []
+    engine.push(model, state.version)  # the engine starts from exactly the trainer's weights
+    ceiling = hidden_task_ceiling([p for p, _, _ in val]) if not cfg.data and cfg.task == "hidden" else None
+    return state, cfg, Recorder(cfg, state, rows, saved["step"] + 1 if saved else 1, device, ceiling)
 
 
 def live_fit(rows, bootstrap=100):
@@ -2152,64 +2180,67 @@ def live_fit(rows, bootstrap=100):
             **({"fit_A_at_bound": True} if at_bound else {})}
 
 
-def metrics_row(s, cfg, step, r):
-    """The step's metrics row (see the README's table), with the cumulative counters it advances: device_hours,
-    the x-axis of the scaling curve (evaluation time not counted), flops (2N per prompt or generated token, 6N per
-    trained token), sampled and trained tokens, skipped updates. Under torchrun every count is the sum over the ranks
-    (the loss and gradient norm already are), device_hours counts every device, the times are rank 0's."""
-    comps, samples, update, groups = [c for g in r["groups"] for c in g.completions], r["samples"], r["update"], \
-        r["groups"]
-    n_params = sum(p.numel() for p in s.model.parameters())  # a sharded parameter counts whole
+def metrics_row(state, cfg, step, r, seconds):
+    """The metrics row of a step that rl_step returned `r` for in `seconds` (see the README's table), with the
+    cumulative counters it advances: device_hours, the x-axis of the scaling curve (evaluation time not counted),
+    flops (2N per prompt or generated token, 6N per trained token), sampled and trained tokens, skipped updates; the
+    time the step waited for the engine (Rollouts.seconds), trained and pushed. Under torchrun every count is the
+    sum over the ranks (the loss and gradient norm already are), device_hours counts every device, the times are rank
+    0's."""
+    groups, samples, update, ro = r["groups"], r["samples"], r["update"], state.rollouts
+    comps = [c for g in groups for c in g.completions]
+    lags = [r["trained_version"] - v for x in samples for v, m in zip(x.versions, x.mask) if m]  # trained tokens'
+    n_params = sum(p.numel() for p in state.model.parameters())  # a sharded parameter counts whole
     (n_groups, n_comps, n_gen, n_sampled, n_prompt, n_trained, reward, truncated, interrupted, flat, active, excluded,
      lag_sum, n_lags, stale, in_flight, decoded, engine_steps) = all_sum(
         len(groups), len(comps), sum(len(c.tokens) for c in comps), sum(sum(c.mask) for c in comps),
-        sum(len(g.prompt) for g in groups), sum(len(x["prompt"]) + len(x["tokens"]) for x in samples),
+        sum(len(g.prompt) for g in groups), sum(len(x.prompt) + len(x.tokens) for x in samples),
         r["rewards"].sum(), sum(not c.finished for c in comps), sum(c.interrupted for c in comps),
         round(r["stats"]["zero_variance_frac"] * len(groups)), r["stats"]["active_prompts"],
-        r["stats"]["truncated_excluded"], sum(r["lags"]), len(r["lags"]), r["stale"], r["in_flight"], s.ro.decoded,
-        s.ro.steps)
-    t = s.totals
-    t["device_hours"] += r["t_step"] * (world() + cfg.generators) / 3600  # every device: trainers and generators
+        r["stats"]["truncated_excluded"], sum(lags), len(lags), r["stale"], len(ro.open), ro.decoded, ro.steps)
+    t = state.totals
+    t["device_hours"] += seconds * (world() + cfg.generators) / 3600  # every device: trainers and generators
     t["flops"] += 2 * n_params * (n_prompt + n_gen) + 6 * n_params * n_trained
     t["gen_tokens"] += int(n_sampled)  # sampled tokens (injected phrases not counted)
     t["train_tokens"] += update.get("trained_tokens", 0)
     t["skipped_updates"] += int(update.get("skipped", False))
+    removed = state.curriculum.removed
     row = {"step": step, **t, "reward_mean": reward / n_comps, "zero_variance_frac": flat / n_groups,
-           "active_prompts": int(active), "truncated_excluded": int(excluded),
-           "npr_removed": len(s.cur.removed), "pool_size": len(s.train) - len(s.cur.removed), "epoch": s.cur.epoch,
+           "active_prompts": int(active), "truncated_excluded": int(excluded), "npr_removed": len(removed),
+           "pool_size": len(state.train) - len(removed), "epoch": state.curriculum.epoch,
            "truncated_frac": truncated / n_comps, "interrupted_frac": interrupted / n_comps,
            "mean_completion_tokens": n_gen / n_comps, "loss": update.get("loss", 0.0),
            "grad_norm": update.get("grad_norm", 0.0), "clip_frac": update.get("clip_frac", 0.0),
-           "lr": update.get("lr", s.sched.get_last_lr()[0]),
-           "lag_mean": lag_sum / n_lags if n_lags else 0.0, "lag_max": int(all_max(max(r["lags"], default=0))),
+           "lr": update.get("lr", state.sched.get_last_lr()[0]),
+           "lag_mean": lag_sum / n_lags if n_lags else 0.0, "lag_max": int(all_max(max(lags, default=0))),
            "stale_dropped": int(stale), "inflight_groups": int(in_flight),
-           "engine_batch_mean": decoded / max(engine_steps, 1), "step_seconds": r["t_step"],
-           "gen_seconds": r["t_gen"], "train_seconds": r["t_train"], "sync_seconds": r["t_sync"],
+           "engine_batch_mean": decoded / max(engine_steps, 1), "step_seconds": seconds, "gen_seconds": ro.seconds,
+           "train_seconds": update.get("train_seconds", 0.0), "sync_seconds": r["push_seconds"],
            **{k: v for k, v in update.items() if k.startswith("mismatch_")}}
-    s.ro.decoded = s.ro.steps = 0
     if cfg.generators:  # each side's idle fraction: the trainer waiting for groups, the generators with nothing to do
-        idle, period = s.engine.take_idle()
-        row["trainer_idle_frac"], row["generator_idle_frac"] = r["t_gen"] / r["t_step"], max(0.0, all_sum(idle) / (
+        idle, period = state.engine.take_idle()
+        row["trainer_idle_frac"], row["generator_idle_frac"] = ro.seconds / seconds, max(0.0, all_sum(idle) / (
             cfg.generators * period))
+    ro.decoded = ro.steps = ro.seconds = 0
     if "gpu_peak_gb" in update:  # the largest over the ranks
         row["gpu_peak_gb"] = all_max(update["gpu_peak_gb"])
     return row
 
 
-class Book:
+class Recorder:
     """The run's records and its ways out: config.json, metrics.jsonl (and W&B), the progress line, checkpoints
     (every --save-every steps, at the end, and on SIGINT/SIGTERM once the step in progress is done; a second signal
     abandons it), the stop after --max-skipped-updates non-finite updates in a row, and clean-up (grading
     processes, requests in flight). A run that fails before its first metrics row leaves no directory behind.
-    Under torchrun every rank keeps the book (checkpoints and stops are collective) but only rank 0 writes it."""
+    Under torchrun every rank keeps the records (checkpoints and stops are collective) but only rank 0 writes it."""
 
-    def __init__(self, cfg, s, rows, first, device, ceiling=None):
-        self.cfg, self.s, self.rows, self.first, self.out = cfg, s, rows, first, cfg.out
+    def __init__(self, cfg, state, rows, first, device, ceiling=None):
+        self.cfg, self.state, self.rows, self.first, self.out = cfg, state, rows, first, cfg.out
         self.saved = self.done = first - 1
         self.stop, self.in_a_row, self.handlers, self.unlogged, self.warned = [], 0, {}, None, set()
         self.fresh, self.writer = not os.path.isdir(self.out), rank() == 0
-        n_params = sum(p.numel() for p in s.model.parameters())
-        const, const_rate = best_constant_pass_rate(s.val_answers)
+        n_params = sum(p.numel() for p in state.model.parameters())
+        const, const_rate = best_constant_pass_rate([a for _, a, _ in state.val])
         on = f"{device} x {world()} ranks" if launched() else device
         if self.writer:
             os.makedirs(self.out, exist_ok=True)
@@ -2217,8 +2248,8 @@ class Book:
                 json.dump({**dataclasses.asdict(cfg), "n_params": n_params, "device": str(on), "world_size": world(),
                            "best_constant_answer": const, "best_constant_pass_rate": const_rate,
                            "best_possible_pass_rate": ceiling}, f, indent=2)
-        print(f"scalerl: {n_params / 1e6:.2f}M parameters on {on} | {len(s.train)} train / {len(s.val_ids)} val "
-              f"prompts | best constant answer '{const}' scores {const_rate:.3f}"
+        print(f"scalerl: {n_params / 1e6:.2f}M parameters on {on} | {len(state.train)} train / {len(state.val_ids)} val"
+              f" prompts | best constant answer '{const}' scores {const_rate:.3f}"
               + (f" | best possible pass rate {ceiling:.3f}" if ceiling else "") + f" | writing {self.out}"
               + (f" | resuming after step {first - 1}" if first > 1 else ""), flush=True)
         self.metrics = open(os.path.join(self.out, "metrics.jsonl"), "a" if first > 1 else "w") if self.writer \
@@ -2239,18 +2270,29 @@ class Book:
         self.handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         return self
 
-    def row(self, step, result):
+    def row(self, step, result, seconds):
         """The metrics row of a step (metrics_row), kept until it is logged: when a generator fails during the step's
         evaluation, the step is logged without it, and checkpointed."""
-        self.unlogged = metrics_row(self.s, self.cfg, step, result)
+        self.unlogged = metrics_row(self.state, self.cfg, step, result, seconds)
         return self.unlogged
 
-    def log(self, s, row, errors):
-        """Record a row; save a checkpoint when it is time. Returns True when a signal asked the run to stop (under
-        torchrun: any rank's signal stops every rank)."""
-        self.unlogged, errors = None, all_gather(errors)[0]
+    def signalled(self):
+        """True when SIGINT or SIGTERM asked the run to stop (under torchrun: any rank's signal stops every rank)."""
         if all_max(bool(self.stop)) and not self.stop:
             self.stop.append("a signal to another rank")
+        return bool(self.stop)
+
+    def stop_here(self):
+        """The way out on a signal, after a complete step: its checkpoint, and how to continue."""
+        ckpt = self.save() if self.done > self.saved else last_checkpoint(self.out)
+        print(f"{self.stop[0]}: stopped after step {self.done}; checkpoint {ckpt}; continue with: "
+              f"{f'torchrun --nproc-per-node {world()}' if launched() else 'python'} scalerl.py --resume auto "
+              f"--out {self.out}", flush=True)
+
+    def log(self, row, errors):
+        """Record a row: metrics.jsonl, W&B, the progress line, warnings; a checkpoint every --save-every steps; the
+        stop after --max-skipped-updates non-finite updates in a row."""
+        self.unlogged, errors = None, all_gather(errors)[0]
         row["reward_errors"] = len(errors)
         self.rows.append(row)
         self.metrics.write(json.dumps(row) + "\n")
@@ -2267,24 +2309,19 @@ class Book:
             self.warned.add(cause)
             print(f"warning: the last {STALL_STEPS} steps trained on under half of their prompts: {why}", flush=True)
         if not step:
-            return False
+            return
         self.done = step
         before = self.rows[-2]["skipped_updates"] if len(self.rows) > 1 else 0
         self.in_a_row = self.in_a_row + 1 if row["skipped_updates"] > before else 0
         if self.in_a_row >= self.cfg.max_skipped_updates:
             die(f"{self.in_a_row} updates in a row skipped for a non-finite loss or gradient norm (loss {row['loss']}, "
                 f"gradient norm {row['grad_norm']}); stopping. Last checkpoint: {last_checkpoint(self.out)}", 1)
-        if self.stop or self.cfg.save_every and step % self.cfg.save_every == 0:
-            ckpt = self.save()
-            if self.stop:
-                print(f"{self.stop[0]}: stopped after step {step}; checkpoint {ckpt}; continue with: "
-                      f"{f'torchrun --nproc-per-node {world()}' if launched() else 'python'} scalerl.py --resume auto "
-                      f"--out {self.out}", flush=True)
-        return bool(self.stop)
+        if self.cfg.save_every and step % self.cfg.save_every == 0:
+            self.save()
 
     def save(self):
         self.saved = self.done
-        return save_checkpoint(self.out, self.done, self.s, self.cfg)
+        return save_checkpoint(self.out, self.done, self.state, self.cfg)
 
     def __exit__(self, kind, exc, tb):
         import signal
@@ -2294,7 +2331,7 @@ class Book:
                 print(f"done: model and training state in {ckpt}, metrics in {self.out}/metrics.jsonl")
             elif getattr(exc, "resumable", False) and world() == 1:  # a generator failed: the run can go on later
                 if self.unlogged:  # it failed in an evaluation: the step itself is complete
-                    self.log(self.s, self.unlogged, [])
+                    self.log(self.unlogged, [])
                 ckpt = self.save() if self.done > self.saved else last_checkpoint(self.out)
                 exc.args = (f"{exc}; checkpoint {ckpt}; continue with: python scalerl.py --resume auto --out "
                             f"{self.out}",)
@@ -2305,10 +2342,10 @@ class Book:
             for sig, handler in self.handlers.items():
                 signal.signal(sig, handler)
             self.metrics.close()
-            self.s.grader.close()
-            self.s.engine.abort()
+            self.state.grader.close()
+            self.state.engine.abort()
             if launched() or self.cfg.generators:  # after the last collective; no generator left behind
-                self.s.engine.close()
+                self.state.engine.close()
             if self.tracker:
                 self.tracker.finish()
             if kind is not None and self.fresh and not self.rows and self.writer:
@@ -2431,14 +2468,15 @@ def last_checkpoint(out):
     return (list_checkpoints(out) or ["none"])[-1]
 
 
-def pending_prompts(s):
+def pending_prompts(state):
     """The prompts of the training groups started but not trained yet (still to regenerate after a resume, in
     flight, or complete), in the order they were started: a resumed run generates them again first."""
-    started = sorted((g for g in [*s.ro.open.values(), *s.ro.done] if g.key[0] == "train"), key=lambda g: g.key)
-    return list(s.requeue) + [g.info for g in started]
+    ro = state.rollouts
+    started = sorted((g for g in [*ro.open.values(), *ro.done] if g.key[0] == "train"), key=lambda g: g.key)
+    return list(state.requeue) + [g.info for g in started]
 
 
-def save_checkpoint(out, step, s, cfg):
+def save_checkpoint(out, step, state, cfg):
     """Save everything a run needs to continue: the model (safetensors, loadable with from_pretrained),
     optimiser and scheduler state, the step, the compute counters, the curriculum, the RNG state, the config and
     the off-policy loop's state (weight version, and per rank the group counter, the curriculum's place and the
@@ -2450,9 +2488,10 @@ def save_checkpoint(out, step, s, cfg):
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                          get_optimizer_state_dict)
     whole = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    weights, optimizer = get_model_state_dict(s.model, options=whole), get_optimizer_state_dict(s.model, s.opt,
-                                                                                                 options=whole)
-    ranks = all_gather([{"curriculum": dataclasses.asdict(s.cur), "serial": s.serial, "pending": pending_prompts(s),
+    weights = get_model_state_dict(state.model, options=whole)
+    optimizer = get_optimizer_state_dict(state.model, state.opt, options=whole)
+    ranks = all_gather([{"curriculum": dataclasses.asdict(state.curriculum), "serial": state.serial,
+                         "pending": pending_prompts(state),
                          "torch_rng": torch.get_rng_state(),
                          "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}])[0]
     final = os.path.join(out, "checkpoints", f"step_{step:06d}")
@@ -2460,10 +2499,11 @@ def save_checkpoint(out, step, s, cfg):
     try:
         if rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-            s.model.save_pretrained(tmp, state_dict=weights)
-            s.tok.save_pretrained(tmp)
-            torch.save({"step": step, "totals": dict(s.totals), "loop": {"version": s.version}, "ranks": ranks,
-                        "optimizer": optimizer, "scheduler": s.sched.state_dict(), "config": dataclasses.asdict(cfg)},
+            state.model.save_pretrained(tmp, state_dict=weights)
+            state.tok.save_pretrained(tmp)
+            torch.save({"step": step, "totals": dict(state.totals), "loop": {"version": state.version}, "ranks": ranks,
+                        "optimizer": optimizer, "scheduler": state.sched.state_dict(),
+                        "config": dataclasses.asdict(cfg)},
                        os.path.join(tmp, "trainer_state.pt"))
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
@@ -2503,23 +2543,24 @@ def resumed_config(cfg, ckpt):
                      "resume": ckpt}), state
 
 
-def restore(state, s, out):
+def restore(saved, state, out):
     """Put a checkpoint's state back, and cut metrics.jsonl back to its step (rows logged after the checkpoint
     are written again by the resumed run): no step is duplicated or missing."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-    set_optimizer_state_dict(s.model, s.opt, state["optimizer"], options=StateDictOptions(full_state_dict=launched()))
-    s.sched.load_state_dict(state["scheduler"])
-    mine = state["ranks"][rank()]
-    s.cur.__dict__.update({**mine["curriculum"], "removed": set(mine["curriculum"]["removed"])})
-    s.totals.update(state["totals"])
-    s.version, s.serial = state["loop"]["version"], mine["serial"]
-    s.requeue.extend(mine["pending"])
+    set_optimizer_state_dict(state.model, state.opt, saved["optimizer"],
+                             options=StateDictOptions(full_state_dict=launched()))
+    state.sched.load_state_dict(saved["scheduler"])
+    mine = saved["ranks"][rank()]
+    state.curriculum.__dict__.update({**mine["curriculum"], "removed": set(mine["curriculum"]["removed"])})
+    state.totals.update(saved["totals"])
+    state.version, state.serial = saved["loop"]["version"], mine["serial"]
+    state.requeue.extend(mine["pending"])
     torch.set_rng_state(mine["torch_rng"])
     if mine["cuda_rng"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(mine["cuda_rng"])
     path = os.path.join(out, "metrics.jsonl")
     with open(path) as f:
-        rows = [r for r in map(json.loads, f) if r["step"] <= state["step"]]
+        rows = [r for r in map(json.loads, f) if r["step"] <= saved["step"]]
     if rank() == 0:
         with open(path + ".tmp", "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)

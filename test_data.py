@@ -120,7 +120,7 @@ def test_reference_answers_are_normalised():
 
 
 # ---------------------------------------------------------------------------------------------- grader
-def flaky_reward(text, answer):
+def flaky_reward(text, answer, row=None):
     """A reward function with the failures a real grader can have, for the grading processes to survive."""
     if text == "hang":
         time.sleep(600)
@@ -196,7 +196,7 @@ def write_all_formats(records, root):
 def test_each_format_loads_the_same_prompts(records, expected, tmp_path):
     cfg = S.Config()
     for kind, path in write_all_formats(records, tmp_path).items():
-        assert S.load_rows(path, cfg) == expected, kind
+        assert pairs(S.load_rows(path, cfg)) == expected, kind
 
 
 @pytest.mark.parametrize("records", [ARITH, GSM], ids=["arith", "gsm8k"])
@@ -207,23 +207,29 @@ def test_bom_jsonl_and_csv_load_like_plain_jsonl(records, tmp_path):
     plain = write_all_formats(records, tmp_path)["jsonl"]
     bom = tmp_path / "bom.jsonl"
     bom.write_bytes(b"\xef\xbb\xbf" + open(plain, "rb").read())
-    want = S.load_rows(plain, S.Config())
+    want = pairs(S.load_rows(plain, S.Config()))
     for name, encoding in (("d.csv", "utf-8"), ("excel.csv", "utf-8-sig")):
         with open(tmp_path / name, "w", encoding=encoding, newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(records[0]))
             writer.writeheader()
             writer.writerows(records)
-        assert S.load_rows(str(tmp_path / name), S.Config()) == want, name
-    assert S.load_rows(str(bom), S.Config()) == want and len(want) == len(records)
+        assert pairs(S.load_rows(str(tmp_path / name), S.Config())) == want, name
+    assert pairs(S.load_rows(str(bom), S.Config())) == want and len(want) == len(records)
 
 
 def test_a_bad_csv_row_is_named_with_its_line(tmp_path):
     path = tmp_path / "d.csv"
     path.write_text('problem,answer\n"What is\n1 + 1?",2\n,3\n')  # a quoted prompt over two lines, then no prompt
-    assert S.load_rows(str(path), S.Config(skip_bad_rows=True)) == [("What is\n1 + 1?", "2")]
+    assert S.load_rows(str(path), S.Config(skip_bad_rows=True)) == [("What is\n1 + 1?", "2",
+                                                                     {"problem": "What is\n1 + 1?", "answer": "2"})]
     with pytest.raises(S.ScaleRLError) as e:
         S.load_rows(str(path), S.Config())
     assert "line 4: empty prompt" in str(e.value)
+
+
+def pairs(items):
+    """(prompt, answer) of load_rows' and load_data's (prompt, answer, row) items."""
+    return [(p, a) for p, a, _ in items]
 
 
 def write_jsonl(path, lines):
@@ -256,7 +262,7 @@ def test_each_kind_of_bad_row_is_named_with_its_line(line, message, tmp_path, ca
     err = str(e.value)
     assert e.value.status == 2 and path in err and f"line 2: {message}" in err and "--skip-bad-rows" in err
     rows = S.load_rows(path, S.Config(skip_bad_rows=True))
-    assert rows == [("What is 1 + 1?", "2")] * 2
+    assert pairs(rows) == [("What is 1 + 1?", "2")] * 2
     assert "skipped 1 of 3 rows (first: line 2" in capsys.readouterr().err
 
 
@@ -285,7 +291,8 @@ def test_unreadable_data_gives_one_clear_error(name, content, message, tmp_path)
 
 def test_field_names_can_be_given(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", ['{"query": "q1", "label": 7, "answer": "x"}'])
-    assert S.load_rows(path, S.Config(prompt_key="query", answer_key="label")) == [("q1", "7")]
+    assert S.load_rows(path, S.Config(prompt_key="query", answer_key="label")) == [
+        ("q1", "7", {"query": "q1", "label": 7, "answer": "x"})]  # the whole row, for the reward
 
 
 def cli(*args, env=None, timeout=300):
@@ -324,9 +331,9 @@ def test_validation_split_is_seeded_disjoint_and_never_trained_on(tmp_path):
     rows = [json.dumps({"problem": f"p{k % 25}", "answer": k % 25}) for k in range(50)]  # each prompt twice
     path = write_jsonl(tmp_path / "d.jsonl", rows)
     train, val = S.load_data(data_cfg(path, val_size=10))
-    assert len(val) == 10 and not {p for p, _ in train} & {p for p, _ in val}
-    assert {p for p, _ in train} | {p for p, _ in val} == {f"p{k}" for k in range(25)}
-    assert len(train) == 50 - 2 * len({p for p, _ in val})  # the other copy of a held-out prompt goes too
+    assert len(val) == 10 and not {p for p, _, _ in train} & {p for p, _, _ in val}
+    assert {p for p, _, _ in train} | {p for p, _, _ in val} == {f"p{k}" for k in range(25)}
+    assert len(train) == 50 - 2 * len({p for p, _, _ in val})  # the other copy of a held-out prompt goes too
     assert S.load_data(data_cfg(path, val_size=10)) == (train, val)  # same seed, same split
     assert S.load_data(data_cfg(path, val_size=10, seed=1))[1] != val
     assert len(S.load_data(data_cfg(path, val_size=10, train_size=5))[0]) == 5
@@ -336,7 +343,7 @@ def test_val_data_file_is_held_out(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [json.dumps({"problem": f"p{k}", "answer": k}) for k in range(20)])
     val_path = write_jsonl(tmp_path / "v.jsonl", [json.dumps({"problem": f"p{k}", "answer": k}) for k in (3, 30)])
     train, val = S.load_data(data_cfg(path, val_data=val_path))
-    assert val == [("p3", "3"), ("p30", "30")] and len(train) == 19 and ("p3", "3") not in train
+    assert pairs(val) == [("p3", "3"), ("p30", "30")] and len(train) == 19 and ("p3", "3") not in pairs(train)
 
 
 def test_too_little_data_is_refused(tmp_path):

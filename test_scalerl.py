@@ -163,18 +163,18 @@ def test_truncated_completions_leave_the_batch_by_hand():
     samples, stats = S.build_batch(prompts, groups, rewards, S.Config(mask_truncated=True))
     # valid: group 0 -> rewards (1, 0), group 1 -> (0, 1): advantages +-0.5, batch std 0.5; group 2 has one valid
     assert stats == {"zero_variance_frac": pytest.approx(1 / 3), "active_prompts": 2, "truncated_excluded": 4}
-    assert [(s["prompt"][1], len(s["tokens"])) for s in samples] == [(10, 2), (10, 4), (11, 3), (11, 5)]
-    assert [s["advantage"] for s in samples] == pytest.approx([1, -1, -1, 1], abs=1e-5)
+    assert [(s.prompt[1], len(s.tokens)) for s in samples] == [(10, 2), (10, 4), (11, 3), (11, 5)]
+    assert [s.advantage for s in samples] == pytest.approx([1, -1, -1, 1], abs=1e-5)
     # prompt-level aggregation over the valid tokens only: group 0 has 6, group 1 has 8
-    assert [s["weight"] for s in samples] == pytest.approx([1 / 12, 1 / 12, 1 / 16, 1 / 16])
+    assert [s.weight for s in samples] == pytest.approx([1 / 12, 1 / 12, 1 / 16, 1 / 16])
     samples, stats = S.build_batch(prompts, groups, rewards, S.Config(mask_truncated=False))
     assert stats == {"zero_variance_frac": 0.0, "active_prompts": 3, "truncated_excluded": 0} and len(samples) == 9
     centred = rewards - rewards.mean(axis=1, keepdims=True)
-    np.testing.assert_allclose([s["advantage"] for s in samples], (centred / (centred.std() + 1e-6)).ravel())
-    assert [s["weight"] for s in samples] == pytest.approx([1 / 36] * 3 + [1 / 33] * 3 + [1 / 33] * 3)
+    np.testing.assert_allclose([s.advantage for s in samples], (centred / (centred.std() + 1e-6)).ravel())
+    assert [s.weight for s in samples] == pytest.approx([1 / 36] * 3 + [1 / 33] * 3 + [1 / 33] * 3)
     # without the zero-variance filter, the group with one valid completion enters with advantage 0
     samples, stats = S.build_batch(prompts, groups, rewards, S.Config(mask_truncated=True, zero_variance_filter=False))
-    assert stats["active_prompts"] == 3 and [s["advantage"] for s in samples][-1] == 0.0 and len(samples) == 5
+    assert stats["active_prompts"] == 3 and [s.advantage for s in samples][-1] == 0.0 and len(samples) == 5
 
 
 def test_injected_tokens_count_in_no_normaliser_by_hand():
@@ -188,7 +188,7 @@ def test_injected_tokens_count_in_no_normaliser_by_hand():
             "token": [1 / 8] * 4}                                  # 8 sampled tokens in the batch
     for agg, w in want.items():
         samples, _ = S.build_batch([[1], [2]], groups, rewards, S.Config(loss_agg=agg))
-        assert [s["weight"] for s in samples] == pytest.approx(w, rel=1e-12), agg
+        assert [s.weight for s in samples] == pytest.approx(w, rel=1e-12), agg
 
 
 def test_mask_truncated_default_depends_on_the_model():
@@ -222,8 +222,8 @@ def test_build_batch_uses_the_configured_advantages_and_aggregation(adv_norm, lo
     kept = [i for i in range(4) if rewards[i].max() > rewards[i].min()]
     adv = S.compute_advantages(rewards[kept], adv_norm)
     weights = S.completion_weights([lengths[i] for i in kept], loss_agg)
-    assert [s["advantage"] for s in samples] == adv.ravel().tolist()
-    assert [s["weight"] for s in samples] == [w for g in weights for w in g]
+    assert [s.advantage for s in samples] == adv.ravel().tolist()
+    assert [s.weight for s in samples] == [w for g in weights for w in g]
     others = {m for m in ["batch", "prompt", "none"] if m != adv_norm}
     assert all(not np.allclose(S.compute_advantages(rewards[kept], m), adv) for m in others)
 
@@ -246,12 +246,12 @@ def test_zero_variance_filter_drops_exactly_flat_groups():
     groups = [[S.Completion([5, 2], [-1.0, -1.0], True, [1, 1], [0, 0])] * 3 for _ in range(4)]
     prompts = [[1, 10 + i] for i in range(4)]
     samples, stats = S.build_batch(prompts, groups, rewards, S.Config())
-    assert sorted({tuple(s["prompt"]) for s in samples}) == [(1, 12), (1, 13)]
+    assert sorted({tuple(s.prompt) for s in samples}) == [(1, 12), (1, 13)]
     assert stats == {"zero_variance_frac": 0.5, "active_prompts": 2, "truncated_excluded": 0}
     samples, stats = S.build_batch(prompts, groups, rewards, S.Config(mask_truncated=True, zero_variance_filter=False))
     assert len(samples) == 12 and stats["active_prompts"] == 4
     # flat groups kept without the filter carry zero advantage
-    assert all(s["advantage"] == 0 for s in samples if s["prompt"][1] in (10, 11))
+    assert all(s.advantage == 0 for s in samples if s.prompt[1] in (10, 11))
 
 
 # ---------------------------------------------------------------------------------------------- curriculum
@@ -321,7 +321,7 @@ def test_hf_engine_logprobs_equal_trainer_logprobs(default_model, temperature):
     prompts = [tok("3941:").input_ids] * 5 + [tok("12:").input_ids] * 5
     limits = [6, 2, 6, 3, 6] * 2  # each row is cut at its own limit
     comps, decoded = S.hf_generate(model, tok, prompts, limits, temperature, seed=1, lm_head_fp32=True)
-    samples = [{"prompt": p, "tokens": c.tokens} for p, c in zip(prompts, comps)]
+    samples = [S.Sample(prompt=p, tokens=c.tokens) for p, c in zip(prompts, comps)]
     for c, limit in zip(comps, limits):
         assert c.finished == (c.tokens[-1] == tok.eos_token_id) and (c.finished or len(c.tokens) == limit)
         assert tok.eos_token_id not in c.tokens[:-1] and len(c.tokens) <= limit and c.mask == [1] * len(c.tokens)
@@ -372,11 +372,11 @@ def test_gradient_accumulation_is_exact(default_model, tmp_path):
     """One step with tiny micro-batches gives the same update as one big micro-batch."""
     model, tok = default_model
     rng = np.random.default_rng(0)
-    samples = [{"prompt": tok("1234:").input_ids[: 2 + i % 4], "tokens": rng.integers(6, 18, 1 + i % 5).tolist(),
-                "advantage": float(rng.normal()), "weight": 0.05} for i in range(10)]
+    samples = [S.Sample(prompt=tok("1234:").input_ids[: 2 + i % 4], tokens=rng.integers(6, 18, 1 + i % 5).tolist(),
+                advantage=float(rng.normal()), weight=0.05) for i in range(10)]
     for s in samples:
-        s["gen_logprobs"] = (-2.0 + 0.1 * rng.normal(size=len(s["tokens"]))).tolist()
-        s["mask"] = [1] * len(s["tokens"])
+        s.gen_logprobs = (-2.0 + 0.1 * rng.normal(size=len(s.tokens))).tolist()
+        s.mask = [1] * len(s.tokens)
     deltas = []
     for budget in (10, 10_000):
         m = copy.deepcopy(model)
@@ -393,9 +393,9 @@ def test_gradient_accumulation_is_exact(default_model, tmp_path):
 
 def plain_logprobs(model, s):
     """A completion's log-probs from one plain forward pass of prompt + completion (no padding, no chunks), float64."""
-    logits = model(torch.tensor([s["prompt"] + s["tokens"]])).logits[0].double()
-    pos = torch.arange(len(s["prompt"]) - 1, len(s["prompt"]) - 1 + len(s["tokens"]))
-    return torch.log_softmax(logits[pos], -1).gather(1, torch.tensor(s["tokens"])[:, None])[:, 0]
+    logits = model(torch.tensor([s.prompt + s.tokens])).logits[0].double()
+    pos = torch.arange(len(s.prompt) - 1, len(s.prompt) - 1 + len(s.tokens))
+    return torch.log_softmax(logits[pos], -1).gather(1, torch.tensor(s.tokens)[:, None])[:, 0]
 
 
 def hand_gradient(model, samples, eps_max):
@@ -406,11 +406,11 @@ def hand_gradient(model, samples, eps_max):
     total, truncated = 0.0, 0
     for s in samples:
         lp = plain_logprobs(model, s)
-        for t, (x, g, m) in enumerate(zip(lp.tolist(), s["gen_logprobs"], s["mask"])):
+        for t, (x, g, m) in enumerate(zip(lp.tolist(), s.gen_logprobs, s.mask)):
             if m:
                 rho = math.exp(x - g)
                 truncated += rho > eps_max
-                total = total + (-s["weight"] * s["advantage"] * min(rho, eps_max)) * lp[t]
+                total = total + (-s.weight * s.advantage * min(rho, eps_max)) * lp[t]
     total.backward()
     grads = {n: p.grad.double().clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
@@ -422,11 +422,11 @@ def off_policy_samples(model, tok, ratios, seed=0):
     rng = np.random.default_rng(seed)
     samples = []
     for i in range(6):
-        s = {"prompt": tok("4712:").input_ids, "tokens": rng.integers(6, 30, 4).tolist(), "mask": [1, 1, 0, 1],
-             "advantage": (-1.0) ** i * (1 + 0.1 * i), "weight": 0.05}
+        s = S.Sample(prompt=tok("4712:").input_ids, tokens=rng.integers(6, 30, 4).tolist(), mask=[1, 1, 0, 1],
+             advantage=(-1.0) ** i * (1 + 0.1 * i), weight=0.05)
         with torch.no_grad():
             lp = plain_logprobs(model, s).tolist()
-        s["gen_logprobs"] = [x - math.log(ratios[t % len(ratios)]) for t, x in enumerate(lp)]
+        s.gen_logprobs = [x - math.log(ratios[t % len(ratios)]) for t, x in enumerate(lp)]
         samples.append(s)
     return samples
 
@@ -449,7 +449,7 @@ def test_cispo_gradient_in_train_step_by_hand(default_model):
                                    msg=lambda e, n=n: f"{n}: {e}")
     assert max(g.abs().max().item() for g in want.values()) > 1e-2
     # a loss that dropped the truncated tokens' gradient (or kept their weight at 10) would move them otherwise
-    dropped, _ = hand_gradient(m, [{**s, "mask": [0, 1, 0, 0]} for s in samples], eps_max=2.0)
+    dropped, _ = hand_gradient(m, [dataclasses.replace(s, mask=[0, 1, 0, 0]) for s in samples], eps_max=2.0)
     assert max((want[n] - dropped[n]).abs().max().item() for n in want) > 1e-3
 
 
@@ -489,8 +489,8 @@ def test_fp32_head_in_the_trainer_under_bf16_autocast(default_model):
     m = copy.deepcopy(model)
     rng = np.random.default_rng(3)
     prompt = tok("93:").input_ids
-    samples = [{"prompt": prompt, "tokens": rng.integers(6, 30, 6).tolist(), "mask": [1] * 6, "advantage": 1.0,
-                "weight": 0.0, "gen_logprobs": [0.0] * 6} for _ in range(5)]  # one length: micro-batch order kept
+    samples = [S.Sample(prompt=prompt, tokens=rng.integers(6, 30, 6).tolist(), mask=[1] * 6, advantage=1.0,
+                weight=0.0, gen_logprobs=[0.0] * 6) for _ in range(5)]  # one length: micro-batch order kept
     captured = []
     hook = m.model.norm.register_forward_hook(lambda mod, i, o: captured.append(o.detach()))
     opt = torch.optim.SGD(m.parameters(), lr=0.0)
@@ -503,8 +503,8 @@ def test_fp32_head_in_the_trainer_under_bf16_autocast(default_model):
             S.train_step(m, opt, sched, samples, cfg, tok.pad_token_id, torch.bfloat16)
             (h,) = captured
             logits = h[:, len(prompt) - 1:-1].double() @ m.lm_head.weight.double().T / 0.8
-            ref = torch.log_softmax(logits, -1).gather(2, torch.tensor([s["tokens"] for s in samples])[..., None])
-            refs = [dict(s, gen_logprobs=r[:, 0].tolist()) for s, r in zip(samples, ref)]
+            ref = torch.log_softmax(logits, -1).gather(2, torch.tensor([s.tokens for s in samples])[..., None])
+            refs = [dataclasses.replace(s, gen_logprobs=r[:, 0].tolist()) for s, r in zip(samples, ref)]
             mismatch[fp32] = S.train_step(m, opt, sched, refs, cfg, tok.pad_token_id, torch.bfloat16)[
                 "mismatch_abs_logprob"]
     finally:
@@ -529,24 +529,24 @@ def test_dtype_bfloat16_reaches_the_trainer_and_the_hf_engine_in_a_run(tmp_path,
 
 
 def test_micro_batches_respect_budget():
-    samples = [{"prompt": [1] * 3, "tokens": [2] * L} for L in [1, 7, 2, 9, 4, 4, 30]]
+    samples = [S.Sample(prompt=[1] * 3, tokens=[2] * L) for L in [1, 7, 2, 9, 4, 4, 30]]
     mbs = S.micro_batches(samples, 24)
     assert sorted(id(s) for mb in mbs for s in mb) == sorted(id(s) for s in samples)
     for mb in mbs:
-        width = max(len(s["prompt"]) + len(s["tokens"]) for s in mb)
+        width = max(len(s.prompt) + len(s.tokens) for s in mb)
         assert width * len(mb) <= 24 or len(mb) == 1
 
 
 # ---------------------------------------------------------------------------------------------- task
 def test_task_is_verifiable_uniform_and_held_out():
     train, val = S.make_task(3000, 500, seed=0)
-    assert not {p for p, _ in train} & {p for p, _ in val}
-    for p, a in train[:200]:
-        assert p.endswith(":") and a == max(p[:-1]) and 3 <= len(p) - 1 <= 7
+    assert not {p for p, _, _ in train} & {p for p, _, _ in val}
+    for p, a, row in train[:200]:
+        assert p.endswith(":") and a == max(p[:-1]) and 3 <= len(p) - 1 <= 7 and row == {"prompt": p, "answer": a}
     for split in (train, val):
-        counts = np.unique([a for _, a in split], return_counts=True)[1]
+        counts = np.unique([a for _, a, _ in split], return_counts=True)[1]
         assert len(counts) == 8 and counts.max() - counts.min() <= 1  # answers 2-9, uniform
-        assert S.best_constant_pass_rate([a for _, a in split])[1] <= 1 / 8 + 1 / len(split)
+        assert S.best_constant_pass_rate([a for _, a, _ in split])[1] <= 1 / 8 + 1 / len(split)
     assert S.reward_last_digit("x7 9", "9") == 1.0
     assert S.reward_last_digit("9</think>", "9") == 0.0  # a digit in the reasoning is not the answer
     assert S.reward_last_digit("", "9") == 0.0
@@ -555,12 +555,12 @@ def test_task_is_verifiable_uniform_and_held_out():
 @pytest.mark.parametrize("task", ["hidden", "second"])
 def test_the_other_tasks_are_distinct_held_out_uniform_and_verifiable(task):
     train, val = S.make_task(3000, 400, seed=1, task=task)
-    assert len({p for p, _ in train}) == 3000 and not {p for p, _ in train} & {p for p, _ in val}
+    assert len({p for p, _, _ in train}) == 3000 and not {p for p, _, _ in train} & {p for p, _, _ in val}
     for split in (train, val):
-        counts = np.unique([a for _, a in split], return_counts=True)[1]
+        counts = np.unique([a for _, a, _ in split], return_counts=True)[1]
         assert len(counts) == 8 and counts.max() - counts.min() <= 1
-        assert S.best_constant_pass_rate([a for _, a in split])[1] <= 0.15
-    for p, a in train[:300]:
+        assert S.best_constant_pass_rate([a for _, a, _ in split])[1] <= 0.15
+    for p, a, _ in train[:300]:
         digits = p[:-1]
         assert p.endswith(":") and 3 <= len(digits) <= 7
         if task == "hidden":  # two digits hidden; the answer is at least every visible digit
@@ -581,7 +581,7 @@ def test_hidden_task_ceiling_by_hand():
     like = [2 * (t + 1.0) ** -2 + (2 if t == 2 else 0) * (t + 1.0) ** -1 for t in range(2, 10)]
     assert S.hidden_task_ceiling(["2.2.:"]) == pytest.approx(max(like) / sum(like))
     _, val = S.make_task(100, 400, seed=0, task="hidden")
-    assert 0.6 < S.hidden_task_ceiling([p for p, _ in val]) < 0.9  # below 1, so that the task does not saturate
+    assert 0.6 < S.hidden_task_ceiling([p for p, _, _ in val]) < 0.9  # below 1, so that the task does not saturate
 
 
 # ---------------------------------------------------------------------------------------------- live fit
@@ -767,7 +767,7 @@ def test_penalty_is_added_to_correct_answers_only(default_model):
                C(digits("1111117") + [eos], True),      # 8 tokens, right: -0.5
                C(digits("1111113") + [eos], True),      # 8 tokens, wrong: 0, not -0.5
                C(digits("7"), False)]]                  # cut off: no final answer, 0
-    correct, reward, errors = S.score(tok, groups, ["7"], S.Grader(S.reward_last_digit, 0, 1.0), cfg)
+    correct, reward, errors = S.score(tok, groups, [("5:", "7", {})], S.Grader(S.reward_last_digit, 0, 1.0), cfg)
     assert correct.tolist() == [[1, 1, 0, 0]] and reward.tolist() == [[1, 0.5, 0, 0]] and errors == []
 
 
@@ -835,10 +835,10 @@ def stale_samples(model, tok, seed=0):
             p.add_(0.2 * torch.randn_like(p))
     samples = []
     for i in range(6):
-        x = {"prompt": tok("4712:").input_ids, "tokens": rng.integers(6, 30, 3 + i).tolist(), "advantage": (-1.0) ** i,
-             "weight": 0.05, "mask": [1] * (3 + i)}
+        x = S.Sample(prompt=tok("4712:").input_ids, tokens=rng.integers(6, 30, 3 + i).tolist(), advantage=(-1.0) ** i,
+             weight=0.05, mask=[1] * (3 + i))
         with torch.no_grad():
-            x["gen_logprobs"] = S.sequence_logprobs(old, [x], S.Config(), tok.pad_token_id).tolist()
+            x.gen_logprobs = S.sequence_logprobs(old, [x], S.Config(), tok.pad_token_id).tolist()
         samples.append(x)
     return samples
 
@@ -852,9 +852,9 @@ def test_train_step_uses_the_configured_loss_and_measures_the_mismatch(loss, def
     cfg = S.fill_defaults(S.Config(loss=loss, eps_max=1.5))
     with torch.no_grad():
         lp = S.sequence_logprobs(model, samples, cfg, tok.pad_token_id).double()
-    gen = torch.tensor([x for s in samples for x in s["gen_logprobs"]], dtype=torch.float64)
-    adv = torch.tensor([s["advantage"] for s in samples for _ in s["tokens"]], dtype=torch.float64)
-    seq = torch.tensor([k for k, s in enumerate(samples) for _ in s["tokens"]])
+    gen = torch.tensor([x for s in samples for x in s.gen_logprobs], dtype=torch.float64)
+    adv = torch.tensor([s.advantage for s in samples for _ in s.tokens], dtype=torch.float64)
+    seq = torch.tensor([k for k, s in enumerate(samples) for _ in s.tokens])
     want = {"cispo": lambda: S.cispo_loss(lp, gen, adv, 1.5), "dapo": lambda: S.dapo_loss(lp, gen, adv, 0.2, 0.28),
             "gspo": lambda: S.gspo_loss(lp, gen, adv, seq, 3e-4, 4e-4)}[loss]().sum().item() * 0.05
     m = copy.deepcopy(model)
@@ -908,21 +908,21 @@ def test_loss_ignores_injected_tokens(default_model):
         n = 3 + i
         mask = [1] * n
         mask[1:3] = [0, 0]
-        base.append({"prompt": tok("12:").input_ids, "tokens": rng.integers(6, 30, n).tolist(), "mask": mask,
-                     "gen_logprobs": (-3.0 + 0.1 * rng.normal(size=n)).tolist(), "advantage": (-1.0) ** i,
-                     "weight": 0.1})
+        base.append(S.Sample(prompt=tok("12:").input_ids, tokens=rng.integers(6, 30, n).tolist(), mask=mask,
+                     gen_logprobs=(-3.0 + 0.1 * rng.normal(size=n)).tolist(), advantage=(-1.0) ** i,
+                     weight=0.1))
     results = []
     for placeholder in (0.0, 50.0, float("nan")):
         samples = copy.deepcopy(base)
         for s in samples:
-            s["gen_logprobs"] = [x if m else placeholder for x, m in zip(s["gen_logprobs"], s["mask"])]
+            s.gen_logprobs = [x if m else placeholder for x, m in zip(s.gen_logprobs, s.mask)]
         m = copy.deepcopy(model)
         opt = torch.optim.SGD(m.parameters(), lr=1.0)
         stats = S.train_step(m, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), samples, S.Config(),
                              tok.pad_token_id)
         results.append((stats, torch.nn.utils.parameters_to_vector(m.parameters()).detach()))
     (s0, p0), *rest = results
-    assert s0["trained_tokens"] == sum(sum(s["mask"]) for s in base) and math.isfinite(s0["loss"])
+    assert s0["trained_tokens"] == sum(sum(s.mask) for s in base) and math.isfinite(s0["loss"])
     for s, p in rest:
         assert s["loss"] == s0["loss"] and s["trained_tokens"] == s0["trained_tokens"] and torch.equal(p, p0)
 
@@ -1019,7 +1019,7 @@ def engine_logprobs(engine, seq):
 
 def trainer_logprobs(model, seq, pad_id, temperature=1.0):
     with torch.no_grad():
-        return S.sequence_logprobs(model, [{"prompt": seq[:1], "tokens": seq[1:]}], S.Config(temperature=temperature),
+        return S.sequence_logprobs(model, [S.Sample(prompt=seq[:1], tokens=seq[1:])], S.Config(temperature=temperature),
                                    pad_id)
 
 
@@ -1043,8 +1043,8 @@ def test_vllm_push_after_a_training_step(vllm_engine):
     # one real training step on the engine's own samples
     prompts = [tok("3941:").input_ids, tok("27:").input_ids]
     groups = S.rollout(S.Rollouts(cfg, engine, tok), prompts, 4, seed=0)
-    samples = [{"prompt": p, "tokens": c.tokens, "gen_logprobs": c.logprobs, "mask": c.mask, "advantage": (-1.0) ** j,
-                "weight": 0.1} for p, g in zip(prompts, groups) for j, c in enumerate(g)]
+    samples = [S.Sample(prompt=p, tokens=c.tokens, gen_logprobs=c.logprobs, mask=c.mask, advantage=(-1.0) ** j,
+                weight=0.1) for p, g in zip(prompts, groups) for j, c in enumerate(g)]
     opt, sched = S.make_optimizer(model, S.Config(lr=1e-2, warmup_steps=0))
     S.train_step(model, opt, sched, samples, cfg, tok.pad_token_id)
     want = trainer_logprobs(model, seq, tok.pad_token_id)
@@ -1342,7 +1342,7 @@ def test_recorded_logprobs_are_those_of_the_weights_live_at_each_token(refresh, 
             assert (now - torch.tensor(c.logprobs)).abs().max() > 1e-3  # the ratio is not 1
     assert n_mixed >= 4
     samples, _ = S.build_batch(prompts, [g.completions for g in groups], np.array([[1.0, 0, 0], [0, 1.0, 0]]), cfg)
-    assert [s["gen_logprobs"] for s in samples] == [c.logprobs for g in groups for c in g.completions]
+    assert [s.gen_logprobs for s in samples] == [c.logprobs for g in groups for c in g.completions]
 
 
 class ScriptedEngine:
@@ -1425,7 +1425,7 @@ def test_ppo_takes_k_steps_per_generated_batch(tmp_path, monkeypatch, engine):
         need_vllm()
     # a reward a random policy gets half the time (completions that end, by parity), so that a round's first batch has
     # a gradient and the weights move before the round's later batches are trained
-    monkeypatch.setitem(S.REWARDS, "digit", lambda text, answer: float(len(text) % 2 == 0))
+    monkeypatch.setitem(S.REWARDS, "digit", lambda text, answer, row: float(len(text) % 2 == 0))
     rows = S.run(small_cfg(tmp_path, engine=engine, steps=6, off_policy="ppo", max_lag=3, zero_variance_filter=False,
                            eval_every=100, lr=3e-3, warmup_steps=0))
     assert all(r["zero_variance_frac"] < 1 and r["grad_norm"] > 0 for r in (rows[1], rows[4]))
@@ -1459,14 +1459,14 @@ def test_evaluation_mid_ppo_round_lets_the_round_finish_with_its_weights():
     decoding finish first, every token with the round's weights."""
     s, cfg = metrics_state(0, 0, ["yes", "no"])
     cfg = dataclasses.replace(cfg, off_policy="ppo", max_lag=2)
-    s.ro.cfg = cfg
+    s.rollouts.cfg = cfg
     s.engine.steps_for = lambda key: 4 if key[0][0] == "train" else 1
-    s.ro.add(("train", 0), [1], 2, 0, info=0)
-    s.ro.poll()  # one token decoded with the round's weights (version 0); three to go
+    s.rollouts.add(("train", 0), [1], 2, 0, info=0)
+    s.rollouts.poll()  # one token decoded with the round's weights (version 0); three to go
     s.version = 1
     val, _ = S.evaluate(s, cfg, 1)
-    assert val == 0.5 and s.engine.version == 1 and not s.ro.open
-    (g,) = s.ro.done
+    assert val == 0.5 and s.engine.version == 1 and not s.rollouts.open
+    (g,) = s.rollouts.done
     assert [c.versions for c in g.completions] == [[0, 0, 0, 0]] * 2
 
 
@@ -1485,13 +1485,13 @@ def test_npr_over_whole_epochs_in_a_run(tmp_path, monkeypatch, capsys):
     tiny = dict(engine="hf", train_size=8, val_size=8, prompts_per_step=4, generations_per_prompt=2, eval_every=100,
                 eval_samples=2, length_control="truncate", max_new_tokens=4)
     train, _ = S.make_task(8, 8, 0)  # the run's prompts (load_data: the built-in task, seed 0)
-    (nine,) = [i for i, (_, a) in enumerate(train) if a == "9"]
-    monkeypatch.setitem(S.REWARDS, "digit", lambda text, answer: float(answer == "9"))
+    (nine,) = [i for i, (_, a, _) in enumerate(train) if a == "9"]
+    monkeypatch.setitem(S.REWARDS, "digit", lambda text, answer, row: float(answer == "9"))
     rows = S.run(small_cfg(tmp_path / "a", steps=4, **tiny))
     assert len(drawn) == 16 and sorted(drawn[:8]) == list(range(8))
     assert sorted(drawn[8:15]) == [i for i in range(8) if i != nine] and drawn[15] != nine
     assert rows[-1]["npr_removed"] == 1 and rows[-1]["pool_size"] == 7 and rows[-1]["epoch"] == 3
-    monkeypatch.setitem(S.REWARDS, "digit", lambda text, answer: 1.0)
+    monkeypatch.setitem(S.REWARDS, "digit", lambda text, answer, row: 1.0)
     drawn.clear()
     rows = S.run(small_cfg(tmp_path / "b", steps=10, **tiny))
     assert [r["step"] for r in rows] == [0, 1, 2] and sorted(drawn) == list(range(8))
@@ -1592,6 +1592,36 @@ def test_cli_bad_input(args, message, tmp_path):
     assert not (tmp_path / "cache").exists() and not (tmp_path / "o").exists()  # nothing built, nothing written
 
 
+def test_the_reward_receives_the_whole_data_row(tmp_path, monkeypatch):
+    """A reward gets (text, answer, row): from a --data file, the row with every field, an extra column included,
+    through load_data, score and the grader; in a run of the built-in task, each graded completion's own
+    {"prompt", "answer"} row, of training and held-out prompts both. A reward of another signature is refused."""
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps({"problem": f"p{k}", "answer": k, "tolerance": k % 3}) + "\n"
+                            for k in range(30)))
+    cfg = S.Config(data=str(path), model="unused", prompts_per_step=4, val_size=10)
+    train, _ = S.load_data(cfg)
+    seen = []
+    grader = S.Grader(lambda text, answer, row: seen.append((text, answer, row)) or 1.0, 0, 10.0)
+    done = lambda: S.Completion([5, 6], [0.0, 0.0], True, [1, 1], [0, 0])  # noqa: E731
+    unfinished = S.Completion([5, 6], [0.0, 0.0], False, [1, 1], [0, 0])  # not graded
+    S.score(FakeTok(), [[done(), unfinished], [done(), done()]], train[:2], grader, S.Config())
+    rows = {f"p{k}": {"problem": f"p{k}", "answer": k, "tolerance": k % 3} for k in range(30)}
+    assert [(a, r) for _, a, r in seen] == [(train[0][1], rows[train[0][0]])] + [(train[1][1], rows[train[1][0]])] * 2
+    graded = []
+    monkeypatch.setitem(S.REWARDS, "digit", lambda text, answer, row: graded.append((answer, row)) or 0.0)
+    S.run(small_cfg(tmp_path, engine="hf", steps=1, val_size=8, prompts_per_step=4, length_control="truncate"))
+    task_train, task_val = S.make_task(256, 8, 0)
+    prompts = {p: a for p, a, _ in task_train + task_val}
+    assert graded and all(row == {"prompt": row["prompt"], "answer": a} and prompts[row["prompt"]] == a
+                          for a, row in graded)
+    assert {row["prompt"] for _, row in graded} & {p for p, _, _ in task_val}  # held-out rows too
+    assert {row["prompt"] for _, row in graded} & {p for p, _, _ in task_train}
+    monkeypatch.setitem(S.REWARDS, "digit", lambda text, answer: 0.0)
+    with pytest.raises(S.ScaleRLError, match="must take \\(completion_text, answer, row\\)"):
+        S.parse_args([])
+
+
 def test_reward_workers_and_timeout_reach_the_grader_in_a_run(tmp_path, monkeypatch):
     """--reward-workers 1 --reward-timeout 4.5 in a real run: the run's one grader has one process and that limit,
     and every completion scored (evaluations and the training step) went through that process, with the rewards that
@@ -1614,7 +1644,7 @@ def test_reward_workers_and_timeout_reach_the_grader_in_a_run(tmp_path, monkeypa
     assert made == [(S.reward_last_digit, 1, 4.5, 1, 4.5)] and len(rows) == 2
     assert len(graded) == 3 and all(items for items, _ in graded)  # step 0's evaluation, step 1, its evaluation
     for items, out in graded:
-        assert out == [(S.reward_last_digit(t, a), None) for t, a in items]
+        assert out == [(S.reward_last_digit(t, a), None) for t, a, _ in items]
     with pytest.raises(S.ScaleRLError, match="--reward-workers 0 grades in this process with no time limit"):
         S.parse_args(["--reward", "math", "--reward-workers", "0"])
     assert S.parse_args(["--reward", "math", "--reward-workers", "1"]).reward_workers == 1
@@ -1970,7 +2000,7 @@ def fixed_batch(flat_rank1=False):
             n = int(rng.integers(6, 12) if i < 3 else rng.integers(1, 5))
             mask = [int(rng.random() > 0.15) for _ in range(n)]
             group.append(S.Completion(rng.integers(3, 50, size=n).tolist(), (-rng.uniform(0.5, 4, size=n)).tolist(),
-                                      bool(j != 1), mask, [0] * n))
+                                      bool(j != 1), mask, [j % 3] * n))  # versions 0-2: lags 1-3 at 3
         groups.append(group)
     rewards = rng.integers(0, 2, size=(6, 4)).astype(float)
     rewards[:, 0], rewards[:, 2] = 1.0, 0.0  # every group varied (completions 0 and 2 are finished)...
@@ -1996,9 +2026,9 @@ def one_sgd_step(policy, model, prompts, groups, rewards, cfg):
     """build_batch and train_step with SGD at lr 1: the weights move by exactly minus the gradient."""
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     samples, _ = S.build_batch(prompts, groups, rewards, cfg)
-    before = {n: S.full(p).detach().clone() for n, p in model.named_parameters()}
+    before = {n: S.full_tensor(p).detach().clone() for n, p in model.named_parameters()}
     out = S.train_step(policy, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), samples, cfg, 0)
-    return out, {n: before[n] - S.full(p).detach() for n, p in model.named_parameters()}
+    return out, {n: before[n] - S.full_tensor(p).detach() for n, p in model.named_parameters()}
 
 
 def _grads_worker(rank, paths, out):
@@ -2045,43 +2075,45 @@ def test_two_ranks_loss_and_gradients_equal_one_process(tmp_path):
         assert max(g.abs().max().item() for g in grads.values()) > 1e-3  # gradients that can be told apart
 
 
-def grade_by_answer(text, answer):
+def grade_by_answer(text, answer, row):
     return float(answer == "yes")
 
 
-def fake_results(prompts, groups, rewards, cfg, lags, stale, in_flight):
+def fake_results(prompts, groups, rewards, cfg, stale, trained_version=3):
+    """What rl_step returns for a step that trained at `trained_version`, took 0.2 s to train and 0.1 s to push."""
     samples, stats = S.build_batch(prompts, groups, rewards, cfg)
     gs = [S.Group(("train", i), p, g, [], []) for i, (p, g) in enumerate(zip(prompts, groups))]
-    return dict(groups=gs, rewards=rewards, samples=samples, stats=stats, update={"trained_tokens": 5}, lags=lags,
-                stale=stale, in_flight=in_flight, t_step=0.5, t_gen=0.1, t_train=0.2, t_sync=0.1)
+    return dict(groups=gs, rewards=rewards, errors=[], samples=samples, stats=stats,
+                update={"trained_tokens": 5, "train_seconds": 0.2}, stale=stale, trained_version=trained_version,
+                push_seconds=0.1)
 
 
-def metrics_state(decoded, steps, val_answers):
+def metrics_state(decoded, steps, val_answers, in_flight=0):
     cfg = S.Config(prompts_per_step=6, generations_per_prompt=4, eval_samples=2, length_control="truncate")
     engine = ScriptedEngine(lambda key: 3)
     ro = S.Rollouts(cfg, engine, FakeTok())
     lin = torch.nn.Linear(3, 2)
     opt = torch.optim.SGD(lin.parameters(), lr=0.1)
     s = S.State(lin, FakeTok(), opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), None, engine, ro,
-                S.Grader(grade_by_answer, 0, 10), [("p", "a")] * 40, [[1]] * 40, [[1, 2]] * len(val_answers),
-                val_answers, S.Curriculum(40, 0, S.rank(), S.world()),
+                S.Grader(grade_by_answer, 0, 10), [("p", "a", {})] * 40, [[1]] * 40,
+                [("p", a, {}) for a in val_answers], [[1, 2]] * len(val_answers),
+                S.Curriculum(40, 0, S.rank(), S.world()),
                 {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0, "skipped_updates": 0})
-    ro.decoded, ro.steps = decoded, steps
+    ro.decoded, ro.steps, ro.seconds = decoded, steps, 0.1  # the step's engine time
+    ro.open = {("train", 100 + k): None for k in range(in_flight)}  # training groups still generating
     return s, cfg
 
 
 VAL_ANSWERS = ["yes" if i % 3 == 0 else "no" for i in range(7)]  # 3 of 7 right; ranks' shares: 2/4 and 1/3
-RANK_EXTRAS = [dict(lags=[0, 1, 1, 2], stale=1, in_flight=3, decoded=50, steps=5),
-               dict(lags=[0, 3], stale=0, in_flight=2, decoded=30, steps=5)]
+RANK_EXTRAS = [dict(stale=1, in_flight=3, decoded=50, steps=5), dict(stale=0, in_flight=2, decoded=30, steps=5)]
 
 
 def _metrics_worker(rank, out):
     prompts, groups, rewards = fixed_batch()
     mine = slice(0, 3) if rank == 0 else slice(3, 6)
     x = RANK_EXTRAS[rank]
-    s, cfg = metrics_state(x["decoded"], x["steps"], VAL_ANSWERS)
-    row = S.metrics_row(s, cfg, 1, fake_results(prompts[mine], groups[mine], rewards[mine], cfg, x["lags"],
-                                                x["stale"], x["in_flight"]))
+    s, cfg = metrics_state(x["decoded"], x["steps"], VAL_ANSWERS, x["in_flight"])
+    row = S.metrics_row(s, cfg, 1, fake_results(prompts[mine], groups[mine], rewards[mine], cfg, x["stale"]), 0.5)
     val, _ = S.evaluate(s, cfg, 1)
     if rank == 0:
         torch.save((row, val), out)
@@ -2093,9 +2125,9 @@ def test_rank_zero_metrics_and_evaluation_cover_both_ranks(tmp_path):
     on_two_ranks(_metrics_worker, str(tmp_path / "row.pt"))
     row, val = torch.load(tmp_path / "row.pt", weights_only=False)
     a, b = RANK_EXTRAS
-    s, cfg = metrics_state(a["decoded"] + b["decoded"], a["steps"] + b["steps"], VAL_ANSWERS)
-    want = S.metrics_row(s, cfg, 1, fake_results(*fixed_batch(), cfg, a["lags"] + b["lags"], a["stale"] + b["stale"],
-                                                 a["in_flight"] + b["in_flight"]))
+    s, cfg = metrics_state(a["decoded"] + b["decoded"], a["steps"] + b["steps"], VAL_ANSWERS,
+                           a["in_flight"] + b["in_flight"])
+    want = S.metrics_row(s, cfg, 1, fake_results(*fixed_batch(), cfg, a["stale"] + b["stale"]), 0.5)
     assert row["device_hours"] == pytest.approx(2 * want["device_hours"])  # both devices' time
     assert want["gen_tokens"] > 0 and want["active_prompts"] == 5 and want["lag_max"] == 3
     for k in want:
@@ -2108,25 +2140,27 @@ def test_metrics_row_by_hand():
     """One step's row against values worked out by hand (a 2 x 3 + 2 = 8-parameter model): two prompts of 3 and 2
     tokens, 4 completions each; prompt 1 is flat (dropped), completion (0, 2) and (1, 2) did not end, (0, 3) was
     interrupted (2 injected tokens)."""
-    s, cfg = metrics_state(50, 5, ["yes"])
-    C = lambda n, finished=True, mask=None, intr=False: S.Completion(  # noqa: E731
-        [5] * n, [-1.0] * n, finished, mask or [1] * n, [0] * n, intr)
-    groups = [[C(4), C(2), C(3, False), C(5, True, [1, 0, 0, 1, 1], True)], [C(1), C(1), C(6, False), C(2)]]
+    s, cfg = metrics_state(50, 5, ["yes"], in_flight=3)
+    C = lambda n, finished=True, mask=None, intr=False, versions=None: S.Completion(  # noqa: E731
+        [5] * n, [-1.0] * n, finished, mask or [1] * n, versions or [0] * n, intr)
+    groups = [[C(4, versions=[2, 2, 1, 1]), C(2, versions=[2, 2]), C(3, False),
+               C(5, True, [1, 0, 0, 1, 1], True, [1] * 5)], [C(1), C(1), C(6, False), C(2)]]
     rewards = np.array([[1.0, 0, 0, 1.0], [0.0, 0, 0, 0]])
-    r = fake_results([[1, 2, 3], [4, 5]], groups, rewards, cfg, lags=[0, 1, 1, 2], stale=1, in_flight=3)
-    row = S.metrics_row(s, cfg, 1, r)
+    r = fake_results([[1, 2, 3], [4, 5]], groups, rewards, cfg, stale=1, trained_version=2)
+    row = S.metrics_row(s, cfg, 1, r, 0.5)
+    # lags of the trained (sampled) tokens at version 2: 0 0 1 1 | 0 0 | 2 2 2 | 1 1 1 (the two injected not counted)
     # generated tokens 4+2+3+5 + 1+1+6+2 = 24, of which 22 sampled; prompt tokens 3 + 2 (once per group);
     # trained: the 4 samples of prompt 0, 4 x 3 prompt + 14 completion tokens = 26
     # flops: 2 N (prompt + generated) + 6 N trained = 2*8*(5 + 24) + 6*8*26 = 464 + 1248
     want = {"step": 1, "flops": 1712.0, "gen_tokens": 22, "train_tokens": 5, "skipped_updates": 0,
             "device_hours": 0.5 / 3600, "reward_mean": 2 / 8, "zero_variance_frac": 0.5, "active_prompts": 1,
             "truncated_excluded": 0, "npr_removed": 0, "pool_size": 40, "truncated_frac": 2 / 8,
-            "interrupted_frac": 1 / 8, "mean_completion_tokens": 24 / 8, "lag_mean": 1.0, "lag_max": 2,
+            "interrupted_frac": 1 / 8, "mean_completion_tokens": 24 / 8, "lag_mean": 11 / 12, "lag_max": 2,
             "stale_dropped": 1, "inflight_groups": 3, "engine_batch_mean": 50 / 5, "step_seconds": 0.5,
             "gen_seconds": 0.1, "train_seconds": 0.2, "sync_seconds": 0.1, "loss": 0.0, "grad_norm": 0.0}
     assert {k: row[k] for k in want} == pytest.approx(want, rel=1e-12)
     assert row["flops"] == s.totals["flops"]  # the counter goes on from the row
-    S.metrics_row(s, cfg, 2, r)
+    S.metrics_row(s, cfg, 2, r, 0.5)
     assert s.totals["flops"] == 2 * 1712 and s.totals["gen_tokens"] == 44  # cumulative
 
 
@@ -2441,9 +2475,11 @@ def test_the_readme_fork_example_reward_runs_as_written(tmp_path):
     try:
         assert fork.parse_args(["--reward", "number"]).reward == "number"
         grader = fork.Grader(fork.REWARDS["number"], 0, 10.0)
-        rewards, errors = grader([("<think>7 and 9</think> it is 1,234", "1234"), ("<think>12</think> 13", "12"),
-                                  ("12", "12.0"), ("<think>9</think>", "9"), ("3", "three")])
-        assert list(rewards) == [1.0, 0.0, 1.0, 0.0, 0.0] and len(errors) == 1 and "ValueError" in errors[0]
+        rewards, errors = grader([("<think>7 and 9</think> it is 1,234", "1234", {}),
+                                  ("<think>12</think> 13", "12", {}),
+                                  ("<think>12</think> 13", "12", {"tolerance": 1}), ("12", "12.0", {"tolerance": "0"}),
+                                  ("<think>9</think>", "9", {}), ("3", "three", {})])
+        assert list(rewards) == [1.0, 0.0, 1.0, 1.0, 0.0, 0.0] and len(errors) == 1 and "ValueError" in errors[0]
     finally:
         sys.modules.pop("scalerl_fork")
 
@@ -2462,8 +2498,8 @@ def test_the_readme_fork_example_dataset_runs_as_written(tmp_path, monkeypatch):
     rows = [json.loads(line) for line in open(tmp_path / "sums.jsonl")]
     assert len(rows) == 600 and len(val) == 100 and len(train) + len(val) <= 600
     sums = {r["prompt"]: str(r["answer"]) for r in rows}
-    assert all(sums[p] == a for p, a in train + val)
-    assert all(str(sum(map(int, re.findall(r"\d+", p)))) == a for p, a in train + val)
+    assert all(sums[p] == a and sums[row["prompt"]] == str(row["answer"]) for p, a, row in train + val)
+    assert all(str(sum(map(int, re.findall(r"\d+", p)))) == a for p, a, _ in train + val)
 
 
 def test_the_readme_fork_example_loss_runs_as_written(tmp_path):
