@@ -2344,9 +2344,8 @@ def test_split_synchronous_run_writes_the_one_process_metrics(tmp_path):
     with the same seeds, so with one thread on each side, as the one-process run has here, the same metrics bit for
     bit, but for the mismatch columns (float32 rounding on both sides, under 1e-5), the loss and gradient norm (which
     carry that rounding through the importance ratio: seen to differ by 7e-9; allowed 1e-6, or a relative 1e-5),
-    the timing columns, the split's
-    idle fractions, and engine_batch_mean, which depends on when a continuation (after an interruption) reaches the
-    engine: at once in one process, a message later in the split. (Another thread count changes float sums, and then
+    the timing columns, the split's idle fractions, and engine_batch_mean, which depends on when a continuation
+    (after an interruption) reaches the engine: at once in one process, a message later in the split. (Another thread count changes float sums, and then
     sampled tokens now and then: not compared.)"""
     need_vllm()
     import bench
