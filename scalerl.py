@@ -1926,15 +1926,15 @@ def micro_batches(samples, budget):
     """Split samples (sorted by length, to waste little padding) so each micro-batch holds at most `budget`
     padded tokens; a sample longer than the budget gets a micro-batch of its own."""
     order = sorted(range(len(samples)), key=lambda i: len(samples[i].prompt) + len(samples[i].tokens))
-    out, cur, width = [], [], 0
+    out, batch, width = [], [], 0
     for i in order:
         w = len(samples[i].prompt) + len(samples[i].tokens)
-        if cur and max(width, w) * (len(cur) + 1) > budget:
-            out.append(cur)
-            cur, width = [], 0
-        cur.append(samples[i])
+        if batch and max(width, w) * (len(batch) + 1) > budget:
+            out.append(batch)
+            batch, width = [], 0
+        batch.append(samples[i])
         width = max(width, w)
-    return out + [cur] if cur else out
+    return out + [batch] if batch else out
 
 
 def mismatch_sums(logp, logp_gen, eps_max):
@@ -2187,7 +2187,7 @@ def metrics_row(state, cfg, step, r, seconds):
     time the step waited for the engine (Rollouts.seconds), trained and pushed. Under torchrun every count is the
     sum over the ranks (the loss and gradient norm already are), device_hours counts every device, the times are rank
     0's."""
-    groups, samples, update, ro = r["groups"], r["samples"], r["update"], state.rollouts
+    groups, samples, update, rollouts = r["groups"], r["samples"], r["update"], state.rollouts
     comps = [c for g in groups for c in g.completions]
     lags = [r["trained_version"] - v for x in samples for v, m in zip(x.versions, x.mask) if m]  # trained tokens'
     n_params = sum(p.numel() for p in state.model.parameters())  # a sharded parameter counts whole
@@ -2197,7 +2197,8 @@ def metrics_row(state, cfg, step, r, seconds):
         sum(len(g.prompt) for g in groups), sum(len(x.prompt) + len(x.tokens) for x in samples),
         r["rewards"].sum(), sum(not c.finished for c in comps), sum(c.interrupted for c in comps),
         round(r["stats"]["zero_variance_frac"] * len(groups)), r["stats"]["active_prompts"],
-        r["stats"]["truncated_excluded"], sum(lags), len(lags), r["stale"], len(ro.open), ro.decoded, ro.steps)
+        r["stats"]["truncated_excluded"], sum(lags), len(lags), r["stale"], len(rollouts.open), rollouts.decoded,
+        rollouts.steps)
     t = state.totals
     t["device_hours"] += seconds * (world() + cfg.generators) / 3600  # every device: trainers and generators
     t["flops"] += 2 * n_params * (n_prompt + n_gen) + 6 * n_params * n_trained
@@ -2214,14 +2215,15 @@ def metrics_row(state, cfg, step, r, seconds):
            "lr": update.get("lr", state.sched.get_last_lr()[0]),
            "lag_mean": lag_sum / n_lags if n_lags else 0.0, "lag_max": int(all_max(max(lags, default=0))),
            "stale_dropped": int(stale), "inflight_groups": int(in_flight),
-           "engine_batch_mean": decoded / max(engine_steps, 1), "step_seconds": seconds, "gen_seconds": ro.seconds,
+           "engine_batch_mean": decoded / max(engine_steps, 1), "step_seconds": seconds,
+           "gen_seconds": rollouts.seconds,
            "train_seconds": update.get("train_seconds", 0.0), "sync_seconds": r["push_seconds"],
            **{k: v for k, v in update.items() if k.startswith("mismatch_")}}
     if cfg.generators:  # each side's idle fraction: the trainer waiting for groups, the generators with nothing to do
         idle, period = state.engine.take_idle()
-        row["trainer_idle_frac"], row["generator_idle_frac"] = ro.seconds / seconds, max(0.0, all_sum(idle) / (
+        row["trainer_idle_frac"], row["generator_idle_frac"] = rollouts.seconds / seconds, max(0.0, all_sum(idle) / (
             cfg.generators * period))
-    ro.decoded = ro.steps = ro.seconds = 0
+    rollouts.decoded = rollouts.steps = rollouts.seconds = 0
     if "gpu_peak_gb" in update:  # the largest over the ranks
         row["gpu_peak_gb"] = all_max(update["gpu_peak_gb"])
     return row
@@ -2471,8 +2473,9 @@ def last_checkpoint(out):
 def pending_prompts(state):
     """The prompts of the training groups started but not trained yet (still to regenerate after a resume, in
     flight, or complete), in the order they were started: a resumed run generates them again first."""
-    ro = state.rollouts
-    started = sorted((g for g in [*ro.open.values(), *ro.done] if g.key[0] == "train"), key=lambda g: g.key)
+    rollouts = state.rollouts
+    started = sorted((g for g in [*rollouts.open.values(), *rollouts.done] if g.key[0] == "train"),
+                     key=lambda g: g.key)
     return list(state.requeue) + [g.info for g in started]
 
 
