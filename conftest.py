@@ -1,8 +1,16 @@
-"""pytest hook for the test modules beside it: a local run that skips tests for want of a package (vllm, wandb) says
-so at the end, with the count, instead of passing quietly (CI, with SCALERL_REQUIRE_VLLM=1, fails those tests)."""
+"""pytest hooks for the test modules beside it:
+- the `quick` mark: `pytest -q -m quick` runs the recipe's hand-value tests and the README's fork examples, a fork's
+  check in under a minute (the whole suite is the README's `pytest -q`, which CI runs);
+- a local run that skips tests for want of a package (vllm, wandb) says so at the end, with the count, instead of
+  passing quietly (CI, with SCALERL_REQUIRE_VLLM=1, fails those tests)."""
 import re
 
 NOT_INSTALLED = re.compile(r"(\w+) is not installed")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "quick: a recipe component against hand values, or a README fork example: the "
+                                       "subset `pytest -q -m quick` runs in under a minute")
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -93,11 +93,13 @@ MATH_CASES = [  # (completion text, reference answer, verdict a careful human gr
 ]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("text,answer,verdict", MATH_CASES)
 def test_math_reward_table(text, answer, verdict):
     assert S.reward_math(text, answer) == verdict
 
 
+@pytest.mark.quick
 def test_answer_extraction_by_hand():
     assert S.last_boxed("a \\boxed{x^{2}} b \\boxed{\\frac{1}{\\sqrt{2}}} c") == "\\frac{1}{\\sqrt{2}}"
     assert S.last_boxed("\\boxed{3} and \\boxed{4") is None  # the last box is not closed
@@ -105,6 +107,7 @@ def test_answer_extraction_by_hand():
     assert S.extract_answer("no answer here") is None
 
 
+@pytest.mark.quick
 def test_exact_reward():
     assert S.reward_exact("\\boxed{ B }", "B") == 1
     assert S.reward_exact("Answer: Paris", "Paris") == 1
@@ -113,6 +116,7 @@ def test_exact_reward():
     assert S.reward_exact("B", "B") == 0  # no final answer marked
 
 
+@pytest.mark.quick
 def test_reference_answers_are_normalised():
     assert [S.gold_answer(a) for a in (72, 0.5, 3.0, "  7 ")] == ["72", "0.5", "3", "7"]
     assert S.gold_answer("She sold 48/2 = 24 clips in May.\n#### 72") == "72"  # GSM8K
@@ -132,14 +136,17 @@ def flaky_reward(text, answer, row=None):
 
 
 def test_a_hanging_or_failing_grader_costs_its_completion_only():
+    """A hang, an exception and a dead process each cost their completion only. The grades do not depend on the
+    machine's speed: the hang is graded alone under a 1 s limit (it sleeps 600 s: over any limit), the rest under a
+    limit of 600 s that none of them comes near."""
     grader = S.Grader(flaky_reward, workers=2, timeout=1.0)
     try:
-        items = [("a", "a"), ("hang", ""), ("b", "c"), ("raise", ""), ("exit", ""), ("d", "d"), ("e", "e")]
-        t0 = time.time()
+        assert grader([("hang", "")]) == ([0.0], ["grading took over 1 s"])
+        grader.timeout = 600.0
+        items = [("a", "a"), ("b", "c"), ("raise", ""), ("exit", ""), ("d", "d"), ("e", "e")]
         rewards, errors = grader(items)
-        assert time.time() - t0 < 60
-        assert rewards == [1, 0, 0, 0, 0, 1, 1]
-        assert sorted(errors) == ["ValueError: bad input", "grading took over 1 s", "the grading process died"]
+        assert rewards == [1, 0, 0, 0, 1, 1]
+        assert sorted(errors) == ["ValueError: bad input", "the grading process died"]
         assert grader([("f", "f")] * 5) == ([1.0] * 5, [])  # the killed processes were replaced
     finally:
         grader.close()
@@ -148,15 +155,18 @@ def test_a_hanging_or_failing_grader_costs_its_completion_only():
 
 
 def test_math_grading_over_processes_agrees_with_the_table_and_survives_a_real_hang():
-    """The table's verdicts from the grading processes, with a limit no case comes near (60 s: on a busy machine a
-    case may take more than a second); then a real hang, alone under a 2 s limit, costs its completion only."""
-    grader = S.Grader(S.reward_math, workers=2, timeout=60.0)
+    """The table's verdicts from the grading processes, with a limit no case comes near (600 s: on a busy machine a
+    case may take more than a second); then a real hang, alone under a 2 s limit, costs its completion only, and the
+    replaced process grades on."""
+    grader = S.Grader(S.reward_math, workers=2, timeout=600.0)
     hang = ("\\boxed{9^{9^{9^{9}}}}", "1")  # sympy evaluates the tower: without a time limit, it never returns
     try:
         rewards, errors = grader([(t, a) for t, a, _ in MATH_CASES])
         assert rewards == [v for _, _, v in MATH_CASES] and errors == []
         grader.timeout = 2.0
-        assert grader([hang, MATH_CASES[0][:2]]) == ([0, MATH_CASES[0][2]], ["grading took over 2 s"])
+        assert grader([hang]) == ([0], ["grading took over 2 s"])
+        grader.timeout = 600.0
+        assert grader([MATH_CASES[0][:2]] * 3) == ([MATH_CASES[0][2]] * 3, [])
     finally:
         grader.close()
 
@@ -375,6 +385,7 @@ def chat_tokenizer():
     return tok
 
 
+@pytest.mark.quick
 def test_prompts_are_formatted_by_hand():
     tok = chat_tokenizer()
     cfg = S.Config(data="x", system_prompt="Be exact.", instruction=" Box it.")
@@ -392,9 +403,10 @@ def test_prompts_are_formatted_by_hand():
 # ---------------------------------------------------------------------------------------------- end to end
 def sft_arithmetic_model(path, steps=400):
     """A tiny Llama with the chat tokenizer, taught by a few supervised steps to answer "\\boxed{N}": it then
-    gets some sums right and some wrong, so --reward math has something to grade and RL something to train. (400
-    steps: about 65% of sampled answers right on 100 sums; after 200 steps it was 16%, and a machine whose float
-    sums differ could then score 0 of 32 samples.)"""
+    gets some sums right and some wrong, so --reward math has something to grade and RL something to train. The
+    prompts have no instruction (--instruction ''): a third of the tokens, a third of the time. (400 steps: 60% of
+    sampled answers right on 100 sums, 4 samples each; after 200 steps 36%, and with the default instruction 16%: a
+    machine whose float sums differ could then score 0 of 32 samples.)"""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     tok = chat_tokenizer()
@@ -403,7 +415,7 @@ def sft_arithmetic_model(path, steps=400):
         vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=4, head_dim=32, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
         pad_token_id=0))
-    cfg = S.Config(data="x")
+    cfg = S.Config(data="x", instruction="")
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     gen = torch.Generator().manual_seed(0)
     for _ in range(steps):
@@ -423,15 +435,15 @@ def sft_arithmetic_model(path, steps=400):
 
 
 def test_math_reward_end_to_end_on_generated_arithmetic(tmp_path):
+    """The command line's entry point (main), in this process: --data, --reward math over the grading processes."""
     model = str(tmp_path / "model")
     sft_arithmetic_model(model)
     rows = [json.dumps({"question": f"What is {a} + {b}?", "answer": a + b}) for a in range(10) for b in range(10)]
     data = write_jsonl(tmp_path / "arith.jsonl", rows)
     out = tmp_path / "run"
-    r = cli("--model", model, "--data", data, "--reward", "math", "--steps", 2, "--prompts-per-step", 8,
-            "--generations-per-prompt", 8, "--max-new-tokens", 16, "--val-size", 16, "--eval-samples", 2,
-            "--eval-every", 1, "--out", out, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    S.main([str(a) for a in ("--model", model, "--data", data, "--reward", "math", "--instruction", "", "--steps", 2,
+                             "--prompts-per-step", 8, "--generations-per-prompt", 8, "--max-new-tokens", 16,
+                             "--val-size", 16, "--eval-samples", 2, "--eval-every", 1, "--out", out)])
     metrics = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert [m["step"] for m in metrics] == [0, 1, 2]
     assert all(m["reward_errors"] == 0 for m in metrics)

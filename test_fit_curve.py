@@ -271,13 +271,13 @@ def test_paper_grid_weights_are_repeated_points():
 def test_paper_grid_with_shared_a_bootstrap_and_fit_until(tmp_path):
     recipes, paths = two_recipes_sharing_a(tmp_path)
     until = 50_000
-    results = fit_json(*paths, "--paper-grid", "--shared-a", "--bootstrap", 20, "--fit-until", until)
+    results = fit_json(*paths, "--paper-grid", "--shared-a", "--bootstrap", 4, "--fit-until", until)
     shared = results[0]["A"]
     assert _on_a_grid(2 * shared)                  # the mean of the two runs' paper-grid A, each on the grid
     x = synthetic(seed=10)[0]
     for r in results:
         assert r["method"] == "paper-grid" and r["shared_a"] and r["A"] == shared
-        assert r["A_ci"] is None and r["bootstrap"] == 20
+        assert r["A_ci"] is None and r["bootstrap"] == 4
         assert r["B_ci"][0] <= r["B"] <= r["B_ci"][1] and _on_c_mid_grid(r)
         assert r["n_extrapolated"] == np.count_nonzero(x > until) and r["extrapolation_max_abs_error"] < 0.03
         assert abs(r["B"] / recipes[r["run"]]["B"] - 1) < 0.15

@@ -46,6 +46,7 @@ def tiny_model(tied, vocab=50, dtype=torch.float32, seed=0):
 
 
 # ---------------------------------------------------------------------------------------------- losses
+@pytest.mark.quick
 def test_cispo_loss_and_gradient_by_hand():
     p_train, p_gen, adv, eps_max = [0.5, 0.2, 0.9, 0.3], [0.05, 0.4, 0.1, 0.3], [1.0, -1.0, 2.0, -0.5], 5.0
     logp = torch.tensor([math.log(p) for p in p_train], dtype=torch.float64, requires_grad=True)
@@ -62,6 +63,7 @@ def test_cispo_loss_and_gradient_by_hand():
     assert all(g != 0 for g in logp.grad.tolist())
 
 
+@pytest.mark.quick
 def test_dapo_clipping_by_hand():
     eps_low, eps_high = 0.2, 0.28
     rho = [1.5, 1.5, 0.5, 0.5, 1.1]
@@ -78,6 +80,7 @@ def test_dapo_clipping_by_hand():
     assert logp.grad.tolist() == pytest.approx([0.0, 1.5, 0.0, -0.5, -1.1], abs=1e-12)
 
 
+@pytest.mark.quick
 def test_policy_loss_reports_truncated_count():
     cfg = S.Config(eps_max=2.0)
     logp = torch.log(torch.tensor([0.9, 0.5, 0.1]))
@@ -86,6 +89,7 @@ def test_policy_loss_reports_truncated_count():
     assert clipped == 1
 
 
+@pytest.mark.quick
 def test_gspo_ratio_and_loss_by_hand():
     """GSPO: one ratio per completion, the geometric mean of its token ratios, clipped PPO-style in GSPO's narrow
     range; its gradient is s_i * grad log pi for every token of an unclipped completion, none for a clipped one."""
@@ -129,6 +133,7 @@ def reference_aggregate(token_losses, agg):
     return sum(flat) / len(flat)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("agg", ["prompt", "sample", "token"])
 def test_aggregations_on_unequal_lengths(agg):
     rng = np.random.default_rng(0)
@@ -139,6 +144,7 @@ def test_aggregations_on_unequal_lengths(agg):
     assert got == pytest.approx(reference_aggregate(token_losses, agg), rel=1e-12)
 
 
+@pytest.mark.quick
 def test_aggregations_differ():
     """completion_weights' three modes really differ on unequal lengths (so the tests above can tell them apart):
     per-token losses 1 on two completions and 0 elsewhere give 1/4, 4/15 and 10/19 (by hand)."""
@@ -151,6 +157,7 @@ def test_aggregations_differ():
 
 
 # ---------------------------------------------------------------------------------------------- truncation
+@pytest.mark.quick
 def test_truncated_completions_leave_the_batch_by_hand():
     """--mask-truncated (default): a completion that did not end is out of the group mean, the zero-variance test,
     the batch std and the aggregation counts; with --no-mask-truncated it is a failure with reward 0."""
@@ -177,6 +184,7 @@ def test_truncated_completions_leave_the_batch_by_hand():
     assert stats["active_prompts"] == 3 and [s.advantage for s in samples][-1] == 0.0 and len(samples) == 5
 
 
+@pytest.mark.quick
 def test_injected_tokens_count_in_no_normaliser_by_hand():
     """Each aggregation's normaliser counts a completion's sampled tokens, sum(mask), not len(tokens): here 2 of 4
     tokens and 3 of 3 in the first group, 1 of 5 and 2 of 2 in the second (rewards 1/0 in each: both kept)."""
@@ -191,12 +199,14 @@ def test_injected_tokens_count_in_no_normaliser_by_hand():
         assert [s.weight for s in samples] == pytest.approx(w, rel=1e-12), agg
 
 
+@pytest.mark.quick
 def test_mask_truncated_default_depends_on_the_model():
     assert S.fill_defaults(S.Config(model="org/name")).mask_truncated is True   # the paper's choice
     assert S.fill_defaults(S.Config()).mask_truncated is False  # the embedded model starts from random weights
     assert S.fill_defaults(S.Config(mask_truncated=True)).mask_truncated is True
 
 
+@pytest.mark.quick
 def test_masked_advantages_by_hand():
     rewards = np.array([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
     valid = np.array([[True, True, True, False], [True, True, True, True]])
@@ -210,6 +220,7 @@ def test_masked_advantages_by_hand():
     assert S.zero_variance_keep(np.array([[1.0, 0, 0]]), np.array([[True, False, False]])).tolist() == [False]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("adv_norm", ["batch", "prompt", "none"])
 @pytest.mark.parametrize("loss_agg", ["prompt", "sample", "token"])
 def test_build_batch_uses_the_configured_advantages_and_aggregation(adv_norm, loss_agg):
@@ -229,6 +240,7 @@ def test_build_batch_uses_the_configured_advantages_and_aggregation(adv_norm, lo
 
 
 # ---------------------------------------------------------------------------------------------- advantages
+@pytest.mark.quick
 def test_advantage_normalisations_by_hand():
     rewards = np.array([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
     centred = [[0.5, -0.5, -0.5, 0.5], [0.25, 0.25, 0.25, -0.75]]
@@ -240,6 +252,7 @@ def test_advantage_normalisations_by_hand():
                                np.array(centred) / (np.array(group_std)[:, None] + 1e-6))
 
 
+@pytest.mark.quick
 def test_zero_variance_filter_drops_exactly_flat_groups():
     rewards = np.array([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
     assert S.zero_variance_keep(rewards).tolist() == [False, False, True, True]
@@ -255,6 +268,7 @@ def test_zero_variance_filter_drops_exactly_flat_groups():
 
 
 # ---------------------------------------------------------------------------------------------- curriculum
+@pytest.mark.quick
 def test_npr_removes_prompt_from_next_epoch_only():
     cur = S.Curriculum(n_prompts=6, seed=3)
     first = S.next_prompts(cur, 4)
@@ -269,6 +283,7 @@ def test_npr_removes_prompt_from_next_epoch_only():
     assert second[2:] == cur.order[:2]
 
 
+@pytest.mark.quick
 def test_npr_disabled_at_threshold_one():
     cur = S.Curriculum(n_prompts=3, seed=0)
     S.update_curriculum(cur, [0, 1], [1.0, 1.0], threshold=1.0)
@@ -278,6 +293,7 @@ def test_npr_disabled_at_threshold_one():
 
 
 # ---------------------------------------------------------------------------------------------- FP32 head
+@pytest.mark.quick
 @pytest.mark.parametrize("tied", [False, True])
 def test_chunked_fp32_logprobs_match_float64_reference(tied):
     model = tiny_model(tied)
@@ -296,6 +312,7 @@ def test_chunked_fp32_logprobs_match_float64_reference(tied):
     assert torch.allclose(g_got.double(), g_ref.double(), atol=1e-5)
 
 
+@pytest.mark.quick
 def test_fp32_head_is_more_accurate_than_bf16_head():
     model = tiny_model(False, vocab=500, dtype=torch.bfloat16)
     hidden = torch.randn(64, 64, dtype=torch.bfloat16)
@@ -368,6 +385,7 @@ def test_hf_engine_samples_from_the_full_distribution(default_model):
 
 
 # ---------------------------------------------------------------------------------------------- train step
+@pytest.mark.quick
 def test_gradient_accumulation_is_exact(default_model, tmp_path):
     """One step with tiny micro-batches gives the same update as one big micro-batch."""
     model, tok = default_model
@@ -431,6 +449,7 @@ def off_policy_samples(model, tok, ratios, seed=0):
     return samples
 
 
+@pytest.mark.quick
 def test_cispo_gradient_in_train_step_by_hand(default_model):
     """train_step's CISPO gradient, truncated tokens included, equals the hand gradient: with SGD at lr 1 the weights
     move by minus it. Two of each completion's three sampled tokens have rho = 10 > eps_max = 2 (weight 2, not 0, not
@@ -453,6 +472,7 @@ def test_cispo_gradient_in_train_step_by_hand(default_model):
     assert max((want[n] - dropped[n]).abs().max().item() for n in want) > 1e-3
 
 
+@pytest.mark.quick
 def test_grad_clip_weight_decay_and_adam_eps_reach_adamw_by_hand(default_model):
     """From the flags to the update: --grad-clip scales the gradient to norm 0.05 (the norm before clipping is
     reported), --weight-decay and --adam-eps go into AdamW's first step, worked out by hand:
@@ -480,6 +500,7 @@ def test_grad_clip_weight_decay_and_adam_eps_reach_adamw_by_hand(default_model):
         assert max((other[n] - want[n]).abs().max().item() for n in g) > 1e-4
 
 
+@pytest.mark.quick
 def test_fp32_head_in_the_trainer_under_bf16_autocast(default_model):
     """--dtype bfloat16 on CPU (autocast; the weights stay float32): with --lm-head-fp32 the trainer's log-probs are
     the float64 head's on the same hidden states (read off the final norm inside train_step) to 1e-5; without it
@@ -528,6 +549,7 @@ def test_dtype_bfloat16_reaches_the_trainer_and_the_hf_engine_in_a_run(tmp_path,
     assert {p.dtype for p in weights.values()} == {torch.float32}
 
 
+@pytest.mark.quick
 def test_micro_batches_respect_budget():
     samples = [S.Sample(prompt=[1] * 3, tokens=[2] * L) for L in [1, 7, 2, 9, 4, 4, 30]]
     mbs = S.micro_batches(samples, 24)
@@ -538,6 +560,7 @@ def test_micro_batches_respect_budget():
 
 
 # ---------------------------------------------------------------------------------------------- task
+@pytest.mark.quick
 def test_task_is_verifiable_uniform_and_held_out():
     train, val = S.make_task(3000, 500, seed=0)
     assert not {p for p, _, _ in train} & {p for p, _, _ in val}
@@ -571,6 +594,7 @@ def test_the_other_tasks_are_distinct_held_out_uniform_and_verifiable(task):
     assert S.reward_last_digit("<think>4</think>7", "4") == 0.0
 
 
+@pytest.mark.quick
 def test_hidden_task_ceiling_by_hand():
     # "9..:": the visible 9 is the largest digit: certain. "0..:": the forced largest digit t is hidden, and
     # P(visible 0 | t) is proportional to 2 / (t + 1): the best guess t = 2 is right with (1/3) / sum_t 1/(t+1).
@@ -722,6 +746,7 @@ def test_loo_runner_writes_fittable_runs_and_resumes(tmp_path):
     p = bench(10)  # finished runs are not run again
     assert p.returncode == 0 and p.stdout.count("finished before, skipped") == 2
     assert mtimes == {f: os.path.getmtime(out / f / "seed0" / "metrics.jsonl") for f in mtimes}
+    study.remove("loss-dapo")  # (a study of scalerl alone: one run to go on with, not two)
     p = bench(12)  # a longer study goes on from each run's last checkpoint
     assert p.returncode == 0 and "skipped" not in p.stdout, p.stdout
     rows = read_metrics(str(out / "scalerl" / "seed0"))
@@ -729,6 +754,7 @@ def test_loo_runner_writes_fittable_runs_and_resumes(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- length control
+@pytest.mark.quick
 def test_next_request_by_hand():
     """Forced interruptions as a state machine: what a completion needs after each piece of generation."""
     END, EOS = [7, 8], 2  # a two-token think_end, to check the subsequence search too
@@ -751,11 +777,13 @@ def test_next_request_by_hand():
         assert S.next_request(C([5, 9, 9], False), 3, S.Config(length_control=other), END) == "done"
 
 
+@pytest.mark.quick
 def test_overlong_penalty_at_the_boundaries():
     L, c = 10, 4  # no penalty up to L - c = 6, linear to -1 at L, -1 beyond
     assert [S.overlong_penalty(n, L, c) for n in (1, 6, 7, 8, 10, 11, 50)] == [0, 0, -0.25, -0.5, -1, -1, -1]
 
 
+@pytest.mark.quick
 def test_penalty_is_added_to_correct_answers_only(default_model):
     _, tok = default_model
     cfg = S.Config(length_control="penalty", max_new_tokens=10, max_len=10, cache_len=4)
@@ -843,6 +871,7 @@ def stale_samples(model, tok, seed=0):
     return samples
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("loss", ["cispo", "dapo", "gspo"])
 def test_train_step_uses_the_configured_loss_and_measures_the_mismatch(loss, default_model):
     """With data from stale weights (a positive control), train_step's loss is the selected loss on the trainer's
@@ -872,6 +901,7 @@ def test_train_step_uses_the_configured_loss_and_measures_the_mismatch(loss, def
     assert abs(others - want) > 1e-3  # the losses really differ here, so the check above tells them apart
 
 
+@pytest.mark.quick
 def test_warmup_is_linear_then_constant(tmp_path):
     rows = S.run(small_cfg(tmp_path, engine="hf", steps=6, warmup_steps=4, lr=1e-3, zero_variance_filter=False,
                            eval_every=100, prompts_per_step=4, val_size=8, length_control="truncate"))
@@ -899,6 +929,7 @@ def test_the_switches_reach_the_components_in_a_run(tmp_path, monkeypatch):
                                                            ("completion_weights", ("token",))}
 
 
+@pytest.mark.quick
 def test_loss_ignores_injected_tokens(default_model):
     """Loss and gradient do not depend on the log-probs recorded for injected tokens (mask 0)."""
     model, tok = default_model
@@ -960,14 +991,6 @@ def test_end_to_end_metrics_and_determinism(tmp_path):
     strip = lambda rows: [{k: v for k, v in r.items() if k not in timing} for r in rows]  # noqa: E731
     assert strip(rows_a) == strip(rows_b)
     assert [os.path.basename(p) for p in S.list_checkpoints(str(tmp_path / "a" / "run"))] == ["step_000003"]
-
-
-def test_short_run_lifts_training_reward(tmp_path):
-    rows = S.run(small_cfg(tmp_path, steps=25, prompts_per_step=32, generations_per_prompt=16, eval_every=25,
-                           engine="hf", lr=2e-3))  # a higher lr than the default, to learn within 25 steps
-    early = np.mean([r["reward_mean"] for r in rows[1:4]])
-    late = np.mean([r["reward_mean"] for r in rows[-3:]])
-    assert late > early + 0.15, (early, late)
 
 
 def test_tied_embeddings_train_and_stay_tied(tmp_path):
@@ -1195,12 +1218,12 @@ def test_gpu_check_runs_on_a_cpu_what_a_cpu_can(capsys):
     need_vllm()
     import bench
     names = list(bench.GPU_CHECKS)
-    rows = bench.gpu_check("cpu", only=[names[0], names[2], names[6], names[7]])
-    assert [(name, result) for name, result, _ in rows] == [(names[0], "PASS"), (names[2], "skipped"),
-                                                            (names[6], "skipped"), (names[7], "skipped")], rows
-    assert "weights on cpu (want cpu)" in rows[0][2] and "needs CUDA" in rows[1][2]
-    assert "needs 2 GPUs" in rows[2][2] and "needs 2 GPUs" in rows[3][2]
-    assert capsys.readouterr().out.count("PASS") == 1
+    rows = bench.gpu_check("cpu", only=[names[2], names[7]])
+    assert [(name, result) for name, result, _ in rows] == [(names[2], "skipped"), (names[7], "skipped")], rows
+    assert "needs CUDA" in rows[0][2] and "needs 2 GPUs" in rows[1][2]
+    ok, measured = bench.check_engine_device("cpu")  # (in this process: a vLLM import and start less)
+    assert ok and "weights on cpu (want cpu)" in measured
+    assert capsys.readouterr().out.count("skipped") == 2
     ok, measured = bench.check_two_versions("cpu")
     assert ok and measured.startswith("versions [0, 0, 0, 0, 0, 1, 1") and "5 tokens before" in measured
 
@@ -1382,6 +1405,7 @@ class FakeTok:
         return type("E", (), {"input_ids": [1]})()
 
 
+@pytest.mark.quick
 def test_next_batch_keeps_the_lag_bound_and_drops_stale_groups():
     """Groups of serial 2 take 8 engine steps, the others 1: with K = 1 and updates after every batch, the slow one
     is 2+ updates old when it completes, so it is dropped and counted, and no trained group exceeds the bound."""
@@ -1403,6 +1427,7 @@ def test_next_batch_keeps_the_lag_bound_and_drops_stale_groups():
     assert stale_total == 1 and 2 not in trained and len(set(trained)) == len(trained)
 
 
+@pytest.mark.quick
 def test_admission_by_mode():
     P, G = 4, 2
     cfg = lambda **kw: S.Config(prompts_per_step=P, generations_per_prompt=G, **kw)  # noqa: E731
@@ -1437,6 +1462,7 @@ def test_ppo_takes_k_steps_per_generated_batch(tmp_path, monkeypatch, engine):
             assert r["mismatch_abs_logprob"] > 1e-4 and r["lag_mean"] == r["lag_max"]
 
 
+@pytest.mark.quick
 def test_ppo_holds_the_push_while_a_group_of_the_round_is_untrained():
     """A round's groups that are still decoding (or complete but not trained) keep the round's weights: the push
     waits for the K-th update. The pipeline pushes at once."""
@@ -1454,6 +1480,7 @@ def test_ppo_holds_the_push_while_a_group_of_the_round_is_untrained():
         assert (engine.version == 1) == pushed, (open_, done, mode)
 
 
+@pytest.mark.quick
 def test_evaluation_mid_ppo_round_lets_the_round_finish_with_its_weights():
     """An evaluation between two updates of a PPO round evaluates the newest weights, but the round's groups still
     decoding finish first, every token with the round's weights."""
@@ -1517,6 +1544,7 @@ def test_pipeline_lag_bound_holds_when_training_is_slow(tmp_path, monkeypatch):
     assert rows[1]["engine_batch_mean"] > 0  # (0 on a step whose groups were all complete already)
 
 
+@pytest.mark.quick
 def test_npr_prompt_removed_while_in_flight_is_not_drawn_again():
     """With the off-policy loop, a prompt's result can arrive after the next epoch was shuffled: it is skipped there."""
     cur = S.Curriculum(n_prompts=4, seed=0)
@@ -1581,15 +1609,25 @@ def test_evaluation_in_pipeline_mode_stays_apart(vllm_engine):
     (["--off-policy", "sometimes"], "invalid choice"),
     (["--engine", "hf", "--refresh-kv"], "--refresh-kv applies to sequences in flight"),
 ])
-def test_cli_bad_input(args, message, tmp_path):
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    p = subprocess.run([sys.executable, os.path.join(HERE, "scalerl.py"), "--out", str(tmp_path / "o"), *args],
-                       capture_output=True, text=True, env=env, timeout=120)
-    assert p.returncode == 2, p.stderr
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("scalerl.py: error:") and message in lines[0], p.stderr
-    assert "Traceback" not in p.stderr and p.stdout == ""
+def test_cli_bad_input(args, message, tmp_path, monkeypatch, capfd):
+    """scalerl.py's main() as the command line runs it (in this process: a new interpreter per case cost a minute;
+    test_cli_out_that_is_a_file_is_refused runs the script itself)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    status, out, err = main_in_process(["--out", str(tmp_path / "o"), *args], capfd)
+    assert status == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("scalerl.py: error:") and message in lines[0], err
+    assert "Traceback" not in err and out == ""
     assert not (tmp_path / "cache").exists() and not (tmp_path / "o").exists()  # nothing built, nothing written
+
+
+def main_in_process(argv, capfd):
+    """(exit status, stdout, stderr) of scalerl.main(argv), the command line's entry point, run in this process."""
+    capfd.readouterr()
+    with pytest.raises(SystemExit) as e:
+        S.main(argv)
+    out, err = capfd.readouterr()
+    return e.value.code, out, err
 
 
 def test_the_reward_receives_the_whole_data_row(tmp_path, monkeypatch):
@@ -1772,20 +1810,18 @@ def test_wandb_offline_logs_the_metrics_rows(tmp_path, monkeypatch):
     assert wandb_history(path) == rows == read_metrics(str(tmp_path / "run")) and len(rows) == 4
 
 
-def test_cli_refuses_to_overwrite_a_run(tmp_path):
+def test_cli_refuses_to_overwrite_a_run(tmp_path, capfd):
     (tmp_path / "o").mkdir()
     (tmp_path / "o" / "metrics.jsonl").write_text("{}\n")
-    p = subprocess.run([sys.executable, os.path.join(HERE, "scalerl.py"), "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and "already holds a run" in p.stderr and "Traceback" not in p.stderr
+    status, _, err = main_in_process(["--out", str(tmp_path / "o")], capfd)
+    assert status == 2 and "already holds a run" in err and "Traceback" not in err
 
 
-def test_cli_refuses_vllm_sleep_on_cpu(tmp_path):
+def test_cli_refuses_vllm_sleep_on_cpu(tmp_path, capfd):
     need_vllm()
-    p = subprocess.run([sys.executable, os.path.join(HERE, "scalerl.py"), "--engine", "vllm", "--device", "cpu",
-                        "--vllm-sleep", "--max-lag", "0", "--out", str(tmp_path / "o")], capture_output=True,
-                       text=True, timeout=120)
-    assert p.returncode == 2 and "refused on CPU" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    status, _, err = main_in_process(["--engine", "vllm", "--device", "cpu", "--vllm-sleep", "--max-lag", "0", "--out",
+                                      str(tmp_path / "o")], capfd)
+    assert status == 2 and "refused on CPU" in err and len(err.strip().splitlines()) == 1
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
@@ -2136,6 +2172,7 @@ def test_rank_zero_metrics_and_evaluation_cover_both_ranks(tmp_path):
     assert val == pytest.approx(3 / 7)
 
 
+@pytest.mark.quick
 def test_metrics_row_by_hand():
     """One step's row against values worked out by hand (a 2 x 3 + 2 = 8-parameter model): two prompts of 3 and 2
     tokens, 4 completions each; prompt 1 is flat (dropped), completion (0, 2) and (1, 2) did not end, (0, 3) was
@@ -2205,9 +2242,13 @@ def test_two_rank_run_agrees_on_prompts_counts_both_ranks_and_resumes(tmp_path):
     assert load_params(S.list_checkpoints(out)[-1])  # a whole model, loadable without torchrun
     with pytest.raises(S.ScaleRLError, match="had 2 ranks"):
         S.run(S.Config(out=out, resume="auto", steps=5))
-    bad = subprocess.run([sys.executable, os.path.join(HERE, "scalerl.py"), "--prompts-per-step", "7"],
-                         capture_output=True, text=True, env={**os.environ, "RANK": "0", "WORLD_SIZE": "2"})
-    assert bad.returncode == 2 and "multiple of the 2 ranks" in bad.stderr
+
+
+def test_prompts_per_step_not_a_multiple_of_the_ranks_is_refused(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(S.ScaleRLError, match="multiple of the 2 ranks"):
+        S.parse_args(["--prompts-per-step", "7"])
 
 
 @pytest.mark.parametrize("mode", ["synchronous", "pipeline", "ppo"])
@@ -2289,28 +2330,34 @@ def none_left(processes):
 
 def test_split_generator_labels_each_token_with_the_weights_that_sampled_it(tmp_path):
     """--generators: the generator process loads each push between two of its engine steps while its sequences go on
-    decoding. A short request's return marks a moment mid-completion: the long completions then span the three
-    versions in order, and each token's recorded log-prob is the slow kept-KV reference's with the weights live when
-    it was sampled."""
+    decoding, and before any request sent after that push. The long completions cannot end by themselves (versions 0
+    and 1 never choose EOS) and version 2 chooses EOS at once, so their ends are set by events, not by the machine's
+    speed: a short request's return marks a moment when they are decoding (at least 2 tokens of version 0 each);
+    the second short request, sent after push 1, is decoded with version 1, the long ones beside it; after push 2
+    each long completion ends with one EOS of version 2. Each token's recorded log-prob is the slow kept-KV
+    reference's with the weights live when it was sampled. (Only a stall of the trainer for the generator's 400
+    engine steps could let a completion reach its length limit first.)"""
     need_vllm()
     import bench
     path = str(tmp_path / "m")
-    bench.long_tail_model(path, p_long=0.0, p_stop=0.0)  # digits after digits, never EOS: every completion runs to 100
-    cfg = S.Config(engine="vllm", model=path, generators=1, length_control="truncate", max_new_tokens=100,
+    bench.long_tail_model(path, p_long=0.0, p_stop=0.0)  # digits after digits, never EOS
+    cfg = S.Config(engine="vllm", model=path, generators=1, length_control="truncate", max_new_tokens=400,
                    temperature=0.8)
     S.validate(S.fill_defaults(cfg))
-    model0, tok, _ = S.load_model(cfg, torch.device("cpu"))
+    model0, tok = S.load_model(cfg, torch.device("cpu"))[:2]
     models = [model0] + [copy.deepcopy(model0) for _ in range(2)]
     for m in models[1:]:  # small moves (0.05 nats a token on average): digits stay the only tokens
         with torch.no_grad():
             for p in m.parameters():
                 p.add_(0.005 * torch.randn_like(p))
-    engine = S.SplitEngine(cfg, path, torch.device("cpu"), torch.float32, 128, model0)
+    with torch.no_grad():  # version 2: EOS after every token (the head row of EOS raised for every previous token)
+        models[2].lm_head.weight[tok.eos_token_id] += 50.0 / models[2].config.hidden_size ** 0.5
+    engine = S.SplitEngine(cfg, path, torch.device("cpu"), torch.float32, 512, model0)
     try:
         prompts, done = [tok("3941:").input_ids, tok("275:").input_ids], {}
         for i, p in enumerate(prompts):
             for j in range(3):
-                engine.submit((("t", i), j), p, 100, 1000 * i + j)
+                engine.submit((("t", i), j), p, 400, 1000 * i + j)
 
         def until(key):
             while key not in done:
@@ -2324,11 +2371,13 @@ def test_split_generator_labels_each_token_with_the_weights_that_sampled_it(tmp_
                 until((("t", i), j))
     finally:
         engine.close()
+    assert done[(("short", 2), 0)].versions == [1, 1]
     for i, p in enumerate(prompts):
         for j in range(3):
             c = done[(("t", i), j)]
-            assert len(c.tokens) == 100 and not c.finished and c.versions == sorted(c.versions)
-            assert c.versions[0] == 0 and c.versions[-1] == 2 and c.versions.index(1) >= 2, c.versions
+            assert c.finished and c.tokens[-1] == tok.eos_token_id and tok.eos_token_id not in c.tokens[:-1]
+            assert c.versions == sorted(c.versions) and c.versions[-1] == 2 and c.versions.count(2) == 1, c.versions
+            assert c.versions.index(1) >= 2, c.versions  # (the first short one's 2 tokens were decoded beside them)
             ref = kv_reference_logprobs(models, p, c.tokens, c.versions, cfg.temperature, refresh=False)
             np.testing.assert_allclose(c.logprobs, ref, atol=1e-4)
 
@@ -2374,24 +2423,39 @@ def test_split_synchronous_run_writes_the_one_process_metrics(tmp_path):
     assert json.load(open(tmp_path / "split" / "config.json"))["generators"] == 1
 
 
-def test_split_generators_run_ahead_of_a_slow_trainer_within_the_lag_bound(tmp_path, monkeypatch):
-    """The generator decodes while the trainer trains: with a slowed trainer, groups admitted at one version are
-    still decoding after the next updates, so trained tokens are up to K = 1 update old, never more, and the groups
-    that ended older than that are dropped and counted."""
+def test_split_generators_decode_ahead_of_the_trainer_within_the_lag_bound(tmp_path, monkeypatch):
+    """The split under the pipeline (K = 1, P = 4): the trainer admits (K + 1) P groups, so while it trains a batch
+    the generator decodes the next one, with the weights of the version before. Here the trainer waits, inside each
+    update, until the generator has finished every group it holds (an event, not a pause), so the lags are known
+    exactly whatever the machine's speed: step 1 trains groups of its own version (lag 0), every later step the
+    groups sampled one update before it (lag 1, the bound), and nothing goes stale."""
     need_vllm()
-    real = S.train_step
-    monkeypatch.setattr(S, "train_step", lambda *a, **kw: (time.sleep(0.2), real(*a, **kw))[1])
-    rows = S.run(small_cfg(tmp_path, engine="vllm", generators=1, steps=12, prompts_per_step=4, max_lag=1,
-                           eval_every=100, zero_variance_filter=False, length_control="truncate", max_new_tokens=200,
-                           live_fit=False))  # the random policy's completions: 50 tokens on average, some 200
-    assert all(r["lag_max"] <= 1 for r in rows[1:]) and sum(r["lag_max"] == 1 for r in rows[1:]) >= 6
-    assert sum(r["stale_dropped"] for r in rows[1:]) > 0
-    assert all(r["train_seconds"] > 0.2 for r in rows[1:])  # (the slowed trainer)
+    real_setup, real_step, states = S.setup, S.train_step, []
+
+    def setup(cfg):
+        made = real_setup(cfg)
+        states.append(made[0])
+        return made
+
+    def train_step(*a, **kw):
+        while states[0].rollouts.open:  # the groups in flight complete now, with the weights of this version
+            states[0].rollouts.poll()
+        return real_step(*a, **kw)
+
+    monkeypatch.setattr(S, "setup", setup)
+    monkeypatch.setattr(S, "train_step", train_step)
+    rows = S.run(small_cfg(tmp_path, engine="vllm", generators=1, steps=4, prompts_per_step=4, max_lag=1,
+                           eval_every=100, zero_variance_filter=False, length_control="truncate", live_fit=False))
+    assert [(r["lag_max"], r["lag_mean"]) for r in rows[1:]] == [(0, 0), (1, 1), (1, 1), (1, 1)]
+    assert all(r["stale_dropped"] == 0 for r in rows[1:]) and states[0].version == 4
 
 
-def test_a_dead_generator_stops_the_run_with_a_checkpoint_and_no_process_left(tmp_path):
-    """SIGKILL to the generator: the trainer stops within seconds with one line naming it, exit status 1, a checkpoint
-    of its last completed step that resumes, and no process of the run left (the weights file in shared memory gone)."""
+def test_a_dead_generator_stops_the_run_with_a_checkpoint_and_sigterm_to_the_resumed_trainer_too(tmp_path):
+    """SIGKILL to the generator: the trainer stops with one line naming it, exit status 1, a checkpoint of its last
+    completed step, and no process of the run left (the weights file in shared memory gone). The run resumes from
+    that checkpoint; SIGTERM to the resumed run's trainer then stops it after the step it is in, as in one process:
+    exit 0, one checkpoint more, and its generator gone with it. (One test, so that the split starts twice, not
+    three times.)"""
     import signal
     need_vllm()
     out = tmp_path / "run"
@@ -2399,9 +2463,8 @@ def test_a_dead_generator_stops_the_run_with_a_checkpoint_and_no_process_left(tm
     (gen,) = [c for c in children if "generator_main" in " ".join(c.cmdline()) or "spawn_main" in " ".join(c.cmdline())]
     shm = [d for d in os.listdir("/dev/shm") if d.startswith("scalerl-")] if os.path.isdir("/dev/shm") else []
     os.kill(gen.pid, signal.SIGKILL)
-    t0 = time.time()
-    _, stderr = p.communicate(timeout=120)
-    assert p.returncode == 1 and time.time() - t0 < 30
+    _, stderr = p.communicate(timeout=600)
+    assert p.returncode == 1
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("scalerl.py: error: generator 0 (pid ") and "died" in lines[0], lines
     rows = read_metrics(str(out))
@@ -2409,25 +2472,16 @@ def test_a_dead_generator_stops_the_run_with_a_checkpoint_and_no_process_left(tm
     assert [r["step"] for r in rows] == list(range(last + 1))
     assert S.list_checkpoints(str(out))[-1].endswith(f"step_{last:06d}") and f"step_{last:06d}" in lines[0]
     assert none_left(children) and not set(os.listdir("/dev/shm") if shm else []) & set(shm)
-    q = split_cli("--resume", "auto", "--steps", last + 1, "--out", out)
-    _, err = q.communicate(timeout=600)
-    assert q.returncode == 0, err[-2000:]
-    assert [r["step"] for r in read_metrics(str(out))] == list(range(last + 2))
-
-
-def test_sigterm_to_a_split_trainer_saves_a_checkpoint_and_leaves_no_process(tmp_path):
-    """SIGTERM to the trainer of a split run: it stops after the step it is in, as in one process, and its generator
-    stops with it."""
-    import signal
-    need_vllm()
-    out = tmp_path / "run"
-    p, children = split_run_after(out, 2, "--eval-every", 100)
+    q, children = split_run_after(out, last + 2, "--resume", "auto", "--eval-every", 3)
     assert children
-    p.send_signal(signal.SIGTERM)
-    stdout, stderr = p.communicate(timeout=120)
-    assert p.returncode == 0, stderr[-2000:]
-    last = read_metrics(str(out))[-1]["step"]
-    assert f"SIGTERM: stopped after step {last}" in stdout and "Traceback" not in stderr and none_left(children)
+    q.send_signal(signal.SIGTERM)
+    stdout, stderr = q.communicate(timeout=600)
+    assert q.returncode == 0, stderr[-2000:]
+    rows = read_metrics(str(out))
+    stop = rows[-1]["step"]
+    assert f"resuming after step {last}" in stdout and stop > last and [r["step"] for r in rows] == list(range(stop + 1))
+    assert f"SIGTERM: stopped after step {stop}" in stdout and "Traceback" not in stderr and none_left(children)
+    assert S.list_checkpoints(str(out))[-1].endswith(f"step_{stop:06d}")
 
 
 def test_split_refuses_what_it_cannot_run():
@@ -2467,6 +2521,7 @@ def forked(tmp_path, edits, replace=("", "")):
     return mod
 
 
+@pytest.mark.quick
 def test_the_readme_fork_example_reward_runs_as_written(tmp_path):
     """README, Fork it, your reward: the function beside the others and the table entry after the table, nothing
     else, make --reward number a choice that grades by the last number."""
@@ -2487,6 +2542,7 @@ def test_the_readme_fork_example_reward_runs_as_written(tmp_path):
         sys.modules.pop("scalerl_fork")
 
 
+@pytest.mark.quick
 def test_the_readme_fork_example_dataset_runs_as_written(tmp_path, monkeypatch):
     """README, Fork it, your dataset: the script writes the file, and the command's flags read it: 500 training and
     100 held-out rows, answers the sums written as strings."""
@@ -2505,6 +2561,7 @@ def test_the_readme_fork_example_dataset_runs_as_written(tmp_path, monkeypatch):
     assert all(str(sum(map(int, re.findall(r"\d+", p)))) == a for p, a, _ in train + val)
 
 
+@pytest.mark.quick
 def test_the_readme_fork_example_loss_runs_as_written(tmp_path):
     """README, Fork it, your loss: the function after gspo_loss, the branch first in policy_loss and the choice
     added: --loss reinforce gives -sum(weight * A * log pi), and a run trains with it."""
