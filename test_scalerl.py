@@ -1407,11 +1407,12 @@ class FakeTok:
 
 @pytest.mark.quick
 def test_next_batch_keeps_the_lag_bound_and_drops_stale_groups():
-    """Groups of serial 2 take 8 engine steps, the others 1: with K = 1 and updates after every batch, the slow one
-    is 2+ updates old when it completes, so it is dropped and counted, and no trained group exceeds the bound."""
+    """Groups of serial 2 take 3 engine steps, the others 1: with K = 1 and updates after every batch, the slow one
+    is exactly K + 1 = 2 updates old when it completes (the first age past the bound: a bound off by one would train
+    it), so it is dropped and counted, and no trained group exceeds the bound."""
     cfg = S.Config(prompts_per_step=2, generations_per_prompt=2, max_lag=1, length_control="truncate")
 
-    engine = ScriptedEngine(lambda key: 8 if key[0][1] == 2 else 1)
+    engine = ScriptedEngine(lambda key: 3 if key[0][1] == 2 else 1)
     ro = S.Rollouts(cfg, engine, FakeTok())
     s = S.State(None, FakeTok(), None, None, None, engine, ro, None, [], [[1]] * 100, [], [], S.Curriculum(100, 0), {})
     stale_total, trained = 0, []
