@@ -2537,10 +2537,13 @@ def resumed_config(cfg, ckpt):
                                                                              "resume", "out")
                and getattr(cfg, f.name) != saved.get(f.name, f.default)  # (a field newer than the checkpoint)
                and getattr(cfg, f.name) != getattr(derived if f.name in DERIVED else Config, f.name)]
-    if changed:
+    if changed:  # a flag newer than the checkpoint had its default in the run
         die(f"--resume {ckpt}: a resumed run keeps the settings of its checkpoint (all but --steps, --save-every and "
             "--keep-last); given now with other values: " + ", ".join(
-                f"--{k.replace('_', '-')} {getattr(cfg, k)} (the run's: {saved[k]})" for k in changed))
+                f"--{k.replace('_', '-')} {getattr(cfg, k)} (the run's: " + (f"{saved[k]})" if k in saved else
+                                                                             f"{getattr(Config, k)}, the default: the "
+                                                                             "checkpoint predates the flag)")
+                for k in changed))
     steps = cfg.steps if cfg.steps != Config.steps else saved["steps"]
     return Config(**{**saved, "steps": steps, "save_every": cfg.save_every, "keep_last": cfg.keep_last,
                      "resume": ckpt}), state

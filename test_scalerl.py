@@ -1880,6 +1880,23 @@ def test_resume_refuses_changed_flags_and_names_them(tmp_path):
     assert [r["step"] for r in rows] == [0, 1, 2]
 
 
+def test_resume_of_a_checkpoint_older_than_a_flag_compares_the_flag_with_its_default(tmp_path, monkeypatch):
+    """A fork adds a flag (here --kl-coef, a new Config field) and resumes a checkpoint made before it: the flag at its
+    default passes, another value is refused naming the default as the run's value (not a KeyError)."""
+    tiny = dict(steps=1, prompts_per_step=4, generations_per_prompt=2, val_size=8, eval_samples=2,
+                length_control="truncate", max_new_tokens=6)
+    S.run(ckpt_cfg(tmp_path, **tiny))
+    ckpt = S.list_checkpoints(str(tmp_path))[-1]
+    forked = dataclasses.make_dataclass("Config", [("kl_coef", float, S.flag(0.0, "KL-to-reference coefficient"))],
+                                        bases=(S.Config,))
+    monkeypatch.setattr(S, "Config", forked)
+    given = lambda **kw: S.fill_defaults(forked(**{**vars(ckpt_cfg(tmp_path, **tiny)), **kw}))  # noqa: E731
+    resumed, _ = S.resumed_config(given(steps=2), ckpt)
+    assert resumed.kl_coef == 0.0 and resumed.steps == 2 and resumed.max_new_tokens == 6
+    with pytest.raises(S.ScaleRLError, match=r"--kl-coef 0.1 \(the run's: 0.0, the default: the checkpoint predates"):
+        S.resumed_config(given(steps=2, kl_coef=0.1), ckpt)
+
+
 def test_resume_in_pipeline_mode_regenerates_the_groups_in_flight(tmp_path):
     """A checkpoint taken with groups in flight records their prompts; the resumed run generates them again first,
     and the counters, the curriculum and the weight version go on (continued correctly, not bit-exactly)."""
