@@ -45,9 +45,11 @@ import json
 import logging
 import math
 import os
+import queue
 import re
 import sys
 import time
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -65,8 +67,10 @@ def flag(default, help, choices=None, nargs=None):
 
 
 @dataclass
-class Config:
-    """Every field is a command-line flag (--prompts-per-step, ...); defaults are ScaleRL's."""
+class Recipe:
+    """The recipe's settings, each a command-line flag (--prompts-per-step, ...). The components default to ScaleRL's;
+    the sizes (P, G, lengths, learning rate, warm-up, evaluation) to the embedded task's, which runs on a CPU in
+    minutes. Config (Part II) adds the plumbing's flags: one command line, one --help, one config.json."""
     # the recipe's components [Sec. 3, 4]
     off_policy: str = flag("pipeline", "pipeline: PipelineRL-k, generation streams on while each update's weights are "
                                      "pushed into the engine in flight (ScaleRL); ppo: PPO-off-policy-k, generate K "
@@ -117,67 +121,6 @@ class Config:
     grad_clip: float = flag(1.0, "clip the global gradient norm to this (our choice: the paper gives no value)")
     eval_every: int = flag(10, "evaluate every this many steps (and at step 0 and the last step)")
     eval_samples: int = flag(8, "samples per held-out prompt: k of mean@k (the paper: 16)")
-    # --- plumbing: model, engines, data, grading, checkpoints, logging (they do not change the recipe) ---
-    model: str = flag("", "HF hub id or local directory; empty = the embedded tiny Llama (CPU default)")
-    engine: str = flag("auto", "rollout engine: vllm (in-process) or hf (Hugging Face generate, synchronous loop "
-                             "only); auto = vllm when it is installed", ["auto", "vllm", "hf"])
-    generators: int = flag(0, "the generator-trainer split [Sec. 2]: N generator processes, each with its own vLLM "
-                            "engine on its own device (CUDA: the GPUs after the trainer's; CPU: each its share of "
-                            "the cores), decoding while the trainer trains; 0: colocated, the engine in the trainer")
-    out: str = flag("", "run directory (default runs/<timestamp>)")
-    seed: int = flag(0, "random seed (data order, sampling, the embedded model's initial weights)")
-    device: str = flag("auto", "auto | cpu | cuda | cuda:N")
-    dtype: str = flag("auto", "compute dtype (auto: bfloat16 on CUDA, float32 on CPU)",
-                    ["auto", "float32", "bfloat16", "float16"])
-    param_dtype: str = flag("float32", "dtype of the trained weights and optimiser state", ["float32", "bfloat16"])
-    tie_word_embeddings: bool = flag(False, "embedded model only: tie the input embedding and the LM head")
-    logprob_chunk: int = flag(1024, "tokens per chunk when computing log-probs (memory ~ chunk x vocab)")
-    micro_batch_tokens: int = flag(8192, "padded tokens per micro-batch (gradient accumulation)")
-    vllm_gpu_memory_utilization: float = flag(0.3, "vLLM on CUDA: fraction of GPU memory for the engine (weights + "
-                                                 "KV cache); the trainer uses the rest")
-    vllm_max_model_len: int = flag(0, "vLLM: context length (0: the longest prompt + completion)")
-    vllm_sleep: bool = flag(None, "vLLM on CUDA: free the KV cache while training, wake before the next generation "
-                                "(default: on with CUDA when nothing is in flight during training; refused on CPU)")
-    vllm_kv_cache_mb: int = flag(256, "vLLM on CPU: KV cache size in MiB")
-    vllm_max_num_seqs: int = flag(0, "vLLM: sequences decoded at once, at most (0: vLLM's default, 256 on CPU and "
-                                   "1024 on H100-class GPUs); more is faster per token and takes more groups in flight")
-    task: str = flag("largest", "the built-in task, without --data: largest (the largest digit of a list), hidden (the "
-                              "same with two digits hidden, so that the best possible pass rate is below 1) or "
-                              "second (the second-largest distinct digit)", ["largest", "hidden", "second"])
-    data: str = flag("", "training prompts: a .jsonl/.json/.csv/.parquet file, a datasets.save_to_disk directory or a "
-                       "hub dataset NAME[:SPLIT] (needs `datasets` and network); empty = the built-in task")
-    val_data: str = flag("", "held-out prompts, same formats (default: --val-size prompts split off --data)")
-    prompt_key: str = flag("", "prompt field (default: the first of prompt, problem, question)")
-    answer_key: str = flag("", "answer field (default: the first of answer, final_answer, ground_truth, solution)")
-    skip_bad_rows: bool = flag(False, "drop malformed rows with a count instead of stopping")
-    train_size: int = flag(0, "training prompts (0: all of --data; 4096 for the built-in task)")
-    val_size: int = flag(0, "held-out validation prompts, never trained on (0: 200, or all of --val-data; the paper: "
-                          "1,000)")
-    system_prompt: str = flag("", "--data: system message put before each prompt")
-    instruction: str = flag(" Please reason step by step, and put your final answer within \\boxed{}.",
-                          "--data: appended to each prompt (default: ask for the answer in \\boxed{}; '' for none)")
-    chat_template: bool = flag(True, "--data: format prompts with the model's chat template when it has one "
-                                   "(--no-chat-template for base models)")
-    reward: str = flag("auto", "math: the final answer checked with math-verify; exact: string match; digit: the last "
-                             "digit after the reasoning, for the built-in tasks (auto: math with --data, else digit); "
-                             "the choices are the REWARDS table's", lambda: ["auto", *REWARDS])
-    reward_workers: int = flag(-1, "grading processes (-1: min(16, CPUs) for math/exact, 0 for the built-in task; "
-                                 "0: grade in this process, with no time limit: --reward-timeout does not apply, "
-                                 "and it is refused with --reward math, whose checker can hang)")
-    reward_timeout: float = flag(10.0, "seconds allowed to grade one completion; over it, reward 0 and an error")
-    save_every: int = flag(0, "save a checkpoint every N steps (0: only at the end and when stopped by a signal)")
-    keep_last: int = flag(2, "keep the newest K checkpoints")
-    resume: str = flag("", "continue a run from a checkpoint directory, or 'auto': the newest in --out. Every setting "
-                         "comes from the checkpoint except --steps (to extend a run), --save-every and --keep-last; "
-                         "another flag given with a value other than the run's is refused")
-    max_skipped_updates: int = flag(3, "stop after this many non-finite updates (loss or gradient) in a row")
-    live_fit: bool = flag(True, "at each evaluation, fit the scaling curve to the run so far (fit_curve.py) and log "
-                                "the predicted asymptote: fit_A, fit_B, fit_C_mid, fit_A_ci")
-    wandb: str = flag("", "also log every metrics row to this Weights & Biases project (needs `pip install wandb`; "
-                        "WANDB_MODE=offline works without network); metrics.jsonl stays the record")
-    wandb_name: str = flag("", "--wandb: the run's name (default: the --out directory's name)")
-    verbose: bool = flag(False, "show vLLM's and the libraries' own log lines and warnings (default: ours and errors)")
-
 
 # Named random streams: every random draw comes from np.random.SeedSequence([seed, RNG_..., ...]).
 RNG_TASK, RNG_SPLIT, RNG_EPOCH, RNG_ROLLOUT, RNG_EVAL = range(1, 6)
@@ -198,24 +141,22 @@ def rl_step(state, cfg):
     if all_max(groups is None):  # no prompt left (under torchrun: on some rank; every rank stops)
         return None
     state.engine.sleep()                                                       # (vLLM sleep mode, when idle)
-    prompts, comps, idx = [g.prompt for g in groups], [g.completions for g in groups], [g.info for g in groups]
+    prompts, comps, idx = [g.prompt for g in groups], [g.completions for g in groups], [g.prompt_index for g in groups]
     correct, rewards, errors = score(state.tok, comps, [state.train[i] for i in idx], state.grader, cfg)  # 2. [2]
     samples, stats = build_batch(prompts, comps, rewards, cfg)                 # 3. [Sec. 3.2] the batch
     update_curriculum(state.curriculum, *all_gather(idx, correct.mean(axis=1).tolist()), cfg.npr_threshold)  # 4. NPR
     update = train_step(state.policy, state.opt, state.sched, samples, cfg, state.tok.pad_token_id, state.autocast) \
         if all_sum(len(samples)) else {}                                       # 5. [Sec. 3.2] CISPO, FP32 head
-    trained, state.version = state.version, state.version + (bool(update) and not update["skipped"])
+    trained = state.version  # the version these samples were trained against
+    if update and not update["skipped"]:
+        state.version += 1
     push_seconds = push_weights(state, cfg)                                    # 6. [Sec. 3.1] in flight
     return dict(groups=groups, rewards=rewards, errors=errors, samples=samples, stats=stats, update=update,
                 stale=stale, trained_version=trained, push_seconds=push_seconds)
 
 # --------------------------------------------------------------------------------------------------
 # 1. Rollouts with forced length interruptions [Sec. 2, 4]: a group is one prompt's G completions, streamed
-#    through an engine; every token keeps the generator's log-prob and the weight version that sampled it.
-#    The engines (Part II) share one contract: submit(key, token_ids, max_tokens, seed) queues a request; step()
-#    advances generation and returns the requests that finished, as (key, Completion), with the number of tokens
-#    decoded and of engine steps taken; push(model, version) loads new weights; `version` is the version it holds;
-#    `capacity` the number of sequences it decodes at once.
+#    through an engine (Part II); every token keeps the generator's log-prob and the weight version that sampled it.
 # --------------------------------------------------------------------------------------------------
 
 
@@ -237,7 +178,7 @@ class Group:
     completions: list
     budgets: list         # each completion's thinking budget
     seeds: list           # each completion's request seeds (first piece, continuation)
-    info: object = None   # the caller's (the training prompt's index)
+    prompt_index: int = None  # a training group's prompt (its index in the training set); None for evaluation
     left: int = 0         # completions not yet complete
     oldest: int = None    # the oldest weight version of its sampled tokens, once complete (see group_lag)
 
@@ -266,14 +207,14 @@ class Rollouts:
         self.open, self.done = {}, []  # key -> Group being generated; complete groups, in completion order
         self.decoded = self.steps = self.seconds = 0  # tokens decoded, engine steps and their time, for the metrics
 
-    def add(self, key, prompt, n, seed, info=None):
+    def add(self, key, prompt, n, seed, prompt_index=None):
         """Start a group: n completions of prompt (token ids), with the random stream `seed` (thinking budgets and
         request seeds)."""
         lo, hi = self.cfg.think_budget if self.cfg.length_control == "interrupt" else (self.cfg.max_new_tokens,) * 2
         rng = np.random.default_rng(seed)  # request seeds base + j (first piece) and base' + j (the rest)
         seeds, budgets = (rng.integers(2**62, size=2) + np.arange(n)[:, None]).tolist(), \
             rng.integers(lo, hi + 1, size=n).tolist()
-        g = Group(key, list(prompt), [Completion([], [], False, [], []) for _ in range(n)], budgets, seeds, info, n)
+        g = Group(key, list(prompt), [Completion([], [], False, [], []) for _ in range(n)], budgets, seeds, prompt_index, n)
         self.open[key] = g
         for j in range(n):
             self.engine.submit((key, j), g.prompt, budgets[j], seeds[j][0])
@@ -482,8 +423,8 @@ def update_curriculum(curriculum, indices, pass_rates, threshold):
     removed permanently from later epochs. The paper does not define the history; here it is
     the last observed pass rate."""
     for i, r in zip(indices, pass_rates):
-        curriculum.pass_rate[i] = float(r)
-        if threshold < 1.0 and r >= threshold:
+        curriculum.pass_rate[i] = float(r)  # the history the rule reads (a fork's other history goes here)
+        if threshold < 1.0 and curriculum.pass_rate[i] >= threshold:
             curriculum.removed.add(i)
 
 # --------------------------------------------------------------------------------------------------
@@ -577,21 +518,6 @@ def make_optimizer(model, cfg):
     return opt, sched
 
 
-class Policy(torch.nn.Module):
-    """The trained model, with its LM head applied by token_logprobs (float32, chunked) inside one forward pass. Under
-    torchrun FSDP2 shards this module (setup): its root must see the whole computation, the head's too, to gather the
-    head's weights before it and reduce their gradients after."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids, attn, pred, cfg):
-        hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
-        return token_logprobs(hidden[:, :-1][pred], self.model.get_output_embeddings(), ids[:, 1:][pred],
-                              cfg.temperature, cfg.lm_head_fp32, cfg.logprob_chunk)
-
-
 def sequence_logprobs(policy, samples, cfg, pad_id):
     """Trainer log-probs of every completion token of `samples`, concatenated in sample order (policy: a Policy, or
     the model itself)."""
@@ -668,7 +594,7 @@ def admit(state, cfg, n):
     idx = [i for i in again if i not in state.curriculum.removed]
     for i in idx + next_prompts(state.curriculum, n - len(idx)):
         state.rollouts.add(("train", state.serial), state.train_ids[i], cfg.generations_per_prompt,
-                           step_seed(cfg.seed, RNG_ROLLOUT, state.serial), info=i)
+                           step_seed(cfg.seed, RNG_ROLLOUT, state.serial), prompt_index=i)
         state.serial += state.curriculum.world  # under torchrun rank r numbers its groups r, r + W, ...: own streams
 
 
@@ -781,6 +707,70 @@ def run(cfg):
 # PART II -- PLUMBING. Nothing below this line changes the recipe: the command line and its checks, the data
 # readers, rewards and the grading pool, the models and engines, setup, logging and checkpoints.
 # ==================================================================================================
+
+
+@dataclass
+class Config(Recipe):
+    """Every flag: the recipe's (Recipe, Part I), then the plumbing's, which do not change the recipe."""
+    model: str = flag("", "HF hub id or local directory; empty = the embedded tiny Llama (CPU default)")
+    engine: str = flag("auto", "rollout engine: vllm (in-process) or hf (Hugging Face generate, synchronous loop "
+                             "only); auto = vllm when it is installed", ["auto", "vllm", "hf"])
+    generators: int = flag(0, "the generator-trainer split [Sec. 2]: N generator processes, each with its own vLLM "
+                            "engine on its own device (CUDA: the GPUs after the trainer's; CPU: each its share of "
+                            "the cores), decoding while the trainer trains; 0: colocated, the engine in the trainer")
+    out: str = flag("", "run directory (default runs/<timestamp>)")
+    seed: int = flag(0, "random seed (data order, sampling, the embedded model's initial weights)")
+    device: str = flag("auto", "auto | cpu | cuda | cuda:N")
+    dtype: str = flag("auto", "compute dtype (auto: bfloat16 on CUDA, float32 on CPU)",
+                    ["auto", "float32", "bfloat16", "float16"])
+    param_dtype: str = flag("float32", "dtype of the trained weights and optimiser state", ["float32", "bfloat16"])
+    tie_word_embeddings: bool = flag(False, "embedded model only: tie the input embedding and the LM head")
+    logprob_chunk: int = flag(1024, "tokens per chunk when computing log-probs (memory ~ chunk x vocab)")
+    micro_batch_tokens: int = flag(8192, "padded tokens per micro-batch (gradient accumulation)")
+    vllm_gpu_memory_utilization: float = flag(0.3, "vLLM on CUDA: fraction of GPU memory for the engine (weights + "
+                                                 "KV cache); the trainer uses the rest")
+    vllm_max_model_len: int = flag(0, "vLLM: context length (0: the longest prompt + completion)")
+    vllm_sleep: bool = flag(None, "vLLM on CUDA: free the KV cache while training, wake before the next generation "
+                                "(default: on with CUDA when nothing is in flight during training; refused on CPU)")
+    vllm_kv_cache_mb: int = flag(256, "vLLM on CPU: KV cache size in MiB")
+    vllm_max_num_seqs: int = flag(0, "vLLM: sequences decoded at once, at most (0: vLLM's default, 256 on CPU and "
+                                   "1024 on H100-class GPUs); more is faster per token and takes more groups in flight")
+    task: str = flag("largest", "the built-in task, without --data: largest (the largest digit of a list), hidden (the "
+                              "same with two digits hidden, so that the best possible pass rate is below 1) or "
+                              "second (the second-largest distinct digit)", ["largest", "hidden", "second"])
+    data: str = flag("", "training prompts: a .jsonl/.json/.csv/.parquet file, a datasets.save_to_disk directory or a "
+                       "hub dataset NAME[:SPLIT] (needs `datasets` and network); empty = the built-in task")
+    val_data: str = flag("", "held-out prompts, same formats (default: --val-size prompts split off --data)")
+    prompt_key: str = flag("", "prompt field (default: the first of prompt, problem, question)")
+    answer_key: str = flag("", "answer field (default: the first of answer, final_answer, ground_truth, solution)")
+    skip_bad_rows: bool = flag(False, "drop malformed rows with a count instead of stopping")
+    train_size: int = flag(0, "training prompts (0: all of --data; 4096 for the built-in task)")
+    val_size: int = flag(0, "held-out validation prompts, never trained on (0: 200, or all of --val-data; the paper: "
+                          "1,000)")
+    system_prompt: str = flag("", "--data: system message put before each prompt")
+    instruction: str = flag(" Please reason step by step, and put your final answer within \\boxed{}.",
+                          "--data: appended to each prompt (default: ask for the answer in \\boxed{}; '' for none)")
+    chat_template: bool = flag(True, "--data: format prompts with the model's chat template when it has one "
+                                   "(--no-chat-template for base models)")
+    reward: str = flag("auto", "math: the final answer checked with math-verify; exact: string match; digit: the last "
+                             "digit after the reasoning, for the built-in tasks (auto: math with --data, else digit); "
+                             "the choices are the REWARDS table's", lambda: ["auto", *REWARDS])
+    reward_workers: int = flag(-1, "grading processes (-1: min(16, CPUs) for math/exact, 0 for the built-in task; "
+                                 "0: grade in this process, with no time limit: --reward-timeout does not apply, "
+                                 "and it is refused with --reward math, whose checker can hang)")
+    reward_timeout: float = flag(10.0, "seconds allowed to grade one completion; over it, reward 0 and an error")
+    save_every: int = flag(0, "save a checkpoint every N steps (0: only at the end and when stopped by a signal)")
+    keep_last: int = flag(2, "keep the newest K checkpoints")
+    resume: str = flag("", "continue a run from a checkpoint directory, or 'auto': the newest in --out. Every setting "
+                         "comes from the checkpoint except --steps (to extend a run), --save-every and --keep-last; "
+                         "another flag given with a value other than the run's is refused")
+    max_skipped_updates: int = flag(3, "stop after this many non-finite updates (loss or gradient) in a row")
+    live_fit: bool = flag(True, "at each evaluation, fit the scaling curve to the run so far (fit_curve.py) and log "
+                                "the predicted asymptote: fit_A, fit_B, fit_C_mid, fit_A_ci")
+    wandb: str = flag("", "also log every metrics row to this Weights & Biases project (needs `pip install wandb`; "
+                        "WANDB_MODE=offline works without network); metrics.jsonl stays the record")
+    wandb_name: str = flag("", "--wandb: the run's name (default: the --out directory's name)")
+    verbose: bool = flag(False, "show vLLM's and the libraries' own log lines and warnings (default: ours and errors)")
 
 
 class ScaleRLError(Exception):
@@ -1347,6 +1337,10 @@ class Grader:
 
 # --------------------------------------------------------------------------------------------------
 # Models and engines: the embedded tiny model, loading, Hugging Face generate and in-process vLLM
+# The engines share one contract: submit(key, token_ids, max_tokens, seed) queues a request; step() advances
+# generation and returns the requests that finished, as (key, Completion), with the number of tokens decoded and of
+# engine steps taken; push(model, version) loads new weights; `version` is the version it holds; `capacity` the number
+# of sequences it decodes at once.
 # --------------------------------------------------------------------------------------------------
 
 
@@ -1853,7 +1847,7 @@ class SplitEngine:
 
     def submit(self, key, ids, max_tokens, seed):
         # a group's completions go to one generator (one request there), the same in every run (not hash(): salted)
-        i = sorted(self.procs)[__import__("zlib").crc32(repr(key[0]).encode()) % len(self.procs)]
+        i = sorted(self.procs)[zlib.crc32(repr(key[0]).encode()) % len(self.procs)]
         self.requests[i].put(("submit", (key, list(ids), max_tokens, seed, self.version)))
         self.idle[0] += time.time() - self.idle_since.pop(i, time.time())
         self.live[key], self.sent[i] = i, self.sent[i] + 1
@@ -1867,7 +1861,7 @@ class SplitEngine:
 
     def step(self):
         msgs = [self.receive(time.time() + 900)]
-        with contextlib.suppress(__import__("queue").Empty):
+        with contextlib.suppress(queue.Empty):
             while True:
                 msgs.append(self.results.get_nowait())
         done = [(key, Completion(*c)) for m in msgs for key, c in m[2] if self.live.pop(key, None) is not None]
@@ -1915,6 +1909,21 @@ class SplitEngine:
 
     def sleep(self):
         pass
+
+
+class Policy(torch.nn.Module):
+    """The trained model, with its LM head applied by token_logprobs (float32, chunked) inside one forward pass. Under
+    torchrun FSDP2 shards this module (setup): its root must see the whole computation, the head's too, to gather the
+    head's weights before it and reduce their gradients after."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, attn, pred, cfg):
+        hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
+        return token_logprobs(hidden[:, :-1][pred], self.model.get_output_embeddings(), ids[:, 1:][pred],
+                              cfg.temperature, cfg.lm_head_fp32, cfg.logprob_chunk)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -2476,7 +2485,7 @@ def pending_prompts(state):
     rollouts = state.rollouts
     started = sorted((g for g in [*rollouts.open.values(), *rollouts.done] if g.key[0] == "train"),
                      key=lambda g: g.key)
-    return list(state.requeue) + [g.info for g in started]
+    return list(state.requeue) + [g.prompt_index for g in started]
 
 
 def save_checkpoint(out, step, state, cfg):

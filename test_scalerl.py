@@ -1489,7 +1489,7 @@ def test_evaluation_mid_ppo_round_lets_the_round_finish_with_its_weights():
     cfg = dataclasses.replace(cfg, off_policy="ppo", max_lag=2)
     s.rollouts.cfg = cfg
     s.engine.steps_for = lambda key: 4 if key[0][0] == "train" else 1
-    s.rollouts.add(("train", 0), [1], 2, 0, info=0)
+    s.rollouts.add(("train", 0), [1], 2, 0, prompt_index=0)
     s.rollouts.poll()  # one token decoded with the round's weights (version 0); three to go
     s.version = 1
     val, _ = S.evaluate(s, cfg, 1)
