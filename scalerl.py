@@ -2200,31 +2200,34 @@ def metrics_row(state, cfg, step, r, seconds):
     comps = [c for g in groups for c in g.completions]
     lags = [r["trained_version"] - v for x in samples for v, m in zip(x.versions, x.mask) if m]  # trained tokens'
     n_params = sum(p.numel() for p in state.model.parameters())  # a sharded parameter counts whole
-    (n_groups, n_comps, n_gen, n_sampled, n_prompt, n_trained, reward, truncated, interrupted, flat, active, excluded,
-     lag_sum, n_lags, stale, in_flight, decoded, engine_steps) = all_sum(
-        len(groups), len(comps), sum(len(c.tokens) for c in comps), sum(sum(c.mask) for c in comps),
-        sum(len(g.prompt) for g in groups), sum(len(x.prompt) + len(x.tokens) for x in samples),
-        r["rewards"].sum(), sum(not c.finished for c in comps), sum(c.interrupted for c in comps),
-        round(r["stats"]["zero_variance_frac"] * len(groups)), r["stats"]["active_prompts"],
-        r["stats"]["truncated_excluded"], sum(lags), len(lags), r["stale"], len(rollouts.open), rollouts.decoded,
-        rollouts.steps)
+    stats = r["stats"]
+    local = {  # this rank's counts, summed over the ranks in one reduction
+        "groups": len(groups), "completions": len(comps), "generated": sum(len(c.tokens) for c in comps),
+        "sampled": sum(sum(c.mask) for c in comps), "prompt_tokens": sum(len(g.prompt) for g in groups),
+        "trained_sequence_tokens": sum(len(x.prompt) + len(x.tokens) for x in samples), "reward": r["rewards"].sum(),
+        "truncated": sum(not c.finished for c in comps), "interrupted": sum(c.interrupted for c in comps),
+        "flat": round(stats["zero_variance_frac"] * len(groups)), "active": stats["active_prompts"],
+        "excluded": stats["truncated_excluded"], "lag_sum": sum(lags), "lags": len(lags), "stale": r["stale"],
+        "in_flight": len(rollouts.open), "decoded": rollouts.decoded, "engine_steps": rollouts.steps}
+    n = dict(zip(local, all_sum(*local.values())))
     t = state.totals
     t["device_hours"] += seconds * (world() + cfg.generators) / 3600  # every device: trainers and generators
-    t["flops"] += 2 * n_params * (n_prompt + n_gen) + 6 * n_params * n_trained
-    t["gen_tokens"] += int(n_sampled)  # sampled tokens (injected phrases not counted)
+    t["flops"] += 2 * n_params * (n["prompt_tokens"] + n["generated"]) + 6 * n_params * n["trained_sequence_tokens"]
+    t["gen_tokens"] += int(n["sampled"])  # sampled tokens (injected phrases not counted)
     t["train_tokens"] += update.get("trained_tokens", 0)
     t["skipped_updates"] += int(update.get("skipped", False))
     removed = state.curriculum.removed
-    row = {"step": step, **t, "reward_mean": reward / n_comps, "zero_variance_frac": flat / n_groups,
-           "active_prompts": int(active), "truncated_excluded": int(excluded), "npr_removed": len(removed),
+    row = {"step": step, **t, "reward_mean": n["reward"] / n["completions"],
+           "zero_variance_frac": n["flat"] / n["groups"], "active_prompts": int(n["active"]),
+           "truncated_excluded": int(n["excluded"]), "npr_removed": len(removed),
            "pool_size": len(state.train) - len(removed), "epoch": state.curriculum.epoch,
-           "truncated_frac": truncated / n_comps, "interrupted_frac": interrupted / n_comps,
-           "mean_completion_tokens": n_gen / n_comps, "loss": update.get("loss", 0.0),
+           "truncated_frac": n["truncated"] / n["completions"], "interrupted_frac": n["interrupted"] / n["completions"],
+           "mean_completion_tokens": n["generated"] / n["completions"], "loss": update.get("loss", 0.0),
            "grad_norm": update.get("grad_norm", 0.0), "clip_frac": update.get("clip_frac", 0.0),
            "lr": update.get("lr", state.sched.get_last_lr()[0]),
-           "lag_mean": lag_sum / n_lags if n_lags else 0.0, "lag_max": int(all_max(max(lags, default=0))),
-           "stale_dropped": int(stale), "inflight_groups": int(in_flight),
-           "engine_batch_mean": decoded / max(engine_steps, 1), "step_seconds": seconds,
+           "lag_mean": n["lag_sum"] / n["lags"] if n["lags"] else 0.0, "lag_max": int(all_max(max(lags, default=0))),
+           "stale_dropped": int(n["stale"]), "inflight_groups": int(n["in_flight"]),
+           "engine_batch_mean": n["decoded"] / max(n["engine_steps"], 1), "step_seconds": seconds,
            "gen_seconds": rollouts.seconds,
            "train_seconds": update.get("train_seconds", 0.0), "sync_seconds": r["push_seconds"],
            **{k: v for k, v in update.items() if k.startswith("mismatch_")}}
