@@ -30,7 +30,7 @@ Each component can be switched to the alternative the paper ablates:
 `python scalerl.py` trains an embedded tiny Llama (random weights, character tokenizer) on a built-in task on the
 CPU; `python scalerl.py --model DIR_OR_HUB_ID --data FILE` trains a real model on a math dataset;
 `torchrun --nproc-per-node 8 scalerl.py ...` shards the trainer with FSDP2 and gives each rank its own engine and its
-share of every step's prompts (what the recipe defines over the batch is reduced over the ranks: all_sum, all_gather).
+share of every step's prompts (what the recipe defines over the batch is reduced over the ranks: all_sum, all_max).
 Part I (the recipe) reads top to bottom: config, rl_step, then its components in the order it calls them, then
 run(). Part II is plumbing: nothing in it changes the recipe (command line, data, grading, engines, checkpoints).
 """
@@ -144,7 +144,7 @@ def rl_step(state, cfg):
     prompts, comps, idx = [g.prompt for g in groups], [g.completions for g in groups], [g.prompt_index for g in groups]
     correct, rewards, errors = score(state.tok, comps, [state.train[i] for i in idx], state.grader, cfg)  # 2. [2]
     samples, stats = build_batch(prompts, comps, rewards, cfg)                 # 3. [Sec. 3.2] the batch
-    update_curriculum(state.curriculum, *all_gather(idx, correct.mean(axis=1).tolist()), cfg.npr_threshold)  # 4. NPR
+    update_curriculum(state.curriculum, idx, correct.mean(axis=1).tolist(), cfg.npr_threshold)  # 4. [3.2] NPR
     update = train_step(state.policy, state.opt, state.sched, samples, cfg, state.tok.pad_token_id, state.autocast) \
         if all_sum(len(samples)) else {}                                       # 5. [Sec. 3.2] CISPO, FP32 head
     trained = state.version  # the version these samples were trained against
@@ -385,8 +385,8 @@ def build_batch(prompt_ids, groups, rewards, cfg):
 
 @dataclass
 class Curriculum:
-    """Epoch-wise sampling of training prompts with No-Positive-Resampling [Sec. 3.2]. Under torchrun rank r draws
-    the prompts r, r + W, r + 2W, ... of the W ranks' (its shard), and every rank records every rank's pass rates."""
+    """Epoch-wise sampling of training prompts with No-Positive-Resampling [Sec. 3.2]. Under torchrun rank r draws,
+    and records the pass rates of, the prompts r, r + W, r + 2W, ... of the W ranks' (its shard) only."""
     n_prompts: int
     seed: int
     rank: int = 0
@@ -2216,11 +2216,11 @@ def metrics_row(state, cfg, step, r, seconds):
     t["gen_tokens"] += int(n["sampled"])  # sampled tokens (injected phrases not counted)
     t["train_tokens"] += update.get("trained_tokens", 0)
     t["skipped_updates"] += int(update.get("skipped", False))
-    removed = state.curriculum.removed
+    removed = int(all_sum(len(state.curriculum.removed)))  # each rank removes prompts of its own shard
     row = {"step": step, **t, "reward_mean": n["reward"] / n["completions"],
            "zero_variance_frac": n["flat"] / n["groups"], "active_prompts": int(n["active"]),
-           "truncated_excluded": int(n["excluded"]), "npr_removed": len(removed),
-           "pool_size": len(state.train) - len(removed), "epoch": state.curriculum.epoch,
+           "truncated_excluded": int(n["excluded"]), "npr_removed": removed,
+           "pool_size": len(state.train) - removed, "epoch": state.curriculum.epoch,
            "truncated_frac": n["truncated"] / n["completions"], "interrupted_frac": n["interrupted"] / n["completions"],
            "mean_completion_tokens": n["generated"] / n["completions"], "loss": update.get("loss", 0.0),
            "grad_norm": update.get("grad_norm", 0.0), "clip_frac": update.get("clip_frac", 0.0),

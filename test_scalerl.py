@@ -2228,7 +2228,7 @@ def torchrun(*args, env=None):
 
 def test_two_rank_run_agrees_on_prompts_counts_both_ranks_and_resumes(tmp_path):
     """torchrun, 2 ranks, the HF engine: each rank draws only its shard of the prompts, generates with the trainer's
-    newest weights (pushed into its copy of the model), every rank holds the same No-Positive-Resampling history,
+    newest weights (pushed into its copy of the model), records the No-Positive-Resampling history of its shard,
     rank 0's rows count both ranks' prompts and tokens, the checkpoint is a whole HF model, and the run resumes with
     2 ranks (but not with 1)."""
     out, P, G = str(tmp_path / "run"), 16, 8
@@ -2245,11 +2245,10 @@ def test_two_rank_run_agrees_on_prompts_counts_both_ranks_and_resumes(tmp_path):
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
     state = torch.load(S.list_checkpoints(out)[-1] + "/trainer_state.pt", weights_only=False)
     c0, c1 = (r["curriculum"] for r in state["ranks"])
-    assert c0["pass_rate"] == c1["pass_rate"] and c0["removed"] == c1["removed"]  # the same history on both ranks
-    assert len(c0["pass_rate"]) == 4 * P  # every prompt of every step, from both ranks (no repeats in epoch 1)
-    assert {i % 2 for i in c0["order"]} == {0} and {i % 2 for i in c1["order"]} == {1}  # each its own shard
-    assert c0["removed"] == {i for i, r in c0["pass_rate"].items() if r >= 0.1} and c0["removed"]
-    assert rows[-1]["npr_removed"] == len(c0["removed"])
+    for r, c in enumerate((c0, c1)):  # each its own shard: drawn, recorded (every prompt of 4 steps) and removed
+        assert {i % 2 for i in c["order"]} == {i % 2 for i in c["pass_rate"]} == {r} and len(c["pass_rate"]) == 2 * P
+        assert c["removed"] == {i for i, x in c["pass_rate"].items() if x >= 0.1}
+    assert rows[-1]["npr_removed"] == len(c0["removed"]) + len(c1["removed"]) > 0  # both ranks' removals
     # each rank generates with its own whole copy of the model, which HFEngine.push fills from the shards: the
     # synchronous loop's log-probs are the trainer's only if every push copied the newest weights into it
     trained = [b for a, b in zip(rows, rows[1:]) if b["train_tokens"] > a["train_tokens"]]
