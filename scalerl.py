@@ -62,8 +62,10 @@ import torch.nn.functional as F
 # ==================================================================================================
 
 
-def flag(default, help, choices=None, nargs=None):
-    return field(default=default, metadata={"help": help, "choices": choices, "nargs": nargs})
+def flag(default, help, choices=None, nargs=None, above=None, at_least=None):
+    """A Config field and its command-line flag; a number outside its bound (> above, >= at_least) is refused."""
+    return field(default=default, metadata={"help": help, "choices": choices, "nargs": nargs, "above": above,
+                                            "at_least": at_least})
 
 
 @dataclass
@@ -76,7 +78,8 @@ class Recipe:
                                      "pushed into the engine in flight (ScaleRL); ppo: PPO-off-policy-k, generate K "
                                      "batches with the same weights, then take K optimiser steps", ["pipeline", "ppo"])
     max_lag: int = flag(8, "K: a trained token is at most K updates older than the weights being updated (the paper: "
-                         "8; 4 did as well); 0: the synchronous loop (generate a batch, train on it, push the weights)")
+                         "8; 4 did as well); 0: the synchronous loop (generate a batch, train on it, push the weights)",
+                         at_least=0)
     refresh_kv: bool = flag(False, "pipeline: at each update, re-prefill the running sequences with the new weights "
                                  "(default: they keep the KV cache computed with older weights, as PipelineRL does)")
     length_control: str = flag("interrupt", "interrupt: forced interruption at a thinking budget (ScaleRL); penalty: "
@@ -86,12 +89,12 @@ class Recipe:
                                      "--max-new-tokens - --answer-budget, LO = 5/6 HI, as the paper's 10k-12k)",
                              nargs=2)
     answer_budget: int = flag(0, "interrupt: tokens allowed after the interruption (0: --max-new-tokens / 8, "
-                               "at least 2)")
+                               "at least 2)", at_least=0)
     interruption_phrase: str = flag("Okay, time is up. Let me stop thinking and formulate a final answer now. "
                                   "</think>", "interrupt: text appended to an interrupted completion")
     think_end: str = flag("</think>", "interrupt: the marker that closes the reasoning")
-    max_len: int = flag(0, "penalty: L_max, longer correct answers get -1 (0: --max-new-tokens)")
-    cache_len: int = flag(0, "penalty: L_cache, the linear penalty zone before L_max (0: L_max / 5)")
+    max_len: int = flag(0, "penalty: L_max, longer correct answers get -1 (0: --max-new-tokens)", at_least=0)
+    cache_len: int = flag(0, "penalty: L_cache, the linear penalty zone before L_max (0: L_max / 5)", at_least=0)
     mask_truncated: bool = flag(None, "leave completions that did not end (no EOS within the limits) out of the batch: "
                                     "out of the group mean, the zero-variance test, the batch std and the loss (the "
                                     "paper's 'effective batch after excluding truncated samples'). Default: on with "
@@ -101,38 +104,31 @@ class Recipe:
     adv_norm: str = flag("batch", "advantage normalisation", ["batch", "prompt", "none"])
     loss_agg: str = flag("prompt", "loss aggregation", ["prompt", "sample", "token"])
     npr_threshold: float = flag(0.9, "No-Positive-Resampling: drop a prompt from later epochs once its pass "
-                                   "rate reaches this (>= 1 disables)")
+                                   "rate reaches this (>= 1 disables)", above=0)
     loss: str = flag("cispo", "policy loss: cispo (ScaleRL), dapo (PPO clipping with DAPO's asymmetric range), gspo "
                             "(a sequence-level ratio, clipped)", ["cispo", "dapo", "gspo"])
-    eps_max: float = flag(5.0, "CISPO: truncation of the importance weight from above (the paper: 4, 5 and 8 alike)")
+    eps_max: float = flag(5.0, "CISPO: truncation of the importance weight from above (the paper: 4, 5 and 8 alike)",
+                          above=0)
     eps_low: float = flag(0.0, "DAPO/GSPO: lower clip, ratio >= 1 - eps_low (0: the loss's own, dapo 0.2, gspo 3e-4)")
-    eps_high: float = flag(0.0, "DAPO/GSPO: upper clip, ratio <= 1 + eps_high (0: dapo 0.28, gspo 4e-4)")
+    eps_high: float = flag(0.0, "DAPO/GSPO: upper clip, ratio <= 1 + eps_high (0: dapo 0.28, gspo 4e-4)", at_least=0)
     lm_head_fp32: bool = flag(True, "compute the LM head (hidden -> logits) in float32, trainer and generator")
     # sampling, optimiser and evaluation
-    steps: int = flag(150, "number of training steps (optimiser updates)")
-    prompts_per_step: int = flag(32, "prompts per step, P (the paper: 48)")
+    steps: int = flag(150, "number of training steps (optimiser updates)", at_least=0)
+    prompts_per_step: int = flag(32, "prompts per step, P (the paper: 48)", above=0)
     generations_per_prompt: int = flag(16, "completions sampled per prompt, G (the paper: 16)")
-    max_new_tokens: int = flag(8, "generation limit per completion")
-    temperature: float = flag(1.0, "sampling temperature (generator and trainer log-probs use it)")
-    lr: float = flag(5e-4, "learning rate, constant after warm-up (the paper: 5e-7 for an 8B model)")
-    warmup_steps: int = flag(10, "linear learning-rate warm-up steps (the paper: 100)")
-    weight_decay: float = flag(0.01, "AdamW weight decay")
-    adam_eps: float = flag(1e-15, "AdamW epsilon (the paper: 1e-15)")
-    grad_clip: float = flag(1.0, "clip the global gradient norm to this (our choice: the paper gives no value)")
-    eval_every: int = flag(10, "evaluate every this many steps (and at step 0 and the last step)")
-    eval_samples: int = flag(8, "samples per held-out prompt: k of mean@k (the paper: 16)")
-
-# Named random streams: every random draw comes from np.random.SeedSequence([seed, RNG_..., ...]).
-RNG_TASK, RNG_SPLIT, RNG_EPOCH, RNG_ROLLOUT, RNG_EVAL = range(1, 6)
-
-
-def step_seed(seed, stream, n):
-    """An independent, reproducible seed for the n-th draw of a random stream (RNG_*) of a run."""
-    return int(np.random.SeedSequence([seed, stream, n]).generate_state(1)[0])
+    max_new_tokens: int = flag(8, "generation limit per completion", above=0)
+    temperature: float = flag(1.0, "sampling temperature (generator and trainer log-probs use it)", above=0)
+    lr: float = flag(5e-4, "learning rate, constant after warm-up (the paper: 5e-7 for an 8B model)", above=0)
+    warmup_steps: int = flag(10, "linear learning-rate warm-up steps (the paper: 100)", at_least=0)
+    weight_decay: float = flag(0.01, "AdamW weight decay", at_least=0)
+    adam_eps: float = flag(1e-15, "AdamW epsilon (the paper: 1e-15)", at_least=0)
+    grad_clip: float = flag(1.0, "clip the global gradient norm to this (our choice: the paper gives no value)",
+                            above=0)
+    eval_every: int = flag(10, "evaluate every this many steps (and at step 0 and the last step)", above=0)
+    eval_samples: int = flag(8, "samples per held-out prompt: k of mean@k (the paper: 16)", above=0)
 
 # --------------------------------------------------------------------------------------------------
 # One ScaleRL step: the algorithm box of the module docstring, one call per arrow
-# --------------------------------------------------------------------------------------------------
 
 
 def rl_step(state, cfg):
@@ -145,8 +141,8 @@ def rl_step(state, cfg):
     correct, rewards, errors = score(state.tok, comps, [state.train[i] for i in idx], state.grader, cfg)  # 2. [2]
     samples, stats = build_batch(prompts, comps, rewards, cfg)                 # 3. [Sec. 3.2] the batch
     update_curriculum(state.curriculum, idx, correct.mean(axis=1).tolist(), cfg.npr_threshold)  # 4. [3.2] NPR
-    update = train_step(state.policy, state.opt, state.sched, samples, cfg, state.tok.pad_token_id, state.autocast) \
-        if all_sum(len(samples)) else {}                                       # 5. [Sec. 3.2] CISPO, FP32 head
+    update = train_step(state.policy, state.opt, state.sched, samples, cfg, state.tok.pad_token_id, state.autocast,
+                        state.frozen) if all_sum(len(samples)) else {}        # 5. [Sec. 3.2] CISPO, FP32 head
     trained = state.version  # the version these samples were trained against
     if update and not update["skipped"]:
         state.version += 1
@@ -157,7 +153,6 @@ def rl_step(state, cfg):
 # --------------------------------------------------------------------------------------------------
 # 1. Rollouts with forced length interruptions [Sec. 2, 4]: a group is one prompt's G completions, streamed
 #    through an engine (Part II); every token keeps the generator's log-prob and the weight version that sampled it.
-# --------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -214,7 +209,8 @@ class Rollouts:
         rng = np.random.default_rng(seed)  # request seeds base + j (first piece) and base' + j (the rest)
         seeds, budgets = (rng.integers(2**62, size=2) + np.arange(n)[:, None]).tolist(), \
             rng.integers(lo, hi + 1, size=n).tolist()
-        g = Group(key, list(prompt), [Completion([], [], False, [], []) for _ in range(n)], budgets, seeds, prompt_index, n)
+        g = Group(key, list(prompt), [Completion([], [], False, [], []) for _ in range(n)], budgets, seeds,
+                  prompt_index, n)
         self.open[key] = g
         for j in range(n):
             self.engine.submit((key, j), g.prompt, budgets[j], seeds[j][0])
@@ -265,7 +261,6 @@ def rollout(rollouts, prompts, n, seed, kind="eval", ids=None):
 
 # --------------------------------------------------------------------------------------------------
 # 2. Scoring [Sec. 2]: a verifiable, binary reward (the reward functions and the grading pool are in Part II)
-# --------------------------------------------------------------------------------------------------
 
 
 def score(tok, groups, data, grader, cfg):
@@ -301,7 +296,6 @@ def overlong_penalty(length, max_len, cache_len):
 
 # --------------------------------------------------------------------------------------------------
 # 3. The batch [Sec. 3.2]: truncated completions out, zero-variance filtering, advantages, aggregation
-# --------------------------------------------------------------------------------------------------
 
 
 def zero_variance_keep(rewards, valid=None):
@@ -380,7 +374,6 @@ def build_batch(prompt_ids, groups, rewards, cfg):
 
 # --------------------------------------------------------------------------------------------------
 # 4. Curriculum [Sec. 3.2]: epochs over the training prompts, with No-Positive-Resampling
-# --------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -429,45 +422,50 @@ def update_curriculum(curriculum, indices, pass_rates, threshold):
 
 # --------------------------------------------------------------------------------------------------
 # 5. Losses [Sec. 3.2]: log-probs with an FP32 LM head; CISPO, and DAPO and GSPO for the ablation
-# --------------------------------------------------------------------------------------------------
 
 
-def _chunk_logprobs(h, w, b, y, temperature, fp32):
+def token_terms(logits, targets):
+    """Per-token quantities of the trained tokens from their logits [N, vocabulary] (float32 with the FP32 head,
+    divided by the temperature): "logp", log pi_train of each target, which the losses need, and whatever a fork adds
+    here (an entropy, say: docs/fork.md). Each is a tensor [N]; policy_loss receives every one under its name."""
+    return {"logp": logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)}
+
+
+def _chunk_terms(h, w, b, y, temperature, fp32):
     if fp32:
         with torch.autocast(h.device.type, enabled=False):
             logits = F.linear(h.float(), w.float(), None if b is None else b.float())
     else:
         logits = F.linear(h, w, b).float()
-    logits = logits / temperature
-    return logits.gather(-1, y[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return token_terms(logits / temperature, y)
 
 
 def token_logprobs(hidden, head, targets, temperature, fp32=True, chunk=1024):
-    """log softmax(head(hidden) / T)[target] for every row of hidden [N, H] [Sec. 3.2, FP32 LM head].
-    Rows are processed `chunk` at a time and each chunk is recomputed in the backward pass (activation
-    checkpointing), so peak memory grows with chunk x vocabulary, never with N x vocabulary."""
+    """{name: tensor [N]}: token_terms of head(hidden) / T for every row of hidden [N, H], "logp" = log softmax(...)
+    [target] among them [Sec. 3.2, FP32 LM head]. Rows go `chunk` at a time, each recomputed in the backward pass
+    (activation checkpointing), so peak memory grows with chunk x vocabulary, never with N x vocabulary."""
     from torch.utils.checkpoint import checkpoint
     parts = []
     for s in range(0, hidden.shape[0], chunk):
         args = (hidden[s:s + chunk], head.weight, head.bias, targets[s:s + chunk], temperature, fp32)
         grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
-        parts.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if grad else _chunk_logprobs(*args))
-    return torch.cat(parts) if parts else hidden.new_zeros(0)
+        parts.append(checkpoint(_chunk_terms, *args, use_reentrant=False) if grad else _chunk_terms(*args))
+    if not parts:
+        return {k: hidden.new_zeros(0) for k in token_terms(hidden.new_zeros(0, 1), targets[:0])}
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
-def cispo_loss(logp, logp_gen, adv, eps_max):
-    """CISPO token loss [Sec. 3.2]: -sg(min(rho, eps_max)) * A * log pi_train, rho = pi_train / pi_gen.
+def cispo_loss(logp, ratio, adv, eps_max):
+    """CISPO token loss [Sec. 3.2]: -sg(min(rho, eps_max)) * A * log pi_train, rho = pi_train / pi_gen (`ratio`).
     Only the importance weight is truncated (from above) and it carries no gradient: every token keeps the
     REINFORCE gradient A * grad log pi, scaled by the truncated weight."""
-    rho = torch.exp(logp.detach() - logp_gen)
-    return -torch.clamp(rho, max=eps_max) * adv * logp
+    return -torch.clamp(ratio.detach(), max=eps_max) * adv * logp
 
 
-def dapo_loss(logp, logp_gen, adv, eps_low, eps_high):
-    """DAPO / PPO token loss with asymmetric clipping (the ablated alternative): -min(rho A, clip(rho) A).
-    Tokens whose clipped term is the minimum get no gradient."""
-    rho = torch.exp(logp - logp_gen)
-    return -torch.minimum(rho * adv, torch.clamp(rho, 1 - eps_low, 1 + eps_high) * adv)
+def dapo_loss(ratio, adv, eps_low, eps_high):
+    """DAPO / PPO token loss with asymmetric clipping (the ablated alternative): -min(rho A, clip(rho) A), rho =
+    pi_train / pi_gen (`ratio`, with its gradient). Tokens whose clipped term is the minimum get no gradient."""
+    return -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
 
 
 def gspo_ratio(logp, logp_gen, seq):
@@ -483,31 +481,33 @@ def gspo_ratio(logp, logp_gen, seq):
     return torch.exp(mean[seq] + logp - logp.detach())
 
 
-def gspo_loss(logp, logp_gen, adv, seq, eps_low, eps_high):
+def gspo_loss(ratio, adv, eps_low, eps_high):
     """GSPO token loss (the third loss the paper ablated): PPO's clipped objective -min(s A, clip(s) A) on the
-    sequence-level ratio s of gspo_ratio, with GSPO's own narrow range (3e-4 below, 4e-4 above). A completion
-    whose clipped term is the minimum gets no gradient. GSPO averages over each sequence's tokens
+    sequence-level ratio s of gspo_ratio (`ratio`), with GSPO's own narrow range (3e-4 below, 4e-4 above). A
+    completion whose clipped term is the minimum gets no gradient. GSPO averages over each sequence's tokens
     (--loss-agg sample); with ScaleRL's prompt average each token of a prompt weighs the same."""
-    s = gspo_ratio(logp, logp_gen, seq)
-    return -torch.minimum(s * adv, torch.clamp(s, 1 - eps_low, 1 + eps_high) * adv)
+    return -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
 
 
-def policy_loss(logp, logp_gen, adv, weight, seq, cfg):
-    """The step's objective restricted to these tokens: sum(weight * token_loss); plus the number of tokens whose
-    importance weight was truncated (CISPO) or clipped (DAPO, GSPO). seq numbers each token's completion."""
-    rho = torch.exp(logp.detach() - logp_gen) if cfg.loss != "gspo" else gspo_ratio(logp, logp_gen, seq).detach()
+def policy_loss(logp, logp_gen, adv, weight, seq, cfg, **terms):
+    """The step's objective restricted to these tokens, sum(weight * token_loss), and `sums`: {name: sum over these
+    tokens} of the per-token metrics. train_step adds each sum over the micro-batches and the ranks and logs it as a
+    mean per trained token, a column of metrics.jsonl (and W&B) under its name: clip_frac here, the share of tokens
+    whose importance weight was truncated (CISPO) or clipped (DAPO, GSPO). seq numbers each token's completion;
+    terms: the other per-token tensors, token_terms' beyond logp and NAME_logp for each of frozen_models'. A fork's
+    loss term goes before the return: token_loss = token_loss + coef * term, sums["term"] = term.sum().item()."""
+    ratio = torch.exp(logp - logp_gen) if cfg.loss != "gspo" else gspo_ratio(logp, logp_gen, seq)  # rho, once
     if cfg.loss == "cispo":
-        return (weight * cispo_loss(logp, logp_gen, adv, cfg.eps_max)).sum(), (rho > cfg.eps_max).sum().item()
-    if cfg.loss == "dapo":
-        tl = dapo_loss(logp, logp_gen, adv, cfg.eps_low, cfg.eps_high)
+        token_loss, clipped = cispo_loss(logp, ratio, adv, cfg.eps_max), ratio.detach() > cfg.eps_max
     else:
-        tl = gspo_loss(logp, logp_gen, adv, seq, cfg.eps_low, cfg.eps_high)
-    clipped = ((rho > 1 + cfg.eps_high) & (adv > 0)) | ((rho < 1 - cfg.eps_low) & (adv < 0))
-    return (weight * tl).sum(), clipped.sum().item()
+        token_loss = (dapo_loss if cfg.loss == "dapo" else gspo_loss)(ratio, adv, cfg.eps_low, cfg.eps_high)
+        r = ratio.detach()
+        clipped = ((r > 1 + cfg.eps_high) & (adv > 0)) | ((r < 1 - cfg.eps_low) & (adv < 0))
+    sums = {"clip_frac": clipped.sum().item()}
+    return (weight * token_loss).sum(), sums
 
 # --------------------------------------------------------------------------------------------------
 # 6. The train step: AdamW with warm-up and clipping, gradients accumulated over micro-batches
-# --------------------------------------------------------------------------------------------------
 
 
 def make_optimizer(model, cfg):
@@ -518,44 +518,43 @@ def make_optimizer(model, cfg):
     return opt, sched
 
 
-def sequence_logprobs(policy, samples, cfg, pad_id):
-    """Trainer log-probs of every completion token of `samples`, concatenated in sample order (policy: a Policy, or
-    the model itself)."""
-    policy = policy if isinstance(policy, Policy) else Policy(policy)
-    device = next(policy.parameters()).device
-    seqs = [s.prompt + s.tokens for s in samples]
-    width = max(map(len, seqs))
-    ids = torch.tensor([q + [pad_id] * (width - len(q)) for q in seqs], device=device)  # right padding
-    attn = torch.tensor([[1] * len(q) + [0] * (width - len(q)) for q in seqs], device=device)
-    # position p predicts token p+1: mark the positions whose next token is a completion token
-    pred = torch.zeros(len(seqs), width - 1, dtype=torch.bool, device=device)
-    for r, s in enumerate(samples):
-        pred[r, len(s.prompt) - 1:len(s.prompt) - 1 + len(s.tokens)] = True
-    return policy(ids, attn, pred, cfg)
+def frozen_models(cfg, load_initial):
+    """Models that the loss needs besides the policy, {name: model}, built once per run (setup): ScaleRL needs none.
+    load_initial() loads the run's initial model like the policy (sharded the same way under torchrun, frozen): the
+    --model's or the embedded model's weights, also in a resumed run. A KL penalty returns {"ref": load_initial()}
+    (docs/fork.md); train_step computes each one's log-probs, without gradient, for policy_loss as NAME_logp."""
+    return {}
 
 
-def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None):
+def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None, frozen=None):
     """One optimiser step on the batch: loss and backward per micro-batch (gradients accumulate; the
-    aggregation weights already hold the global normalisers), clip, AdamW step. Under torchrun each rank has its
-    share of the batch; FSDP2 averages the ranks' gradients, so each rank's loss is scaled by the world size to sum
-    them, and every rank runs as many micro-batches as the rank with the most (FSDP's collectives run in step)."""
+    aggregation weights already hold the global normalisers), clip, AdamW step. Returns the update's metrics: the
+    loss, gradient norm, learning rate and time, and every sum of policy_loss (and of mismatch_sums) as a mean per
+    trained token under its name; metrics_row logs each. Under torchrun each rank has its share of the batch; FSDP2
+    averages the ranks' gradients, so each rank's loss is scaled by the number of ranks to sum them, and every rank
+    runs as many micro-batches as the rank with the most (FSDP's collectives run in step)."""
     t0, device, mark = time.time(), next(model.parameters()).device, memory_mark(model, opt)  # (CUDA: trainer_peak)
     model.train()
-    loss_sum, clipped, n_tok, mismatch = 0.0, 0.0, 0, np.zeros(3)
+    loss_sum, n_tok, sums, ranks = 0.0, 0, {}, all_sum(1)  # (the number of ranks: 1 in one process)
     for mb in even_out(micro_batches(samples, cfg.micro_batch_tokens), pad_id):
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            logp = sequence_logprobs(model, mb, cfg, pad_id)
+            terms = sequence_logprobs(model, mb, cfg, pad_id)
+            with torch.no_grad():
+                terms.update({f"{k}_logp": sequence_logprobs(m, mb, cfg, pad_id)["logp"] for k, m in
+                              (frozen or {}).items()})
         keep = torch.tensor([m == 1 for s in mb for m in s.mask], device=device)
+        terms = {k: v[keep] for k, v in terms.items()}  # injected tokens (mask 0) are context only: no loss, no count
+        logp = terms.pop("logp")
         adv = torch.tensor([s.advantage for s in mb for _ in s.tokens], device=device)[keep]
         weight = torch.tensor([s.weight for s in mb for _ in s.tokens], device=device)[keep]
         logp_gen = torch.tensor([x for s in mb for x in s.gen_logprobs], device=device)[keep]
-        logp = logp[keep]  # injected tokens (mask 0) are context only: no ratio, no loss, no count
         seq = torch.tensor([k for k, s in enumerate(mb) for _ in s.tokens], device=device)[keep]
-        loss, n_clipped = policy_loss(logp, logp_gen, adv, weight, seq, cfg)
-        (loss * world()).backward()
-        loss_sum, clipped, n_tok = loss_sum + loss.item(), clipped + n_clipped, n_tok + len(logp)
-        mismatch += mismatch_sums(logp, logp_gen, cfg.eps_max)
-    loss_sum, clipped, n_tok, *mismatch = all_sum(loss_sum, clipped, n_tok, *mismatch)  # the whole batch's
+        loss, mb_sums = policy_loss(logp, logp_gen, adv, weight, seq, cfg, **terms)
+        (loss * ranks).backward()
+        loss_sum, n_tok = loss_sum + loss.item(), n_tok + len(logp)
+        for k, v in {**mb_sums, **mismatch_sums(logp, logp_gen, cfg.eps_max)}.items():
+            sums[k] = sums.get(k, 0.0) + v
+    loss_sum, n_tok, *totals = all_sum(loss_sum, n_tok, *sums.values())  # the whole batch's
     grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)).item()
     skipped = not (math.isfinite(loss_sum) and math.isfinite(grad_norm))
     lr = opt.param_groups[0]["lr"]  # the rate of this update (the scheduler moves on after it)
@@ -563,25 +562,23 @@ def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None):
         opt.step()
         sched.step()
     opt.zero_grad(set_to_none=True)
-    m = np.array(mismatch) / max(n_tok, 1)
-    return {"loss": loss_sum, "grad_norm": grad_norm, "clip_frac": clipped / max(n_tok, 1), "skipped": skipped,
+    return {"loss": loss_sum, "grad_norm": grad_norm, "skipped": skipped,
             "trained_tokens": 0 if skipped else int(n_tok), "lr": lr, "train_seconds": time.time() - t0,
-            "mismatch_abs_logprob": m[0], "mismatch_kl_k3": m[1], "mismatch_trunc_frac": m[2], **trainer_peak(mark)}
+            **{k: v / max(n_tok, 1) for k, v in zip(sums, totals)}, **trainer_peak(mark)}
 
 
 # --------------------------------------------------------------------------------------------------
 # 7. The off-policy loop [Sec. 3.1]: which groups generate while the trainer updates, which are trained when
-# --------------------------------------------------------------------------------------------------
 
 
-def admission(cfg, in_flight, ready, unfinished, capacity):
+def admission(cfg, in_flight, ready, unfinished, capacity, ranks=1):
     """How many new groups to start now.
     pipeline (PipelineRL-k, ScaleRL): keep the engine full (its `capacity` sequences decoding at once), but never
     hold more than (K + 1) x P groups between admission and training, so that a group started now is trained
     within K + 1 updates when groups complete in order; one that completes later than that is dropped as stale.
     ppo (PPO-off-policy-k): K batches at a time, all with the same weights, once the previous K are trained.
-    K = 0: the synchronous loop, one batch at a time."""
-    P, K, G = cfg.prompts_per_step // world(), cfg.max_lag, cfg.generations_per_prompt  # P: this rank's share
+    K = 0: the synchronous loop, one batch at a time. ranks: under torchrun each rank admits for its share of P."""
+    P, K, G = cfg.prompts_per_step // ranks, cfg.max_lag, cfg.generations_per_prompt  # P: this rank's share
     if cfg.off_policy == "ppo" or K == 0:
         return 0 if in_flight or ready else P * (max(K, 1) if cfg.off_policy == "ppo" else 1)
     free = (capacity - unfinished) // G if in_flight else max(1, (capacity - unfinished) // G)
@@ -614,8 +611,9 @@ def next_batch(state, cfg):
         fresh = sorted((g for g in rollouts.done if group_lag(g, state.version) <= cfg.max_lag),
                        key=lambda g: (-group_lag(g, state.version), g.key))  # among equals, the first started
         stale, rollouts.done = stale + len(rollouts.done) - len(fresh), fresh
-        share = cfg.prompts_per_step // world()  # under torchrun each rank brings its share of the P groups
-        admit(state, cfg, admission(cfg, len(rollouts.open), len(rollouts.done), engine.unfinished(), engine.capacity))
+        share = cfg.prompts_per_step // state.curriculum.world  # under torchrun: this rank's share of the P groups
+        admit(state, cfg, admission(cfg, len(rollouts.open), len(rollouts.done), engine.unfinished(), engine.capacity,
+                                    state.curriculum.world))
         if len(fresh) >= share:  # (the groups just admitted decode meanwhile, where generators are apart)
             batch, rollouts.done = fresh[:share], fresh[share:]
             return batch, stale
@@ -635,30 +633,6 @@ def push_weights(state, cfg):
 
 # --------------------------------------------------------------------------------------------------
 # 8. The run: setup, then rl_step after rl_step, evaluating every --eval-every steps
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class State:
-    """What the loop carries from step to step; setup() in Part II builds it."""
-    model: object
-    tok: object
-    opt: object
-    sched: object
-    autocast: object          # the compute dtype under autocast (bfloat16 on CUDA), or None
-    engine: object            # HFEngine or VLLMEngine (Part II)
-    rollouts: Rollouts
-    grader: object            # Grader (Part II)
-    train: list               # training (prompt, answer, row) items (load_data) and their prompts' token ids
-    train_ids: list
-    val: list                 # held-out items, and their prompts' token ids
-    val_ids: list
-    curriculum: Curriculum
-    totals: dict              # cumulative counters: device_hours, flops, ... (the scaling curve's x-axes)
-    version: int = 0          # optimiser updates so far: the version of the trainer's weights
-    serial: int = 0           # training groups started so far
-    requeue: collections.deque = field(default_factory=collections.deque)  # in flight at a resumed checkpoint
-    policy: object = None     # the Policy module that trains `model` (FSDP2-sharded under torchrun)
 
 
 def evaluate(state, cfg, step):
@@ -717,24 +691,26 @@ class Config(Recipe):
                              "only); auto = vllm when it is installed", ["auto", "vllm", "hf"])
     generators: int = flag(0, "the generator-trainer split [Sec. 2]: N generator processes, each with its own vLLM "
                             "engine on its own device (CUDA: the GPUs after the trainer's; CPU: each its share of "
-                            "the cores), decoding while the trainer trains; 0: colocated, the engine in the trainer")
+                            "the cores), decoding while the trainer trains; 0: colocated, the engine in the trainer",
+                            at_least=0)
     out: str = flag("", "run directory (default runs/<timestamp>)")
-    seed: int = flag(0, "random seed (data order, sampling, the embedded model's initial weights)")
+    seed: int = flag(0, "random seed (data order, sampling, the embedded model's initial weights)", at_least=0)
     device: str = flag("auto", "auto | cpu | cuda | cuda:N")
     dtype: str = flag("auto", "compute dtype (auto: bfloat16 on CUDA, float32 on CPU)",
                     ["auto", "float32", "bfloat16", "float16"])
     param_dtype: str = flag("float32", "dtype of the trained weights and optimiser state", ["float32", "bfloat16"])
     tie_word_embeddings: bool = flag(False, "embedded model only: tie the input embedding and the LM head")
-    logprob_chunk: int = flag(1024, "tokens per chunk when computing log-probs (memory ~ chunk x vocab)")
-    micro_batch_tokens: int = flag(8192, "padded tokens per micro-batch (gradient accumulation)")
+    logprob_chunk: int = flag(1024, "tokens per chunk when computing log-probs (memory ~ chunk x vocab)", above=0)
+    micro_batch_tokens: int = flag(8192, "padded tokens per micro-batch (gradient accumulation)", above=0)
     vllm_gpu_memory_utilization: float = flag(0.3, "vLLM on CUDA: fraction of GPU memory for the engine (weights + "
                                                  "KV cache); the trainer uses the rest")
-    vllm_max_model_len: int = flag(0, "vLLM: context length (0: the longest prompt + completion)")
+    vllm_max_model_len: int = flag(0, "vLLM: context length (0: the longest prompt + completion)", at_least=0)
     vllm_sleep: bool = flag(None, "vLLM on CUDA: free the KV cache while training, wake before the next generation "
                                 "(default: on with CUDA when nothing is in flight during training; refused on CPU)")
-    vllm_kv_cache_mb: int = flag(256, "vLLM on CPU: KV cache size in MiB")
+    vllm_kv_cache_mb: int = flag(256, "vLLM on CPU: KV cache size in MiB", above=0)
     vllm_max_num_seqs: int = flag(0, "vLLM: sequences decoded at once, at most (0: vLLM's default, 256 on CPU and "
-                                   "1024 on H100-class GPUs); more is faster per token and takes more groups in flight")
+                                   "1024 on H100-class GPUs); more is faster per token and takes more groups in flight",
+                                   at_least=0)
     task: str = flag("largest", "the built-in task, without --data: largest (the largest digit of a list), hidden (the "
                               "same with two digits hidden, so that the best possible pass rate is below 1) or "
                               "second (the second-largest distinct digit)", ["largest", "hidden", "second"])
@@ -744,9 +720,9 @@ class Config(Recipe):
     prompt_key: str = flag("", "prompt field (default: the first of prompt, problem, question)")
     answer_key: str = flag("", "answer field (default: the first of answer, final_answer, ground_truth, solution)")
     skip_bad_rows: bool = flag(False, "drop malformed rows with a count instead of stopping")
-    train_size: int = flag(0, "training prompts (0: all of --data; 4096 for the built-in task)")
+    train_size: int = flag(0, "training prompts (0: all of --data; 4096 for the built-in task)", at_least=0)
     val_size: int = flag(0, "held-out validation prompts, never trained on (0: 200, or all of --val-data; the paper: "
-                          "1,000)")
+                          "1,000)", at_least=0)
     system_prompt: str = flag("", "--data: system message put before each prompt")
     instruction: str = flag(" Please reason step by step, and put your final answer within \\boxed{}.",
                           "--data: appended to each prompt (default: ask for the answer in \\boxed{}; '' for none)")
@@ -758,19 +734,30 @@ class Config(Recipe):
     reward_workers: int = flag(-1, "grading processes (-1: min(16, CPUs) for math/exact, 0 for the built-in task; "
                                  "0: grade in this process, with no time limit: --reward-timeout does not apply, "
                                  "and it is refused with --reward math, whose checker can hang)")
-    reward_timeout: float = flag(10.0, "seconds allowed to grade one completion; over it, reward 0 and an error")
-    save_every: int = flag(0, "save a checkpoint every N steps (0: only at the end and when stopped by a signal)")
-    keep_last: int = flag(2, "keep the newest K checkpoints")
+    reward_timeout: float = flag(10.0, "seconds allowed to grade one completion; over it, reward 0 and an error",
+                                 above=0)
+    save_every: int = flag(0, "save a checkpoint every N steps (0: only at the end and when stopped by a signal)",
+                           at_least=0)
+    keep_last: int = flag(2, "keep the newest K checkpoints", above=0)
     resume: str = flag("", "continue a run from a checkpoint directory, or 'auto': the newest in --out. Every setting "
                          "comes from the checkpoint except --steps (to extend a run), --save-every and --keep-last; "
                          "another flag given with a value other than the run's is refused")
-    max_skipped_updates: int = flag(3, "stop after this many non-finite updates (loss or gradient) in a row")
+    max_skipped_updates: int = flag(3, "stop after this many non-finite updates (loss or gradient) in a row", above=0)
     live_fit: bool = flag(True, "at each evaluation, fit the scaling curve to the run so far (fit_curve.py) and log "
                                 "the predicted asymptote: fit_A, fit_B, fit_C_mid, fit_A_ci")
     wandb: str = flag("", "also log every metrics row to this Weights & Biases project (needs `pip install wandb`; "
                         "WANDB_MODE=offline works without network); metrics.jsonl stays the record")
     wandb_name: str = flag("", "--wandb: the run's name (default: the --out directory's name)")
     verbose: bool = flag(False, "show vLLM's and the libraries' own log lines and warnings (default: ours and errors)")
+
+
+# Named random streams: every random draw comes from np.random.SeedSequence([seed, RNG_..., ...]).
+RNG_TASK, RNG_SPLIT, RNG_EPOCH, RNG_ROLLOUT, RNG_EVAL = range(1, 6)
+
+
+def step_seed(seed, stream, n):
+    """An independent, reproducible seed for the n-th draw of a random stream (RNG_*) of a run."""
+    return int(np.random.SeedSequence([seed, stream, n]).generate_state(1)[0])
 
 
 class ScaleRLError(Exception):
@@ -840,16 +827,12 @@ def validate(cfg):
     for f in dataclasses.fields(cfg):  # nan and inf pass every comparison below the wrong way
         if isinstance(getattr(cfg, f.name), float) and not math.isfinite(getattr(cfg, f.name)):
             die(f"{flag(f.name)} must be a finite number (got {getattr(cfg, f.name)})")
-    for name in ["prompts_per_step", "max_new_tokens", "eval_every", "eval_samples", "micro_batch_tokens",
-                 "logprob_chunk", "reward_timeout", "temperature", "lr", "eps_max", "grad_clip", "npr_threshold",
-                 "vllm_kv_cache_mb", "keep_last", "max_skipped_updates"]:
-        if getattr(cfg, name) <= 0:
-            die(f"{flag(name)} must be > 0 (got {getattr(cfg, name)})")
-    for name in ["steps", "warmup_steps", "weight_decay", "adam_eps", "vllm_max_model_len", "vllm_max_num_seqs",
-                 "save_every", "train_size", "val_size", "max_lag", "seed", "answer_budget", "max_len", "cache_len",
-                 "eps_high", "generators"]:
-        if getattr(cfg, name) < 0:
-            die(f"{flag(name)} must be >= 0 (got {getattr(cfg, name)})")
+    for f in dataclasses.fields(cfg):  # each number's bound, from its flag()
+        value, above, at_least = getattr(cfg, f.name), f.metadata.get("above"), f.metadata.get("at_least")
+        if above is not None and value <= above:
+            die(f"{flag(f.name)} must be > {above} (got {value})")
+        if at_least is not None and value < at_least:
+            die(f"{flag(f.name)} must be >= {at_least} (got {value})")
     if cfg.generations_per_prompt < 2:
         die("--generations-per-prompt must be >= 2: advantages are centred within each prompt's group")
     lo, hi = cfg.think_budget
@@ -1926,6 +1909,22 @@ class Policy(torch.nn.Module):
                               cfg.temperature, cfg.lm_head_fp32, cfg.logprob_chunk)
 
 
+def sequence_logprobs(policy, samples, cfg, pad_id):
+    """Trainer log-probs (and the other token_terms) of every completion token of `samples`, concatenated in sample
+    order: {"logp": tensor, ...} (policy: a Policy, or the model itself)."""
+    policy = policy if isinstance(policy, Policy) else Policy(policy)
+    device = next(policy.parameters()).device
+    seqs = [s.prompt + s.tokens for s in samples]
+    width = max(map(len, seqs))
+    ids = torch.tensor([q + [pad_id] * (width - len(q)) for q in seqs], device=device)  # right padding
+    attn = torch.tensor([[1] * len(q) + [0] * (width - len(q)) for q in seqs], device=device)
+    # position p predicts token p+1: mark the positions whose next token is a completion token
+    pred = torch.zeros(len(seqs), width - 1, dtype=torch.bool, device=device)
+    for r, s in enumerate(samples):
+        pred[r, len(s.prompt) - 1:len(s.prompt) - 1 + len(s.tokens)] = True
+    return policy(ids, attn, pred, cfg)
+
+
 # --------------------------------------------------------------------------------------------------
 # Gradient accumulation and the train/inference mismatch diagnostic (used by train_step)
 # --------------------------------------------------------------------------------------------------
@@ -1952,7 +1951,8 @@ def mismatch_sums(logp, logp_gen, eps_max):
     r = pi_train / pi_gen), and of the indicator r > eps_max (the ratio CISPO would truncate). With the same
     weights on both sides all three are ~0; bf16 logits or a stale engine make them grow [Sec. 3.2, FP32 head]."""
     d = (logp.detach() - logp_gen).double()
-    return np.array([d.abs().sum().item(), (torch.exp(d) - 1 - d).sum().item(), (d > math.log(eps_max)).sum().item()])
+    return {"mismatch_abs_logprob": d.abs().sum().item(), "mismatch_kl_k3": (torch.exp(d) - 1 - d).sum().item(),
+            "mismatch_trunc_frac": (d > math.log(eps_max)).sum().item()}
 
 
 def resident_bytes(model, opt):
@@ -2106,6 +2106,30 @@ def replica(model, device):
 # --------------------------------------------------------------------------------------------------
 
 
+@dataclass
+class State:
+    """What the loop carries from step to step; setup() in Part II builds it."""
+    model: object
+    tok: object
+    opt: object
+    sched: object
+    autocast: object          # the compute dtype under autocast (bfloat16 on CUDA), or None
+    engine: object            # HFEngine or VLLMEngine (Part II)
+    rollouts: Rollouts
+    grader: object            # Grader (Part II)
+    train: list               # training (prompt, answer, row) items (load_data) and their prompts' token ids
+    train_ids: list
+    val: list                 # held-out items, and their prompts' token ids
+    val_ids: list
+    curriculum: Curriculum
+    totals: dict              # cumulative counters: device_hours, flops, ... (the scaling curve's x-axes)
+    version: int = 0          # optimiser updates so far: the version of the trainer's weights
+    serial: int = 0           # training groups started so far
+    requeue: collections.deque = field(default_factory=collections.deque)  # in flight at a resumed checkpoint
+    policy: object = None     # the Policy module that trains `model` (FSDP2-sharded under torchrun)
+    frozen: dict = field(default_factory=dict)  # frozen_models(): the models the loss needs besides the policy
+
+
 def setup(cfg):
     """Everything the loop needs, in an order that spends nothing on bad input: the checks, the data (bad data stops
     the run before a model is loaded), the grading pool, the model, the optimiser, the engine (started from exactly
@@ -2151,6 +2175,9 @@ def setup(cfg):
             f"({longest})")
     autocast = None if dtype == getattr(torch, cfg.param_dtype) else dtype
     policy = shard(model, device)  # FSDP2 under torchrun; before the engine starts (it sizes itself to the memory left)
+    frozen = frozen_models(cfg, lambda: shard(load_model(cfg, torch.device("cpu") if launched() else device, None,
+                                                         empty=launched() and rank() > 0)[0].requires_grad_(False),
+                                              device))  # (load_model without a path: the initial weights)
     generator = replica(model, device) if launched() and cfg.engine == "hf" else model
     L = cfg.vllm_max_model_len or longest
     engine = SplitEngine(cfg, path, device, dtype, L, model) if cfg.generators else \
@@ -2159,7 +2186,7 @@ def setup(cfg):
     state = State(model, tok, opt, sched, autocast, engine, Rollouts(cfg, engine, tok), grader, train, train_ids,
                   val, val_ids, Curriculum(len(train), cfg.seed, rank(), world()),
                   {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0, "skipped_updates": 0},
-                  serial=rank(), policy=policy)
+                  serial=rank(), policy=policy, frozen=frozen)
     rows = restore(saved, state, cfg.out) if saved else []
     engine.push(model, state.version)  # the engine starts from exactly the trainer's weights
     ceiling = hidden_task_ceiling([p for p, _, _ in val]) if not cfg.data and cfg.task == "hidden" else None
@@ -2222,15 +2249,15 @@ def metrics_row(state, cfg, step, r, seconds):
            "truncated_excluded": int(n["excluded"]), "npr_removed": removed,
            "pool_size": len(state.train) - removed, "epoch": state.curriculum.epoch,
            "truncated_frac": n["truncated"] / n["completions"], "interrupted_frac": n["interrupted"] / n["completions"],
-           "mean_completion_tokens": n["generated"] / n["completions"], "loss": update.get("loss", 0.0),
-           "grad_norm": update.get("grad_norm", 0.0), "clip_frac": update.get("clip_frac", 0.0),
-           "lr": update.get("lr", state.sched.get_last_lr()[0]),
+           "mean_completion_tokens": n["generated"] / n["completions"], "loss": 0.0,
+           "grad_norm": 0.0, "clip_frac": 0.0, "lr": state.sched.get_last_lr()[0],
            "lag_mean": n["lag_sum"] / n["lags"] if n["lags"] else 0.0, "lag_max": int(all_max(max(lags, default=0))),
            "stale_dropped": int(n["stale"]), "inflight_groups": int(n["in_flight"]),
            "engine_batch_mean": n["decoded"] / max(n["engine_steps"], 1), "step_seconds": seconds,
-           "gen_seconds": rollouts.seconds,
-           "train_seconds": update.get("train_seconds", 0.0), "sync_seconds": r["push_seconds"],
-           **{k: v for k, v in update.items() if k.startswith("mismatch_")}}
+           "gen_seconds": rollouts.seconds, "train_seconds": 0.0, "sync_seconds": r["push_seconds"],
+           # every other metric of the update under its own name (a fork's new ones too), but the two that the
+           # cumulative counters above count and the memory peak, the largest over the ranks (below)
+           **{k: v for k, v in update.items() if k not in ("skipped", "trained_tokens", "gpu_peak_gb")}}
     if cfg.generators:  # each side's idle fraction: the trainer waiting for groups, the generators with nothing to do
         idle, period = state.engine.take_idle()
         row["trainer_idle_frac"], row["generator_idle_frac"] = rollouts.seconds / seconds, max(0.0, all_sum(idle) / (

@@ -51,7 +51,7 @@ def test_cispo_loss_and_gradient_by_hand():
     p_train, p_gen, adv, eps_max = [0.5, 0.2, 0.9, 0.3], [0.05, 0.4, 0.1, 0.3], [1.0, -1.0, 2.0, -0.5], 5.0
     logp = torch.tensor([math.log(p) for p in p_train], dtype=torch.float64, requires_grad=True)
     logp_gen = torch.tensor([math.log(p) for p in p_gen], dtype=torch.float64)
-    loss = S.cispo_loss(logp, logp_gen, torch.tensor(adv, dtype=torch.float64), eps_max)
+    loss = S.cispo_loss(logp, torch.exp(logp - logp_gen), torch.tensor(adv, dtype=torch.float64), eps_max)
     # ratios 10 (truncated to 5), 0.5, 9 (truncated to 5), 1
     w = [min(pt / pg, eps_max) for pt, pg in zip(p_train, p_gen)]
     assert w == [5.0, 0.5, 5.0, 1.0]
@@ -70,7 +70,7 @@ def test_dapo_clipping_by_hand():
     adv = [1.0, -1.0, -1.0, 1.0, 1.0]
     logp_gen = torch.zeros(5, dtype=torch.float64)
     logp = torch.tensor([math.log(r) for r in rho], dtype=torch.float64, requires_grad=True)
-    loss = S.dapo_loss(logp, logp_gen, torch.tensor(adv, dtype=torch.float64), eps_low, eps_high)
+    loss = S.dapo_loss(torch.exp(logp - logp_gen), torch.tensor(adv, dtype=torch.float64), eps_low, eps_high)
     # -min(rho*A, clip(rho, 0.8, 1.28)*A) for each token, by hand
     expected = [-1.28, 1.5, 0.8, -0.5, -1.1]
     assert loss.detach().tolist() == pytest.approx(expected, abs=1e-12)
@@ -85,8 +85,8 @@ def test_policy_loss_reports_truncated_count():
     cfg = S.Config(eps_max=2.0)
     logp = torch.log(torch.tensor([0.9, 0.5, 0.1]))
     logp_gen = torch.log(torch.tensor([0.3, 0.5, 0.1]))  # ratios 3, 1, 1
-    _, clipped = S.policy_loss(logp, logp_gen, torch.ones(3), torch.ones(3), torch.tensor([0, 0, 1]), cfg)
-    assert clipped == 1
+    _, sums = S.policy_loss(logp, logp_gen, torch.ones(3), torch.ones(3), torch.tensor([0, 0, 1]), cfg)
+    assert sums == {"clip_frac": 1}  # a count here; train_step divides by the trained tokens
 
 
 @pytest.mark.quick
@@ -105,7 +105,7 @@ def test_gspo_ratio_and_loss_by_hand():
     s = S.gspo_ratio(logp, logp_gen, seq)
     want_s = [math.exp(0.0003)] * 2 + [math.exp(0.003)] * 3 + [math.exp(-0.001)] * 2
     assert s.tolist() == pytest.approx(want_s, rel=1e-12)
-    loss = S.gspo_loss(logp, logp_gen, adv, seq, el, eh)
+    loss = S.gspo_loss(s, adv, el, eh)
     clip = lambda x: min(max(x, 1 - el), 1 + eh)  # noqa: E731
     want = [-min(si * a, clip(si) * a) for si, a in zip(want_s, adv.tolist())]
     assert loss.tolist() == pytest.approx(want, rel=1e-12)
@@ -116,8 +116,8 @@ def test_gspo_ratio_and_loss_by_hand():
     cfg = S.Config(loss="gspo")
     S.fill_defaults(cfg)
     assert (cfg.eps_low, cfg.eps_high) == (el, eh)
-    total, clipped = S.policy_loss(logp.detach(), logp_gen, adv, torch.ones(7, dtype=torch.float64), seq, cfg)
-    assert total.item() == pytest.approx(sum(want)) and clipped == 4  # the tokens of completions 1 and 2
+    total, sums = S.policy_loss(logp.detach(), logp_gen, adv, torch.ones(7, dtype=torch.float64), seq, cfg)
+    assert total.item() == pytest.approx(sum(want)) and sums["clip_frac"] == 4  # the tokens of completions 1 and 2
 
 
 # ---------------------------------------------------------------------------------------------- aggregation
@@ -302,7 +302,7 @@ def test_chunked_fp32_logprobs_match_float64_reference(tied):
     hidden = model.get_decoder()(input_ids=ids).last_hidden_state.reshape(-1, 64)
     targets = torch.randint(0, 50, (hidden.shape[0],))
     head = model.get_output_embeddings()
-    got = S.token_logprobs(hidden, head, targets, temperature=0.7, fp32=True, chunk=4)  # 33 rows, ragged chunks
+    got = S.token_logprobs(hidden, head, targets, temperature=0.7, fp32=True, chunk=4)["logp"]  # 33 rows, ragged
     ref = torch.log_softmax(hidden.double() @ head.weight.double().T / 0.7, -1).gather(1, targets[:, None])[:, 0]
     assert torch.allclose(got.double(), ref, atol=1e-5)
     # the gradient through the checkpointed chunks equals the float64 reference's
@@ -319,8 +319,8 @@ def test_fp32_head_is_more_accurate_than_bf16_head():
     targets = torch.randint(0, 500, (64,))
     head = model.get_output_embeddings()
     ref = torch.log_softmax(hidden.double() @ head.weight.double().T, -1).gather(1, targets[:, None])[:, 0]
-    err32 = (S.token_logprobs(hidden, head, targets, 1.0, fp32=True).double() - ref).abs().max().item()
-    err16 = (S.token_logprobs(hidden, head, targets, 1.0, fp32=False).double() - ref).abs().max().item()
+    err32 = (S.token_logprobs(hidden, head, targets, 1.0, fp32=True)["logp"].double() - ref).abs().max().item()
+    err16 = (S.token_logprobs(hidden, head, targets, 1.0, fp32=False)["logp"].double() - ref).abs().max().item()
     assert err32 < 1e-5 < err16 and err16 > 100 * err32
 
 
@@ -344,7 +344,7 @@ def test_hf_engine_logprobs_equal_trainer_logprobs(default_model, temperature):
         assert tok.eos_token_id not in c.tokens[:-1] and len(c.tokens) <= limit and c.mask == [1] * len(c.tokens)
     assert sum(len(c.tokens) for c in comps) <= decoded <= 6 * len(prompts)
     with torch.no_grad():
-        lp = S.sequence_logprobs(model, samples, S.Config(temperature=temperature), tok.pad_token_id)
+        lp = S.sequence_logprobs(model, samples, S.Config(temperature=temperature), tok.pad_token_id)["logp"]
     gen = torch.tensor([x for c in comps for x in c.logprobs])
     assert lp.shape == gen.shape and torch.allclose(lp, gen, atol=1e-5)
 
@@ -866,7 +866,7 @@ def stale_samples(model, tok, seed=0):
         x = S.Sample(prompt=tok("4712:").input_ids, tokens=rng.integers(6, 30, 3 + i).tolist(), advantage=(-1.0) ** i,
              weight=0.05, mask=[1] * (3 + i))
         with torch.no_grad():
-            x.gen_logprobs = S.sequence_logprobs(old, [x], S.Config(), tok.pad_token_id).tolist()
+            x.gen_logprobs = S.sequence_logprobs(old, [x], S.Config(), tok.pad_token_id)["logp"].tolist()
         samples.append(x)
     return samples
 
@@ -880,12 +880,13 @@ def test_train_step_uses_the_configured_loss_and_measures_the_mismatch(loss, def
     samples = stale_samples(model, tok)
     cfg = S.fill_defaults(S.Config(loss=loss, eps_max=1.5))
     with torch.no_grad():
-        lp = S.sequence_logprobs(model, samples, cfg, tok.pad_token_id).double()
+        lp = S.sequence_logprobs(model, samples, cfg, tok.pad_token_id)["logp"].double()
     gen = torch.tensor([x for s in samples for x in s.gen_logprobs], dtype=torch.float64)
     adv = torch.tensor([s.advantage for s in samples for _ in s.tokens], dtype=torch.float64)
     seq = torch.tensor([k for k, s in enumerate(samples) for _ in s.tokens])
-    want = {"cispo": lambda: S.cispo_loss(lp, gen, adv, 1.5), "dapo": lambda: S.dapo_loss(lp, gen, adv, 0.2, 0.28),
-            "gspo": lambda: S.gspo_loss(lp, gen, adv, seq, 3e-4, 4e-4)}[loss]().sum().item() * 0.05
+    ratio = (lp - gen).exp()
+    want = {"cispo": lambda: S.cispo_loss(lp, ratio, adv, 1.5), "dapo": lambda: S.dapo_loss(ratio, adv, 0.2, 0.28),
+            "gspo": lambda: S.gspo_loss(S.gspo_ratio(lp, gen, seq), adv, 3e-4, 4e-4)}[loss]().sum().item() * 0.05
     m = copy.deepcopy(model)
     opt = torch.optim.SGD(m.parameters(), lr=0.0)
     out = S.train_step(m, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), samples, cfg, tok.pad_token_id)
@@ -896,8 +897,8 @@ def test_train_step_uses_the_configured_loss_and_measures_the_mismatch(loss, def
     assert out["mismatch_kl_k3"] == pytest.approx((d.exp() - 1 - d).mean().item(), rel=1e-4)
     assert out["mismatch_trunc_frac"] == pytest.approx((d > math.log(1.5)).double().mean().item())
     assert out["mismatch_trunc_frac"] > 0
-    others = {"cispo": S.dapo_loss(lp, gen, adv, 0.2, 0.28), "dapo": S.cispo_loss(lp, gen, adv, 1.5),
-              "gspo": S.cispo_loss(lp, gen, adv, 1.5)}[loss].sum().item() * 0.05
+    others = {"cispo": S.dapo_loss(ratio, adv, 0.2, 0.28), "dapo": S.cispo_loss(lp, ratio, adv, 1.5),
+              "gspo": S.cispo_loss(lp, ratio, adv, 1.5)}[loss].sum().item() * 0.05
     assert abs(others - want) > 1e-3  # the losses really differ here, so the check above tells them apart
 
 
@@ -1043,7 +1044,7 @@ def engine_logprobs(engine, seq):
 def trainer_logprobs(model, seq, pad_id, temperature=1.0):
     with torch.no_grad():
         return S.sequence_logprobs(model, [S.Sample(prompt=seq[:1], tokens=seq[1:])], S.Config(temperature=temperature),
-                                   pad_id)
+                                   pad_id)["logp"]
 
 
 def greedy(model, prompt, eos, n):
@@ -2513,9 +2514,9 @@ def test_split_refuses_what_it_cannot_run():
 
 
 # ---------------------------------------------------------------------------------------------- the README's examples
-def fork_example(name):
-    """The code block of README.md that follows the line <!-- fork-example: NAME -->, as written there."""
-    text = open(os.path.join(HERE, "README.md")).read()
+def fork_example(name, page="README.md"):
+    """The code block of a page (README.md) that follows the line <!-- fork-example: NAME -->, as written there."""
+    text = open(os.path.join(HERE, page)).read()
     block = text.split(f"<!-- fork-example: {name} -->", 1)[1].split("```", 2)[1]
     return block.split("\n", 1)[1]  # (the language tag's line off)
 
@@ -2595,12 +2596,111 @@ def test_the_readme_fork_example_loss_runs_as_written(tmp_path):
         logp, adv, w = torch.tensor([-1.0, -2.0, -0.5]), torch.tensor([1.0, -1.0, 2.0]), torch.tensor([0.5, 0.5, 1.0])
         cfg = fork.parse_args(["--loss", "reinforce", "--max-lag", "0"])
         loss, n = fork.policy_loss(logp, logp - 0.3, adv, w, torch.tensor([0, 0, 1]), cfg)
-        assert n == 0 and loss.item() == pytest.approx(-(0.5 * 1 * -1 + 0.5 * -1 * -2 + 1 * 2 * -0.5))
+        assert n == {} and loss.item() == pytest.approx(-(0.5 * 1 * -1 + 0.5 * -1 * -2 + 1 * 2 * -0.5))
         calls, reinforce = [], fork.reinforce_loss
         fork.reinforce_loss = lambda *a: calls.append(a) or reinforce(*a)  # (policy_loss finds it by name)
         rows = fork.run(fork.Config(**{**dataclasses.asdict(small_cfg(
             tmp_path, engine="hf", steps=1, prompts_per_step=4, val_size=4, eval_samples=1,
             zero_variance_filter=False)), "loss": "reinforce", "max_lag": 0}))
         assert rows[1]["train_tokens"] > 0 and sum(len(a[0]) for a in calls) >= rows[1]["train_tokens"] > 0
+    finally:
+        sys.modules.pop("scalerl_fork")
+
+
+def fork_page_pieces(name):
+    """docs/fork.md's example NAME as its three pieces (the lines under "# 1.", "# 2.", "# 3."), and the fork of
+    scalerl.py that they make: 1 after the field lm_head_fp32 of Recipe, 2 in place of the return of frozen_models or
+    of token_terms, 3 before the return of policy_loss."""
+    code, pieces = fork_example(name, "docs/fork.md").split("\n"), {}
+    for ln in code:
+        if re.match(r"# \d\. ", ln):
+            pieces[ln[2]] = []
+        elif ln.strip() and not ln.startswith("# run:"):
+            pieces[str(len(pieces))].append(ln)
+    return pieces
+
+
+def forked_with_hunks(tmp_path, edits, replace):
+    """forked(), and the number of hunks of its diff against scalerl.py (no context lines)."""
+    import difflib
+    fork = forked(tmp_path, edits, replace)
+    diff = difflib.unified_diff(open(os.path.join(HERE, "scalerl.py")).read().split("\n"),
+                                (tmp_path / "scalerl_fork.py").read_text().split("\n"), n=0, lineterm="")
+    return fork, sum(ln.startswith("@@") for ln in diff)
+
+
+def test_the_fork_page_kl_example_runs_as_written_in_three_places_and_under_torchrun(tmp_path):
+    """docs/fork.md, the KL penalty: three hunks; its flag is bounded; policy_loss adds coef * k3 per token and logs
+    the sum; in a run the kl column is 0 on the first update (the policy is still the reference) and > 0 later; a
+    resumed run keeps the initial model as the reference (the same kl as the run without a break); and under
+    torchrun (2 ranks, the reference sharded like the policy) it is logged the same way."""
+    p = fork_page_pieces("kl")
+    field = [ln for ln in p["1"]]
+    assert field[0].strip().startswith("kl_coef: float = flag(") and len(p["2"]) == 1
+    fork, hunks = forked_with_hunks(tmp_path, [("    lm_head_fp32: bool = flag(", field, 1),
+                                               ("    return (weight * token_loss).sum(), sums", p["3"], 0)],
+                                    ("    return {}\n\n\ndef sequence_logprobs", p["2"][0] + "\n\n\ndef sequence_logprobs"))
+    try:
+        assert hunks == 3
+        with pytest.raises(fork.ScaleRLError, match="--kl-coef must be >= 0"):
+            fork.parse_args(["--kl-coef", "-1"])
+        cfg = fork.parse_args(["--kl-coef", "0.5"])
+        logp, ref = torch.tensor([-1.0, -2.0, -0.5]), torch.tensor([-1.5, -2.0, -0.1])
+        adv, w = torch.tensor([1.0, -1.0, 2.0]), torch.tensor([0.5, 0.5, 1.0])
+        loss, sums = fork.policy_loss(logp, logp, adv, w, torch.tensor([0, 0, 1]), cfg, ref_logp=ref)
+        kl = [math.exp(r - x) - (r - x) - 1 for r, x in zip(ref.tolist(), logp.tolist())]  # 0.1065, 0, 0.0703
+        want = sum(wi * (-a * x + 0.5 * k) for wi, a, x, k in zip(w.tolist(), adv.tolist(), logp.tolist(), kl))
+        assert loss.item() == pytest.approx(want) and sums["kl"] == pytest.approx(sum(kl)) and sum(kl) > 0.1
+        kw = dict(engine="hf", prompts_per_step=8, generations_per_prompt=4, val_size=4, eval_every=100,
+                  eval_samples=1, length_control="truncate", zero_variance_filter=False, lr=5e-3)
+        whole = fork.run(fork.Config(**kw, steps=3, kl_coef=0.5, out=str(tmp_path / "whole")))
+        assert whole[1]["kl"] == 0.0 and whole[3]["kl"] > 1e-3  # (step 1's rewards are all 0 here: no move yet)
+        fork.run(fork.Config(**kw, steps=2, kl_coef=0.5, out=str(tmp_path / "parts")))
+        parts = fork.run(fork.Config(**kw, steps=3, kl_coef=0.5, out=str(tmp_path / "parts"), resume="auto"))
+        assert parts[3]["kl"] == whole[3]["kl"]  # the checkpoint's weights as the reference would give ~0
+    finally:
+        sys.modules.pop("scalerl_fork")
+    out = str(tmp_path / "torchrun")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        str(tmp_path / "scalerl_fork.py"), "--engine", "hf", "--prompts-per-step", "8",
+                        "--generations-per-prompt", "4", "--val-size", "4", "--eval-every", "100", "--eval-samples",
+                        "1", "--length-control", "truncate", "--no-zero-variance-filter", "--lr", "5e-3", "--steps",
+                        "3", "--kl-coef", "0.5", "--out", out], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = read_metrics(out)
+    assert rows[1]["kl"] == 0.0 and rows[3]["kl"] > 1e-3
+
+
+def test_the_fork_page_entropy_example_runs_as_written_in_three_places(tmp_path):
+    """docs/fork.md, the entropy bonus: three hunks; token_terms gives the exact entropy of softmax(logits) beside
+    the same log-probs; policy_loss subtracts coef * entropy per token and logs its sum; a run logs an entropy
+    column on every update, between 0 and log(vocabulary)."""
+    p = fork_page_pieces("entropy")
+    assert p["1"][0].strip().startswith("entropy_coef: float = flag(") and len(p["2"]) == 2
+    src = inspect.getsource(S.token_terms).split("\n")
+    ret = [ln for ln in src if ln.startswith("    return ")]
+    assert len(ret) == 1
+    fork, hunks = forked_with_hunks(tmp_path, [("    lm_head_fp32: bool = flag(", p["1"], 1),
+                                               ("    return (weight * token_loss).sum(), sums", p["3"], 0)],
+                                    (ret[0], "\n".join(p["2"])))
+    try:
+        assert hunks == 3
+        logits, targets = torch.tensor([[0.0, 1.0, 2.0], [1.0, 1.0, 1.0]]), torch.tensor([2, 0])
+        terms = fork.token_terms(logits, targets)
+        q = torch.softmax(logits.double(), -1)
+        assert terms["entropy"].tolist() == pytest.approx((-(q * q.log()).sum(-1)).tolist())
+        assert terms["logp"].tolist() == pytest.approx(S.token_terms(logits, targets)["logp"].tolist())
+        cfg = fork.parse_args(["--entropy-coef", "0.1"])
+        logp, adv, w = torch.tensor([-1.0, -2.0]), torch.tensor([1.0, -1.0]), torch.tensor([0.5, 0.5])
+        loss, sums = fork.policy_loss(logp, logp, adv, w, torch.tensor([0, 1]), cfg, entropy=terms["entropy"])
+        h = terms["entropy"].tolist()
+        assert loss.item() == pytest.approx(0.5 * (1 * 1 - 0.1 * h[0]) + 0.5 * (-2 - 0.1 * h[1]))
+        assert sums["entropy"] == pytest.approx(sum(h))
+        rows = fork.run(fork.Config(engine="hf", steps=2, prompts_per_step=4, generations_per_prompt=4, val_size=4,
+                                    eval_every=100, eval_samples=1, length_control="truncate",
+                                    zero_variance_filter=False, entropy_coef=0.1, out=str(tmp_path / "run")))
+        vocab = len(S.SPECIALS) + len(S.CHARS)
+        assert all(0 < r["entropy"] < math.log(vocab) for r in rows[1:])
     finally:
         sys.modules.pop("scalerl_fork")
