@@ -2637,9 +2637,11 @@ def test_the_fork_page_kl_example_runs_as_written_in_three_places_and_under_torc
     p = fork_page_pieces("kl")
     field = [ln for ln in p["1"]]
     assert field[0].strip().startswith("kl_coef: float = flag(") and len(p["2"]) == 1
+    src = inspect.getsource(S.frozen_models)
+    assert src.count("    return {}") == 1
     fork, hunks = forked_with_hunks(tmp_path, [("    lm_head_fp32: bool = flag(", field, 1),
                                                ("    return (weight * token_loss).sum(), sums", p["3"], 0)],
-                                    ("    return {}\n\n\ndef sequence_logprobs", p["2"][0] + "\n\n\ndef sequence_logprobs"))
+                                    (src, src.replace("    return {}", p["2"][0])))
     try:
         assert hunks == 3
         with pytest.raises(fork.ScaleRLError, match="--kl-coef must be >= 0"):
