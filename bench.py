@@ -6,10 +6,15 @@ or time the math grader on a step's worth of long synthetic completions.
     python bench.py --grading 768 --workers 0 1 2
     python bench.py --long-tail
     python bench.py --loo --out runs/loo --seeds 3 -- --task hidden
+    python bench.py --learn
     python bench.py --gpu-check
 --gpu-check runs every claim about CUDA that a CPU cannot check (the engine's device, per-token versions across a push,
 sleep mode, the bfloat16 mismatch with the FP32 head, learning, the 0.5B shape's memory and time, 2 GPUs) and prints
 a pass/fail table with what it measured; --device cpu runs the part a CPU can.
+--learn is the standing learning check (docs/learning-check.md): two short settings ("max4", a 2-layer model from
+scratch on "max 7 6 3 6 =" prompts, 120 steps; "hidden", --task hidden, 160 steps), 8 seeds each, compared seed by
+seed with the results stored in docs/learn-reference.json; it says whether the final and the area under the held-out
+curve moved beyond the seeds' noise. Run it after any change to Part I or to an engine; CI does not.
 --long-tail compares the off-policy loop's pipeline (--max-lag 8), in one process and split between a generator and
 the trainer (--generators 1), with the synchronous loop (--max-lag 0) at equal batch sizes, on a policy whose
 completion lengths are long-tailed: a bigram policy built by hand in the embedded model's architecture (its attention
@@ -499,6 +504,147 @@ def loo_summary(args):
               f"{', '.join(t['at_grid_edge']) or '-'} |")
 
 
+# --learn: the standing learning check. A fixed set of short runs on paired seeds, compared with stored results.
+LEARN_ARMS = {  # name: (scalerl.py flags, steps); "max4" also gets --model and --data built per seed (learn_setting)
+    "max4": (["--reward", "digit", "--instruction", "", "--length-control", "truncate", "--max-new-tokens", "4",
+              "--prompts-per-step", "32", "--generations-per-prompt", "16", "--warmup-steps", "0", "--eval-every",
+              "10", "--eval-samples", "16", "--lr", "1e-3", "--no-mask-truncated"], 120),
+    "hidden": (["--task", "hidden", "--val-size", "300"], 160),
+}
+LEARN_REFERENCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "docs", "learn-reference.json")
+
+
+def learn_setting(path, seed):
+    """The "max4" arm's model and data, built from the seed: a 2-layer Llama from scratch (hidden 64, 2 heads of 32,
+    intermediate 256, untied) with a character tokenizer, and prompts "max 7 6 3 6 =" whose answer, the largest of
+    the four digits, is uniform on 0-9 (2,000 training prompts, 200 held out; with four digits some lists repeat)."""
+    import numpy as np
+    import torch
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    if os.path.isfile(os.path.join(path, "model", "config.json")):
+        return
+    vocab = {t: i for i, t in enumerate(scalerl.SPECIALS + list("0123456789 max="))}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tk.add_special_tokens(scalerl.SPECIALS)
+    tk.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                  unk_token="<unk>")
+    conf = LlamaConfig(vocab_size=len(vocab), hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
+                       tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(seed)
+    rng = np.random.default_rng([seed, 33])
+    os.makedirs(path, exist_ok=True)
+    for name, n in (("train", 2000), ("val", 200)):
+        with open(os.path.join(path, name + ".jsonl"), "w") as f:
+            for _ in range(n):
+                answer = int(rng.integers(0, 10))
+                digits = rng.integers(0, answer + 1, size=4)
+                digits[rng.integers(0, 4)] = answer
+                row = {"prompt": "max " + " ".join(map(str, digits)) + " =", "answer": str(answer)}
+                f.write(json.dumps(row) + "\n")
+    scalerl.save_atomically(LlamaForCausalLM(conf), tok, os.path.join(path, "model"))
+
+
+def learn_command(arm, seed, d, script=SCALERL):
+    flags, steps = LEARN_ARMS[arm]
+    cmd = [sys.executable, script, *flags, "--steps", str(steps), "--seed", str(seed), "--out", os.path.join(d, "run"),
+           "--no-live-fit"]
+    if arm == "max4":
+        learn_setting(d, seed)
+        cmd += ["--model", os.path.join(d, "model"), "--data", os.path.join(d, "train.jsonl"),
+                "--val-data", os.path.join(d, "val.jsonl")]
+    return cmd
+
+
+
+def learn_result(d, steps):
+    """(final, auc) of a finished --learn run: its last held-out pass rate, and the area under its held-out curve
+    (trapezoids over the steps) divided by the steps. A run that stopped early (No-Positive-Resampling emptied its
+    pool) keeps its last value up to `steps`."""
+    import numpy as np
+    ev = [(r["step"], r["val_pass_rate"]) for r in read_metrics(d) if "val_pass_rate" in r]
+    if ev[-1][0] < steps:
+        ev.append((steps, ev[-1][1]))
+    x, y = np.array(ev, dtype=float).T
+    return float(y[-1]), float(np.sum((y[1:] + y[:-1]) / 2 * np.diff(x)) / steps)
+
+
+def bench_learn(args):
+    """Run every --learn arm with seeds 0..S-1 (OUT/ARM/seedS, --jobs processes at a time, one thread each, so that
+    the results do not depend on the machine), then compare them with the stored reference (learn_compare)."""
+    from concurrent.futures import ThreadPoolExecutor
+    runs = [(arm, seed, os.path.join(args.out, arm, f"seed{seed}")) for arm in args.arms for seed in range(args.seeds)]
+    t_start, finished = time.time(), []
+
+    def one(run):
+        arm, seed, d = run
+        if not os.path.isfile(os.path.join(d, "result.json")):
+            shutil.rmtree(os.path.join(d, "run"), ignore_errors=True)
+            cmd = learn_command(arm, seed, d, args.script)
+            with open(os.path.join(d, "log.txt"), "w") as log:
+                p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"))
+            if p.returncode != 0:
+                raise SystemExit(f"learn: {arm} seed {seed} failed (exit {p.returncode}); its output: {d}/log.txt")
+            final, auc = learn_result(os.path.join(d, "run"), LEARN_ARMS[arm][1])
+            with open(os.path.join(d, "result.json"), "w") as f:
+                json.dump({"final": final, "auc": auc}, f)
+        finished.append(run)
+        left = (time.time() - t_start) / len(finished) * (len(runs) - len(finished))
+        print(f"learn: [{len(finished)}/{len(runs)}] {arm} seed {seed}: final {learn_load(d)['final']:.3f}, "
+              f"auc {learn_load(d)['auc']:.3f}; about {left / 60:.0f} min left", flush=True)
+
+    for arm, seed, d in runs:
+        os.makedirs(d, exist_ok=True)
+    with ThreadPoolExecutor(args.jobs) as pool:
+        list(pool.map(one, runs))
+    results = {arm: {str(seed): learn_load(d) for a, seed, d in runs if a == arm} for arm in args.arms}
+    if args.save_reference:
+        with open(LEARN_REFERENCE, "w") as f:
+            json.dump({"arms": {arm: {"flags": LEARN_ARMS[arm][0], "steps": LEARN_ARMS[arm][1], "seeds": results[arm]}
+                                for arm in args.arms}}, f, indent=1)
+        print(f"learn: reference results written to {LEARN_REFERENCE}")
+    return learn_compare(results)
+
+
+def learn_load(d):
+    with open(os.path.join(d, "result.json")) as f:
+        return json.load(f)
+
+
+def learn_compare(results, reference=LEARN_REFERENCE):
+    """Paired comparison, seed by seed, of results {arm: {seed: {final, auc}}} with the stored reference: the mean
+    difference, its 95% interval (Student's t over the seeds both have) and a verdict. Returns True when no metric
+    of any arm is worse beyond the noise (the interval entirely below 0)."""
+    import numpy as np
+    from scipy import stats
+    with open(reference) as f:
+        ref = json.load(f)["arms"]
+    print("\n| arm | metric | reference (mean ± sd) | this code (mean ± sd) | paired difference [95% interval] "
+          "| seeds | verdict |\n|---|---|---|---|---|---|---|")
+    ok = True
+    for arm, res in results.items():
+        if arm not in ref or (ref[arm]["flags"], ref[arm]["steps"]) != (LEARN_ARMS[arm][0], LEARN_ARMS[arm][1]):
+            print(f"| {arm} | - | no reference for these flags (store one with --save-reference) | | | | |")
+            continue
+        seeds = sorted(set(res) & set(ref[arm]["seeds"]), key=int)
+        for m in ("final", "auc"):
+            new, old = (np.array([r[s][m] for s in seeds]) for r in (res, ref[arm]["seeds"]))
+            diff = new - old
+            half = stats.t.ppf(0.975, len(seeds) - 1) * diff.std(ddof=1) / np.sqrt(len(seeds)) \
+                if len(seeds) > 1 else float("inf")
+            lo, hi = diff.mean() - half, diff.mean() + half
+            verdict = "WORSE beyond the noise" if hi < 0 else "better beyond the noise" if lo > 0 else \
+                "within the noise"
+            ok &= bool(hi >= 0)
+            print(f"| {arm} | {m} | {old.mean():.3f} ± {old.std(ddof=1):.3f} | {new.mean():.3f} ± "
+                  f"{new.std(ddof=1):.3f} | {diff.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] | {len(seeds)} | {verdict} |")
+    return ok
+
+
 def main():
     argv = sys.argv[1:]
     rest = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -510,8 +656,16 @@ def main():
     p.add_argument("--long-tail", nargs="*", choices=list(LONG_TAIL_ARMS), metavar="ARM",
                    help=f"arms of the loop on long-tailed lengths (all by default: {', '.join(LONG_TAIL_ARMS)})")
     p.add_argument("--loo", action="store_true", help="the leave-one-out study: every variant, every seed, fitted")
-    p.add_argument("--out", default="runs/loo", help="--loo: the study's directory (a rerun resumes it)")
-    p.add_argument("--seeds", type=int, default=3, help="--loo: seeds per variant")
+    p.add_argument("--out", help="--loo, --learn: the study's directory, a rerun resumes it (default: runs/loo, "
+                   "runs/learn)")
+    p.add_argument("--seeds", type=int, help="--loo, --learn: seeds per variant or arm (default: 3, 8)")
+    p.add_argument("--learn", action="store_true", help="the standing learning check: short runs on paired seeds "
+                   "compared with the reference results in docs/learn-reference.json")
+    p.add_argument("--arms", nargs="+", default=list(LEARN_ARMS), choices=list(LEARN_ARMS), help="--learn: which")
+    p.add_argument("--jobs", type=int, default=max(1, min(8, os.cpu_count() or 1)),
+                   help="--learn: runs at a time (one thread each)")
+    p.add_argument("--script", default=SCALERL, help="--learn: the scalerl.py to run (default: this checkout's)")
+    p.add_argument("--save-reference", action="store_true", help="--learn: store these results as the reference")
     p.add_argument("--steps", type=int, default=200, help="--loo: steps per run")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS)[:-1], choices=list(VARIANTS),
                    help="--loo: which (default: all but token-no-filter-no-npr)")
@@ -530,6 +684,10 @@ def main():
         print(f"{'check':<34} {'result':<8} measured", flush=True)
         rows = gpu_check(args.device)
         sys.exit(any(r[1] == "FAIL" for r in rows))
+    args.out = args.out or ("runs/learn" if args.learn else "runs/loo")
+    args.seeds = args.seeds or (8 if args.learn else 3)
+    if args.learn:
+        sys.exit(not bench_learn(args))
     if args.loo:
         return loo_summary(args) if args.summary_only else bench_loo(args, rest)
     if args.long_tail is not None:
@@ -537,7 +695,7 @@ def main():
     if args.grading:
         return bench_grading(args.grading, args.workers, args.chars)
     if not args.shape:
-        p.error("give --shape, --grading, --long-tail, --loo or --gpu-check")
+        p.error("give --shape, --grading, --long-tail, --loo, --learn or --gpu-check")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, args.shape)
         n = build(args.shape, path)

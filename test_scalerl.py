@@ -1211,6 +1211,59 @@ def test_vllm_on_a_gpu_other_than_the_first_is_refused_with_the_way_to_choose_it
             S.parse_args(ok)
 
 
+@pytest.mark.quick
+def test_learning_check_measures_final_and_area_and_judges_paired_differences(tmp_path, capsys):
+    """bench.py --learn's arithmetic: the area under the held-out curve by trapezoids (a run stopped early keeps its
+    last value to the planned steps), and the paired verdict against a stored reference: a drop on every seed is
+    WORSE, differences of both signs are within the noise, a reference made with other flags is not compared."""
+    import bench
+    d = tmp_path / "run"
+    d.mkdir()
+    rows = [{"step": 0, "val_pass_rate": 0.0}, {"step": 5}, {"step": 10, "val_pass_rate": 0.5},
+            {"step": 20, "val_pass_rate": 1.0}]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    final, auc = bench.learn_result(str(d), 40)  # (0 + .5) / 2 * 10 + (.5 + 1) / 2 * 10 + 1 * 20 = 30, over 40 steps
+    assert final == 1.0 and auc == pytest.approx(30 / 40)
+    flags, steps = bench.LEARN_ARMS["max4"]
+    ref = {"arms": {"max4": {"flags": flags, "steps": steps, "seeds": {str(s): {"final": 0.7 + 0.05 * s,
+                                                                                "auc": 0.4} for s in range(4)}}}}
+    path = tmp_path / "reference.json"
+    path.write_text(json.dumps(ref))
+    worse = {"max4": {str(s): {"final": 0.7 + 0.05 * s - 0.1 - 0.01 * s, "auc": 0.4} for s in range(4)}}
+    assert not bench.learn_compare(worse, str(path))
+    table = capsys.readouterr().out
+    assert "| max4 | final | 0.775 ± 0.065 | 0.660 ± 0.052 | -0.115 [" in table and "WORSE beyond the noise" in table
+    assert "| max4 | auc | 0.400 ± 0.000 | 0.400 ± 0.000 | +0.000 [+0.000, +0.000] | 4 | within the noise |" in table
+    mixed = {"max4": {str(s): {"final": 0.7 + 0.05 * s + (-0.1, 0.1)[s % 2], "auc": 0.4} for s in range(4)}}
+    assert bench.learn_compare(mixed, str(path)) and "WORSE" not in capsys.readouterr().out
+    ref["arms"]["max4"]["steps"] = steps + 1
+    path.write_text(json.dumps(ref))
+    assert bench.learn_compare(worse, str(path)) and "no reference for these flags" in capsys.readouterr().out
+
+
+def test_learning_check_setting_is_the_one_it_describes(tmp_path):
+    """bench.py --learn's "max4" model and data: a 2-layer Llama, hidden 64, 2 heads of 32, untied; prompts "max a b c
+    d =" answered by their largest digit, 0-9 each drawn about equally, 2,000 training and 200 held out."""
+    import bench
+    from transformers import AutoConfig
+    bench.learn_setting(str(tmp_path), 0)
+    conf = AutoConfig.from_pretrained(str(tmp_path / "model"))
+    assert (conf.num_hidden_layers, conf.hidden_size, conf.num_attention_heads, conf.head_dim,
+            conf.intermediate_size, conf.tie_word_embeddings) == (2, 64, 2, 32, 256, False)
+    for name, n in (("train", 2000), ("val", 200)):
+        rows = [json.loads(x) for x in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+        assert len(rows) == n
+        for r in rows:
+            word, *digits, eq = r["prompt"].split(" ")
+            assert word == "max" and eq == "=" and len(digits) == 4 and r["answer"] == max(digits)
+    counts = collections.Counter(json.loads(x)["answer"] for x in (tmp_path / "train.jsonl").read_text().splitlines())
+    assert sorted(counts) == list("0123456789") and max(counts.values()) < 1.3 * 200 and min(counts.values()) > 0.7 * 200
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "model"))
+    ids = tok("max 7 6 3 6 =", add_special_tokens=False).input_ids
+    assert len(ids) == 13 and tok.unk_token_id not in ids and tok.decode(ids) == "max 7 6 3 6 ="  # one per character
+
+
 def test_gpu_check_runs_on_a_cpu_what_a_cpu_can(capsys):
     """bench.py --gpu-check, the CPU's part. Through the table, each check in a process of its own as on a GPU machine:
     the engine lands on the chosen device, and the CUDA-only checks say they were skipped rather than passing. In this
