@@ -522,8 +522,10 @@ def learn_setting(path, seed):
     import torch
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers.utils import logging as hf_logging
     if os.path.isfile(os.path.join(path, "model", "config.json")):
         return
+    hf_logging.disable_progress_bar()
     vocab = {t: i for i, t in enumerate(scalerl.SPECIALS + list("0123456789 max="))}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
@@ -578,7 +580,7 @@ def bench_learn(args):
     the results do not depend on the machine), then compare them with the stored reference (learn_compare)."""
     from concurrent.futures import ThreadPoolExecutor
     runs = [(arm, seed, os.path.join(args.out, arm, f"seed{seed}")) for arm in args.arms for seed in range(args.seeds)]
-    t_start, finished = time.time(), []
+    t_start, finished, ran = time.time(), [], []
 
     def one(run):
         arm, seed, d = run
@@ -592,13 +594,16 @@ def bench_learn(args):
             final, auc = learn_result(os.path.join(d, "run"), LEARN_ARMS[arm][1])
             with open(os.path.join(d, "result.json"), "w") as f:
                 json.dump({"final": final, "auc": auc}, f)
+            ran.append(run)
         finished.append(run)
-        left = (time.time() - t_start) / len(finished) * (len(runs) - len(finished))
+        left = (time.time() - t_start) / max(len(ran), 1) * (len(runs) - len(finished))  # (runs made now)
         print(f"learn: [{len(finished)}/{len(runs)}] {arm} seed {seed}: final {learn_load(d)['final']:.3f}, "
               f"auc {learn_load(d)['auc']:.3f}; about {left / 60:.0f} min left", flush=True)
 
-    for arm, seed, d in runs:
+    for arm, seed, d in runs:  # the models and data first, here: transformers' lazy imports are not thread-safe
         os.makedirs(d, exist_ok=True)
+        if arm == "max4":
+            learn_setting(d, seed)
     with ThreadPoolExecutor(args.jobs) as pool:
         list(pool.map(one, runs))
     results = {arm: {str(seed): learn_load(d) for a, seed, d in runs if a == arm} for arm in args.arms}
