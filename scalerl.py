@@ -824,11 +824,10 @@ def fill_defaults(cfg):
 def validate(cfg):
     """Refuse impossible settings before any model is loaded (one line, status 2). Returns cfg."""
     flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
-    for f in dataclasses.fields(cfg):  # nan and inf pass every comparison below the wrong way
-        if isinstance(getattr(cfg, f.name), float) and not math.isfinite(getattr(cfg, f.name)):
-            die(f"{flag(f.name)} must be a finite number (got {getattr(cfg, f.name)})")
-    for f in dataclasses.fields(cfg):  # each number's bound, from its flag()
-        value, above, at_least = getattr(cfg, f.name), f.metadata.get("above"), f.metadata.get("at_least")
+    for f in dataclasses.fields(cfg):  # each number finite (nan and inf pass every comparison the wrong way), then
+        value, above, at_least = getattr(cfg, f.name), f.metadata.get("above"), f.metadata.get("at_least")  # its bound
+        if isinstance(value, float) and not math.isfinite(value):
+            die(f"{flag(f.name)} must be a finite number (got {value})")
         if above is not None and value <= above:
             die(f"{flag(f.name)} must be > {above} (got {value})")
         if at_least is not None and value < at_least:
