@@ -37,6 +37,7 @@ run(). Part II is plumbing: nothing in it changes the recipe (command line, data
 import argparse
 import collections
 import contextlib
+import csv
 import dataclasses
 import importlib.util
 import inspect
@@ -44,11 +45,18 @@ import itertools
 import json
 import logging
 import math
+import multiprocessing
+import operator
 import os
 import queue
 import re
+import shutil
+import signal
 import sys
+import tempfile
 import time
+import traceback
+import warnings
 import zlib
 from dataclasses import dataclass, field
 
@@ -62,10 +70,10 @@ import torch.nn.functional as F
 # ==================================================================================================
 
 
-def flag(default, help, choices=None, nargs=None, above=None, at_least=None):
-    """A Config field and its command-line flag; a number outside its bound (> above, >= at_least) is refused."""
+def flag(default, help, choices=None, nargs=None, above=None, at_least=None, below=None):
+    """A Config field and its command-line flag; a number outside its bounds (> above, >= at_least, < below) fails."""
     return field(default=default, metadata={"help": help, "choices": choices, "nargs": nargs, "above": above,
-                                            "at_least": at_least})
+                                            "at_least": at_least, "below": below})
 
 
 @dataclass
@@ -109,7 +117,8 @@ class Recipe:
                             "(a sequence-level ratio, clipped)", ["cispo", "dapo", "gspo"])
     eps_max: float = flag(5.0, "CISPO: truncation of the importance weight from above (the paper: 4, 5 and 8 alike)",
                           above=0)
-    eps_low: float = flag(0.0, "DAPO/GSPO: lower clip, ratio >= 1 - eps_low (0: the loss's own, dapo 0.2, gspo 3e-4)")
+    eps_low: float = flag(0.0, "DAPO/GSPO: lower clip, ratio >= 1 - eps_low (0: the loss's own, dapo 0.2, gspo 3e-4)",
+                          at_least=0, below=1)
     eps_high: float = flag(0.0, "DAPO/GSPO: upper clip, ratio <= 1 + eps_high (0: dapo 0.28, gspo 4e-4)", at_least=0)
     lm_head_fp32: bool = flag(True, "compute the LM head (hidden -> logits) in float32, trainer and generator")
     # sampling, optimiser and evaluation
@@ -533,7 +542,7 @@ def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None, fro
     trained token under its name; metrics_row logs each. Under torchrun each rank has its share of the batch; FSDP2
     averages the ranks' gradients, so each rank's loss is scaled by the number of ranks to sum them, and every rank
     runs as many micro-batches as the rank with the most (FSDP's collectives run in step)."""
-    t0, device, mark = time.time(), next(model.parameters()).device, memory_mark(model, opt)  # (CUDA: trainer_peak)
+    t0, device, peak = time.time(), next(model.parameters()).device, gpu_peak(model, opt)  # (CUDA: the memory peak)
     model.train()
     loss_sum, n_tok, sums, ranks = 0.0, 0, {}, all_sum(1)  # (the number of ranks: 1 in one process)
     for mb in even_out(micro_batches(samples, cfg.micro_batch_tokens), pad_id):
@@ -564,7 +573,7 @@ def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None, fro
     opt.zero_grad(set_to_none=True)
     return {"loss": loss_sum, "grad_norm": grad_norm, "skipped": skipped,
             "trained_tokens": 0 if skipped else int(n_tok), "lr": lr, "train_seconds": time.time() - t0,
-            **{k: v / max(n_tok, 1) for k, v in zip(sums, totals)}, **trainer_peak(mark)}
+            **{k: v / max(n_tok, 1) for k, v in zip(sums, totals)}, **peak()}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -703,7 +712,7 @@ class Config(Recipe):
     logprob_chunk: int = flag(1024, "tokens per chunk when computing log-probs (memory ~ chunk x vocab)", above=0)
     micro_batch_tokens: int = flag(8192, "padded tokens per micro-batch (gradient accumulation)", above=0)
     vllm_gpu_memory_utilization: float = flag(0.3, "vLLM on CUDA: fraction of GPU memory for the engine (weights + "
-                                                 "KV cache); the trainer uses the rest")
+                                                 "KV cache); the trainer uses the rest", above=0, below=1)
     vllm_max_model_len: int = flag(0, "vLLM: context length (0: the longest prompt + completion)", at_least=0)
     vllm_sleep: bool = flag(None, "vLLM on CUDA: free the KV cache while training, wake before the next generation "
                                 "(default: on with CUDA when nothing is in flight during training; refused on CPU)")
@@ -733,7 +742,7 @@ class Config(Recipe):
                              "the choices are the REWARDS table's", lambda: ["auto", *REWARDS])
     reward_workers: int = flag(-1, "grading processes (-1: min(16, CPUs) for math/exact, 0 for the built-in task; "
                                  "0: grade in this process, with no time limit: --reward-timeout does not apply, "
-                                 "and it is refused with --reward math, whose checker can hang)")
+                                 "and it is refused with --reward math, whose checker can hang)", at_least=-1)
     reward_timeout: float = flag(10.0, "seconds allowed to grade one completion; over it, reward 0 and an error",
                                  above=0)
     save_every: int = flag(0, "save a checkpoint every N steps (0: only at the end and when stopped by a signal)",
@@ -825,13 +834,13 @@ def validate(cfg):
     """Refuse impossible settings before any model is loaded (one line, status 2). Returns cfg."""
     flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
     for f in dataclasses.fields(cfg):  # each number finite (nan and inf pass every comparison the wrong way), then
-        value, above, at_least = getattr(cfg, f.name), f.metadata.get("above"), f.metadata.get("at_least")  # its bound
+        value, meta = getattr(cfg, f.name), f.metadata  # within its bounds
         if isinstance(value, float) and not math.isfinite(value):
             die(f"{flag(f.name)} must be a finite number (got {value})")
-        if above is not None and value <= above:
-            die(f"{flag(f.name)} must be > {above} (got {value})")
-        if at_least is not None and value < at_least:
-            die(f"{flag(f.name)} must be >= {at_least} (got {value})")
+        for key, sign, outside in (("above", ">", operator.le), ("at_least", ">=", operator.lt),
+                                   ("below", "<", operator.ge)):
+            if meta.get(key) is not None and outside(value, meta[key]):
+                die(f"{flag(f.name)} must be {sign} {meta[key]} (got {value})")
     if cfg.generations_per_prompt < 2:
         die("--generations-per-prompt must be >= 2: advantages are centred within each prompt's group")
     lo, hi = cfg.think_budget
@@ -839,12 +848,6 @@ def validate(cfg):
         die(f"--think-budget {lo} {hi}: need 1 <= LO <= HI < --max-new-tokens ({cfg.max_new_tokens})")
     if cfg.length_control == "penalty" and not 0 < cfg.cache_len < cfg.max_len <= cfg.max_new_tokens:
         die(f"--cache-len {cfg.cache_len} --max-len {cfg.max_len}: need 0 < L_cache < L_max <= --max-new-tokens")
-    if not 0 <= cfg.eps_low < 1:
-        die(f"--eps-low must be in [0, 1) (got {cfg.eps_low})")
-    if not 0 < cfg.vllm_gpu_memory_utilization < 1:
-        die(f"--vllm-gpu-memory-utilization must be in (0, 1) (got {cfg.vllm_gpu_memory_utilization})")
-    if cfg.reward_workers < -1:
-        die(f"--reward-workers must be >= -1 (got {cfg.reward_workers})")
     if cfg.reward_workers == 0 and cfg.reward == "math":
         die("--reward-workers 0 grades in this process with no time limit, and math-verify can hang (sympy never "
             "returns on some answers): --reward math needs grading processes (--reward-workers -1 or >= 1)")
@@ -1001,7 +1004,6 @@ def read_records(path):
         die(f"{path}: {'no such file' if not os.path.exists(path) else 'unsupported format'}; --data takes a .jsonl, "
             ".json, .csv or .parquet file, a datasets.save_to_disk directory or a hub dataset name")
     if ext == ".csv":  # a header line, then one row per line (quoted fields may span lines)
-        import csv
         try:
             with open(path, encoding="utf-8-sig", newline="") as f:
                 reader = csv.DictReader(f)
@@ -1237,7 +1239,6 @@ def grade_one(fn, text, answer, row=None):
 
 def _grading_worker(conn, fn):
     """A grading process: grades the (text, answer[, row]) items it receives until it is killed."""
-    import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     conn.send(grade_one(fn, "\\boxed{0}", "0", {}))  # load the reward's dependencies, then report ready
     try:
@@ -1249,12 +1250,10 @@ def _grading_worker(conn, fn):
 
 class Grader:
     """Grades completions so that grading never stalls or kills a run: each (text, answer, row) item goes to one of
-    `workers` processes and gets `timeout` seconds; a process that overruns or dies is replaced, and that
-    completion gets reward 0 and an error message, like one whose grading raised. workers=0 grades in this
-    process, without a time limit."""
+    `workers` processes and gets `timeout` seconds; a process that overruns or dies is replaced, and that completion
+    gets reward 0 and an error message, like one whose grading raised. workers=0 grades here, without a time limit."""
 
     def __init__(self, fn, workers, timeout):
-        import multiprocessing
         self.fn, self.timeout, self.ctx = fn, timeout, multiprocessing.get_context("spawn")
         self.procs = [self._spawn() for _ in range(workers)]
         for _, conn in self.procs:
@@ -1343,7 +1342,6 @@ def make_char_tokenizer():
 def save_atomically(model, tok, path):
     """Write model and tokenizer to a temporary directory, then rename it into place: a crash or a concurrent
     writer never leaves half a model at `path`."""
-    import shutil
     tmp = f"{path}.tmp{os.getpid()}"
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
@@ -1629,13 +1627,11 @@ class VLLMEngine:
         return done, decoded, 1
 
     def push(self, model, version):
-        """Load the trainer's weights [Sec. 3.1] under their Hugging Face names (vLLM's loaders map them to its own
-        layout: fused projections, tied heads) with `reload_weights`, the same call on CPU and CUDA (the CPU
-        backend prepacks its linear layers, and reload_weights rebuilds them), then the LM head once more in float32
-        (engine_fp32_head). Running sequences keep their KV cache, computed with older weights, as PipelineRL does;
-        --refresh-kv re-prefills them instead. The weights go in one call, as an iterator (under torchrun each is
-        gathered from the shards as the engine takes it): a call with part of a layer's weights would leave that
-        layer wrong."""
+        """Load the trainer's weights [Sec. 3.1] under their Hugging Face names with `reload_weights`, the same call on
+        CPU and CUDA (vLLM maps them to its own layout and rebuilds the CPU's prepacked layers), all in one call as an
+        iterator (a call with part of a layer would leave it wrong; under torchrun each weight is gathered when the
+        engine takes it), then the float32 head (engine_fp32_head). Running sequences keep their KV cache, computed
+        with older weights, as PipelineRL does; --refresh-kv re-prefills them instead."""
         self.wake(reload=False)
         head = (lambda: full_tensor(model.get_output_embeddings().weight).detach().float()) \
             if self.cfg.lm_head_fp32 else None
@@ -1706,9 +1702,6 @@ def generator_main(i, cfg, path, device, dtype, max_model_len, weights, requests
     """Generator i: a VLLMEngine that decodes whenever it has requests, loads the newest weights file between two of
     its engine steps (and before a request that asks for newer weights), and sends the finished pieces back with the
     tokens it decoded, its engine steps and what it has left. It stops when told to, or when the trainer is gone."""
-    import queue
-    import signal
-    import traceback
     from safetensors import safe_open
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the trainer stops us
     loaded, steps, decoded, taken = None, 0, 0, 0
@@ -1757,7 +1750,6 @@ def generator_main(i, cfg, path, device, dtype, max_model_len, weights, requests
         results.put(("error", i, traceback.format_exc()))
     finally:
         if os.getppid() != parent:  # the trainer is gone: nobody reads, nobody cleans up
-            import shutil
             results.cancel_join_thread()
             shutil.rmtree(os.path.dirname(weights), ignore_errors=True)
         results.close()
@@ -1768,11 +1760,10 @@ class SplitEngine:
     """Engine 'vllm' with --generators N: the VLLMEngine contract, served by generator processes (under torchrun rank r
     owns generators r, r + W, ...). submit() sends the request at once, all of a group's to one generator; step()
     returns what the generators finished since the last call, waiting only when nothing has; push() writes the
-    weights file. On CUDA generator i takes the GPU after the trainer's (LOCAL_WORLD_SIZE + i) and 0.9 of its memory;
-    on CPU every process gets an equal share of the cores."""
+    weights file. On CUDA generator i takes the GPU after the trainers' (LOCAL_WORLD_SIZE + i) and 0.9 of its memory,
+    on CPU every process an equal share of the cores."""
 
     def __init__(self, cfg, path, device, dtype, max_model_len, model):
-        import tempfile
         local, shm = int(os.environ.get("LOCAL_WORLD_SIZE", 1)), "/dev/shm" if os.path.isdir("/dev/shm") else None
         self.cfg, self.dtype, self.version, self.live = cfg, dtype, 0, {}
         self.dir = broadcast(tempfile.mkdtemp(prefix="scalerl-", dir=shm) if rank() == 0 else None)
@@ -1814,7 +1805,6 @@ class SplitEngine:
     def receive(self, deadline):
         """The next message from a generator. One that failed or died stops the run (status 1, resumable: the Recorder
         saves a checkpoint of the last step)."""
-        import queue
         while True:
             for i, p in self.procs.items():
                 if not p.is_alive():
@@ -1870,7 +1860,6 @@ class SplitEngine:
 
     def close(self):
         """Stop the generators (5 s to go, then killed), remove the weights file, give this process its cores back."""
-        import shutil
         for q in self.requests.values():
             q.put(("stop", None))
         for p in self.procs.values():
@@ -1954,31 +1943,21 @@ def mismatch_sums(logp, logp_gen, eps_max):
             "mismatch_trunc_frac": (d > math.log(eps_max)).sum().item()}
 
 
-def resident_bytes(model, opt):
-    """Bytes the trainer keeps on its GPU between updates: its weights (this rank's shards) and AdamW's moments."""
-    tensors = [*model.parameters(), *(v for state in opt.state.values() for v in state.values() if torch.is_tensor(v))]
-    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
-    return sum(t.numel() * t.element_size() for t in local if t.is_cuda)
-
-
-def memory_mark(model, opt):
-    """On CUDA, before an update: (device, the trainer's resident bytes, the bytes allocated in this process, the
-    engine's among them); the peak counter starts again here. None elsewhere."""
+def gpu_peak(model, opt):
+    """On CUDA, before an update: start the peak counter again, and return a function that gives gpu_peak_gb, the
+    trainer's peak GPU memory in the update: its resident bytes (its weights, this rank's shards, and AdamW's moments)
+    plus the most the update allocated above where memory stood before it. The engine, idle during the update, counts
+    in neither (awake, its weights and KV cache are in the allocator's totals, which is why those are not reported).
+    Elsewhere a function that gives {}."""
     device = next(model.parameters()).device
     if device.type != "cuda":
-        return None
+        return dict
     torch.cuda.reset_peak_memory_stats(device)
-    return device, resident_bytes(model, opt), torch.cuda.memory_allocated(device)
-
-
-def trainer_peak(mark):
-    """gpu_peak_gb: the trainer's peak GPU memory in one update, its resident bytes plus the most the update
-    allocated above where memory stood before it. The engine, idle during the update, counts in neither (awake, its
-    weights and KV cache are in the allocator's totals, which is why those are not reported)."""
-    if mark is None:
-        return {}
-    device, resident, start = mark
-    return {"gpu_peak_gb": (resident + torch.cuda.max_memory_allocated(device) - start) / 2**30}
+    tensors = [*model.parameters(), *(v for state in opt.state.values() for v in state.values() if torch.is_tensor(v))]
+    resident = sum(t.numel() * t.element_size() for t in (x.to_local() if hasattr(x, "to_local") else x
+                                                          for x in tensors) if t.is_cuda)
+    start = torch.cuda.memory_allocated(device)
+    return lambda: {"gpu_peak_gb": (resident + torch.cuda.max_memory_allocated(device) - start) / 2**30}
 
 # --------------------------------------------------------------------------------------------------
 # torchrun: one process per device. FSDP2 shards the trainer; each rank has its own engine and generates its share of
@@ -2159,8 +2138,9 @@ def setup(cfg):
         min(16, per_rank)  # the built-in task's reward is one regex: not worth a process
     grader = Grader(REWARDS[cfg.reward], workers, cfg.reward_timeout)
     # under torchrun rank 0 loads the model in CPU memory, the others make it empty; shard() gives each rank its shards
-    model, tok, path = load_model(cfg, torch.device("cpu") if launched() else device, cfg.resume or None,
-                                  empty=launched() and rank() > 0)
+    load = lambda path: load_model(cfg, torch.device("cpu") if launched() else device, path,  # noqa: E731
+                                   empty=launched() and rank() > 0)
+    model, tok, path = load(cfg.resume or None)
     init_distributed(cfg, device)  # torchrun: the process group
     train_ids, val_ids = ([encode_prompt(tok, p, cfg) for p, _, _ in items] for items in (train, val))
     longest = max(map(len, train_ids + val_ids)) + cfg.max_new_tokens
@@ -2174,9 +2154,7 @@ def setup(cfg):
             f"({longest})")
     autocast = None if dtype == getattr(torch, cfg.param_dtype) else dtype
     policy = shard(model, device)  # FSDP2 under torchrun; before the engine starts (it sizes itself to the memory left)
-    frozen = frozen_models(cfg, lambda: shard(load_model(cfg, torch.device("cpu") if launched() else device, None,
-                                                         empty=launched() and rank() > 0)[0].requires_grad_(False),
-                                              device))  # (load_model without a path: the initial weights)
+    frozen = frozen_models(cfg, lambda: shard(load(None)[0].requires_grad_(False), device))  # (None: initial weights)
     generator = replica(model, device) if launched() and cfg.engine == "hf" else model
     L = cfg.vllm_max_model_len or longest
     engine = SplitEngine(cfg, path, device, dtype, L, model) if cfg.generators else \
@@ -2193,13 +2171,12 @@ def setup(cfg):
 
 
 def live_fit(rows, bootstrap=100):
-    """The paper's prediction while the run goes on: fit R(C) to the evaluations so far (against device_hours) with
-    fit_curve.py's own fit_rows, as `python fit_curve.py RUN` would, and return fit_A, fit_B, fit_C_mid and the
-    bootstrap interval fit_A_ci; with fit_A_at_bound when A is at 1, the pass rate's bound (the default task can
-    reach it); {} while the points cannot support a fit (fewer than four, or B, C_mid or a low A at the edge of
-    its search range, as before the curve bends) or where fit_curve.py is not beside this file. The paper
-    leaves the first epoch out of its fits; here that would leave nothing to fit in most runs (the built-in tasks'
-    first epoch is 128 of 150 steps), so the first 1.5% of the compute is left out, fit_curve.py's default."""
+    """The paper's prediction while the run goes on: fit_curve.py's fit_rows on the evaluations so far (against
+    device_hours), as `python fit_curve.py RUN` would: fit_A, fit_B, fit_C_mid and the bootstrap interval fit_A_ci,
+    and fit_A_at_bound when A is at 1, the pass rate's bound; {} while the points cannot support a fit (fewer than
+    four, or B, C_mid or a low A at the edge of its search range, as before the curve bends) or without fit_curve.py
+    beside this file. The paper leaves the first epoch out of its fits, which here would leave nothing in most runs
+    (the built-in tasks' first is 128 of 150 steps): the first 1.5% of the compute is left out (fit_curve's default)."""
     try:
         import fit_curve
     except ImportError:
@@ -2219,9 +2196,8 @@ def metrics_row(state, cfg, step, r, seconds):
     """The metrics row of a step that rl_step returned `r` for in `seconds` (see the README's table), with the
     cumulative counters it advances: device_hours, the x-axis of the scaling curve (evaluation time not counted),
     flops (2N per prompt or generated token, 6N per trained token), sampled and trained tokens, skipped updates; the
-    time the step waited for the engine (Rollouts.seconds), trained and pushed. Under torchrun every count is the
-    sum over the ranks (the loss and gradient norm already are), device_hours counts every device, the times are rank
-    0's."""
+    time the step waited for the engine (Rollouts.seconds), trained and pushed. Under torchrun counts are summed over
+    the ranks (the loss and gradient norm already are), device_hours counts every device, the times are rank 0's."""
     groups, samples, update, rollouts = r["groups"], r["samples"], r["update"], state.rollouts
     comps = [c for g in groups for c in g.completions]
     lags = [r["trained_version"] - v for x in samples for v, m in zip(x.versions, x.mask) if m]  # trained tokens'
@@ -2297,7 +2273,6 @@ class Recorder:
         self.tracker = start_wandb(cfg, self.out) if cfg.wandb and self.writer else None
 
     def __enter__(self):
-        import signal
 
         def on_signal(signum, frame):
             if self.stop:
@@ -2342,8 +2317,9 @@ class Recorder:
         step = row["step"]
         print(progress_line(row, self.cfg.steps) if step else f"step    0/{self.cfg.steps} | val "
               f"{row['val_pass_rate']:.3f}", flush=True)
-        if self.writer:
-            report_grading_errors(step, errors)
+        if self.writer and errors:  # each costs its completion only (reward 0)
+            print(f"step {step}: {len(errors)} completions could not be graded (reward 0); first: {errors[0]}",
+                  file=sys.stderr, flush=True)
         cause, why = (stall_reason(self.rows, self.cfg) if self.writer else None) or (None, None)
         if cause and cause not in self.warned:  # once for each cause
             self.warned.add(cause)
@@ -2364,7 +2340,6 @@ class Recorder:
         return save_checkpoint(self.out, self.done, self.state, self.cfg)
 
     def __exit__(self, kind, exc, tb):
-        import signal
         try:
             if kind is None and not self.stop:  # the run ended: its final checkpoint
                 ckpt = self.save() if self.done > self.saved else last_checkpoint(self.out)
@@ -2389,7 +2364,6 @@ class Recorder:
             if self.tracker:
                 self.tracker.finish()
             if kind is not None and self.fresh and not self.rows and self.writer:
-                import shutil
                 shutil.rmtree(self.out, ignore_errors=True)
         return False
 
@@ -2437,20 +2411,12 @@ def stall_reason(rows, cfg, n=STALL_STEPS):
     return None
 
 
-def report_grading_errors(step, errors):
-    """Grading errors cost their completions only (reward 0); say how many there were, and the first."""
-    if errors:
-        print(f"step {step}: {len(errors)} completions could not be graded (reward 0); first: {errors[0]}",
-              file=sys.stderr, flush=True)
-
-
 def quiet_libraries(verbose):
     """Without --verbose, the libraries' own chatter (vLLM's warnings and info lines, Python warnings, progress bars
     of weight loading) stays off the screen: the first lines a user sees are ours, and errors still show."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if verbose else "ERROR")
     if verbose:
         return
-    import warnings
     from transformers.utils import logging as hf_logging
     warnings.filterwarnings("ignore")
     sys.warnoptions.append("ignore")  # and in the Python processes this one starts (multiprocessing passes -W on)
@@ -2465,7 +2431,6 @@ def quiet_stderr(verbose):
     if verbose:
         yield
         return
-    import tempfile
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as held:
@@ -2518,22 +2483,18 @@ def pending_prompts(state):
 
 
 def save_checkpoint(out, step, state, cfg):
-    """Save everything a run needs to continue: the model (safetensors, loadable with from_pretrained),
-    optimiser and scheduler state, the step, the compute counters, the curriculum, the RNG state, the config and
-    the off-policy loop's state (weight version, and per rank the group counter, the curriculum's place and the
-    prompts of the groups still in flight, which a resumed run generates again). Under torchrun the weights and
-    the optimiser state are gathered whole on rank 0 (in CPU memory), which writes. Written to a temporary directory
-    and renamed into place, so a crash mid-write leaves the previous checkpoint intact; then only the newest
-    --keep-last are kept, and the temporary directories of writers killed mid-write are removed."""
-    import shutil
+    """Save what a run needs to continue, to a temporary directory renamed into place (a crash mid-write leaves the
+    last checkpoint intact): the model (safetensors, for from_pretrained), optimiser and scheduler, the step, the
+    counters, the config, the weight version, and per rank the curriculum, the RNG state, the group counter and the
+    prompts of the groups in flight (a resumed run generates them again). Under torchrun rank 0 gathers the weights
+    and the optimiser state whole, in CPU memory, and writes. Only the newest --keep-last are kept."""
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                          get_optimizer_state_dict)
     whole = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = get_model_state_dict(state.model, options=whole)
     optimizer = get_optimizer_state_dict(state.model, state.opt, options=whole)
     ranks = all_gather([{"curriculum": dataclasses.asdict(state.curriculum), "serial": state.serial,
-                         "pending": pending_prompts(state),
-                         "torch_rng": torch.get_rng_state(),
+                         "pending": pending_prompts(state), "torch_rng": torch.get_rng_state(),
                          "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}])[0]
     final = os.path.join(out, "checkpoints", f"step_{step:06d}")
     tmp = f"{final}.tmp{os.getpid()}"
@@ -2544,8 +2505,7 @@ def save_checkpoint(out, step, state, cfg):
             state.tok.save_pretrained(tmp)
             torch.save({"step": step, "totals": dict(state.totals), "loop": {"version": state.version}, "ranks": ranks,
                         "optimizer": optimizer, "scheduler": state.sched.state_dict(),
-                        "config": dataclasses.asdict(cfg)},
-                       os.path.join(tmp, "trainer_state.pt"))
+                        "config": dataclasses.asdict(cfg)}, os.path.join(tmp, "trainer_state.pt"))
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
             for old in list_checkpoints(out)[:-cfg.keep_last]:
@@ -2575,13 +2535,12 @@ def resumed_config(cfg, ckpt):
                                                                              "resume", "out")
                and getattr(cfg, f.name) != saved.get(f.name, f.default)  # (a field newer than the checkpoint)
                and getattr(cfg, f.name) != getattr(derived if f.name in DERIVED else Config, f.name)]
-    if changed:  # a flag newer than the checkpoint had its default in the run
+    was = {k: saved[k] if k in saved else f"{getattr(Config, k)}, the default: the checkpoint predates the flag"
+           for k in changed}  # a flag newer than the checkpoint had its default in the run
+    if changed:
         die(f"--resume {ckpt}: a resumed run keeps the settings of its checkpoint (all but --steps, --save-every and "
             "--keep-last); given now with other values: " + ", ".join(
-                f"--{k.replace('_', '-')} {getattr(cfg, k)} (the run's: " + (f"{saved[k]})" if k in saved else
-                                                                             f"{getattr(Config, k)}, the default: the "
-                                                                             "checkpoint predates the flag)")
-                for k in changed))
+                f"--{k.replace('_', '-')} {getattr(cfg, k)} (the run's: {was[k]})" for k in changed))
     steps = cfg.steps if cfg.steps != Config.steps else saved["steps"]
     return Config(**{**saved, "steps": steps, "save_every": cfg.save_every, "keep_last": cfg.keep_last,
                      "resume": ckpt}), state
