@@ -135,9 +135,41 @@ LONG_TAIL_ARMS = {"synchronous": ["--max-lag", "0"], "pipeline": ["--max-lag", "
                   "split": ["--max-lag", "8", "--generators", "1"], "torchrun-2": ["--max-lag", "8"]}
 
 
-def bench_long_tail(rest, arms):
+def traced_run(script, argv):
+    """Run `script` (a scalerl.py) with argv, recording the lengths of the completions of every training group that
+    completes (generated) and of every group trained (next_batch returns it) in OUT/lengths.RANK.json: a group dropped
+    as stale was generated and never trained. --long-tail runs every arm through it."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("scalerl", script)
+    S = sys.modules["scalerl"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(S)
+    seen, lengths, poll, next_batch = set(), {"generated": [], "trained": []}, S.Rollouts.poll, S.next_batch
+
+    def traced_poll(self):
+        poll(self)
+        for g in self.done:
+            if g.key[0] == "train" and g.key not in seen:
+                seen.add(g.key)
+                lengths["generated"] += [len(c.tokens) for c in g.completions]
+
+    def traced_next_batch(state, cfg):
+        groups, stale = next_batch(state, cfg)
+        lengths["trained"] += [len(c.tokens) for g in groups or [] for c in g.completions]
+        return groups, stale
+
+    S.Rollouts.poll, S.next_batch, out = traced_poll, traced_next_batch, argv[argv.index("--out") + 1]
+    try:
+        S.main(argv)
+    finally:
+        if os.path.isdir(out):
+            with open(os.path.join(out, f"lengths.{os.environ.get('RANK', '0')}.json"), "w") as f:
+                json.dump(lengths, f)
+
+
+def bench_long_tail(rest, arms, script=SCALERL):
     """Each arm a run of its own (a fresh process: an in-process engine takes over torch's thread settings), 30 steps;
-    the last 20 timed. torchrun-2: the colocated pipeline on 2 ranks, a thread each."""
+    the last 20 timed. torchrun-2: the colocated pipeline on 2 ranks, a thread each. The mean completion lengths are
+    over the whole run, of every group generated and of those trained (traced_run)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "long-tail")
         long_tail_model(path)
@@ -147,10 +179,10 @@ def bench_long_tail(rest, arms):
         results = {}
         for arm in arms:
             out, env = os.path.join(tmp, arm), dict(os.environ)
-            cmd = [sys.executable, SCALERL, *common, *rest, *LONG_TAIL_ARMS[arm], "--out", out]
+            cmd = [sys.executable, os.path.abspath(__file__), "--traced-run", script, *common, *rest,
+                   *LONG_TAIL_ARMS[arm], "--out", out]
             if arm == "torchrun-2":
-                cmd[:2] = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           SCALERL]
+                cmd[:1] = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
                 env["OMP_NUM_THREADS"] = "1"
             p = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if p.returncode:
@@ -160,9 +192,14 @@ def bench_long_tail(rest, arms):
             done = sum(r["active_prompts"] for r in timed) * cfg["generations_per_prompt"]
             secs, gen = sum(r["step_seconds"] for r in timed), sum(r["gen_seconds"] for r in timed)
             mean = lambda k: sum(r.get(k, 0.0) for r in timed) / len(timed)  # noqa: E731
+            lengths = [json.load(open(os.path.join(out, n))) for n in os.listdir(out) if n.startswith("lengths.")]
+            length = {k: sum(sum(x[k]) for x in lengths) / max(1, sum(len(x[k]) for x in lengths))
+                      for k in ("generated", "trained")}
             results[arm] = {"arm": arm, "steps_timed": len(timed), "step_s": secs / len(timed),
                             "train_s": mean("train_seconds"), "engine_batch_mean": mean("engine_batch_mean"),
                             "trained_completions_per_s": done / secs, "gen_s_per_trained_completion": gen / done,
+                            "wait_s": gen / len(timed), "mean_len_generated": length["generated"],
+                            "mean_len_trained": length["trained"],
                             "mean_completion_tokens": mean("mean_completion_tokens"),
                             "truncated_frac": mean("truncated_frac"), "lag_mean": mean("lag_mean"),
                             "lag_max": max(r["lag_max"] for r in timed),
@@ -652,6 +689,8 @@ def learn_compare(results, reference=LEARN_REFERENCE):
 
 def main():
     argv = sys.argv[1:]
+    if argv[:1] == ["--traced-run"]:  # (bench_long_tail's runs)
+        return traced_run(argv[1], argv[2:])
     rest = argv[argv.index("--") + 1:] if "--" in argv else []
     p = argparse.ArgumentParser(description="time scalerl.py on a random-weight model of a real shape")
     p.add_argument("--shape", choices=sorted(SHAPES))
@@ -669,7 +708,8 @@ def main():
     p.add_argument("--arms", nargs="+", default=list(LEARN_ARMS), choices=list(LEARN_ARMS), help="--learn: which")
     p.add_argument("--jobs", type=int, default=max(1, min(8, os.cpu_count() or 1)),
                    help="--learn: runs at a time (one thread each)")
-    p.add_argument("--script", default=SCALERL, help="--learn: the scalerl.py to run (default: this checkout's)")
+    p.add_argument("--script", default=SCALERL, help="--learn, --long-tail: the scalerl.py to run (default: this "
+                   "checkout's)")
     p.add_argument("--save-reference", action="store_true", help="--learn: store these results as the reference")
     p.add_argument("--steps", type=int, default=200, help="--loo: steps per run")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS)[:-1], choices=list(VARIANTS),
@@ -696,7 +736,7 @@ def main():
     if args.loo:
         return loo_summary(args) if args.summary_only else bench_loo(args, rest)
     if args.long_tail is not None:
-        return bench_long_tail(rest, args.long_tail or list(LONG_TAIL_ARMS))
+        return bench_long_tail(rest, args.long_tail or list(LONG_TAIL_ARMS), os.path.abspath(args.script))
     if args.grading:
         return bench_grading(args.grading, args.workers, args.chars)
     if not args.shape:

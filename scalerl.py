@@ -111,8 +111,9 @@ class Recipe:
     zero_variance_filter: bool = flag(True, "drop prompts whose G rewards are all equal from the loss")
     adv_norm: str = flag("batch", "advantage normalisation", ["batch", "prompt", "none"])
     loss_agg: str = flag("prompt", "loss aggregation", ["prompt", "sample", "token"])
-    npr_threshold: float = flag(0.9, "No-Positive-Resampling: drop a prompt from later epochs once its pass "
-                                   "rate reaches this (>= 1 disables)", above=0)
+    npr_threshold: float = flag(0.9, "No-Positive-Resampling: drop a prompt from later epochs once its pass rate "
+                                   "reaches this (>= 1 disables); a pass rate over G completions moves in steps of "
+                                   "1/G: with G = 8, 0.9 removes only prompts solved 8/8", above=0)
     loss: str = flag("cispo", "policy loss: cispo (ScaleRL), dapo (PPO clipping with DAPO's asymmetric range), gspo "
                             "(a sequence-level ratio, clipped)", ["cispo", "dapo", "gspo"])
     eps_max: float = flag(5.0, "CISPO: truncation of the importance weight from above (the paper: 4, 5 and 8 alike)",
@@ -185,6 +186,7 @@ class Group:
     prompt_index: int = None  # a training group's prompt (its index in the training set); None for evaluation
     left: int = 0         # completions not yet complete
     oldest: int = None    # the oldest weight version of its sampled tokens, once complete (see group_lag)
+    started: int = 0      # the engine's weight version when it started: none of its tokens is older
 
 
 def next_request(c, budget, cfg, think_end):
@@ -210,6 +212,7 @@ class Rollouts:
         self.think_end = tok(cfg.think_end, add_special_tokens=False).input_ids
         self.open, self.done = {}, []  # key -> Group being generated; complete groups, in completion order
         self.decoded = self.steps = self.seconds = 0  # tokens decoded, engine steps and their time, for the metrics
+        self.train_seconds = self.ahead = 0.0  # the training groups' share of the engine's time; see evaluate
 
     def add(self, key, prompt, n, seed, prompt_index=None):
         """Start a group: n completions of prompt (token ids), with the random stream `seed` (thinking budgets and
@@ -219,16 +222,17 @@ class Rollouts:
         seeds, budgets = (rng.integers(2**62, size=2) + np.arange(n)[:, None]).tolist(), \
             rng.integers(lo, hi + 1, size=n).tolist()
         g = Group(key, list(prompt), [Completion([], [], False, [], []) for _ in range(n)], budgets, seeds,
-                  prompt_index, n)
+                  prompt_index, n, started=self.engine.version)
         self.open[key] = g
         for j in range(n):
             self.engine.submit((key, j), g.prompt, budgets[j], seeds[j][0])
 
     def poll(self):
-        t0 = time.time()
+        t0, kinds = time.time(), [g.key[0] for g in self.open.values() for _ in range(g.left)]  # a kind per sequence
         pieces, decoded, steps = self.engine.step()
-        self.decoded, self.steps = self.decoded + decoded, self.steps + steps
-        self.seconds += time.time() - t0
+        dt = time.time() - t0
+        self.decoded, self.steps, self.seconds = self.decoded + decoded, self.steps + steps, self.seconds + dt
+        self.train_seconds += dt * kinds.count("train") / max(len(kinds), 1)  # see evaluate
         for (key, j), p in pieces:
             g = self.open[key]
             c = g.completions[j]
@@ -440,23 +444,24 @@ def token_terms(logits, targets):
     return {"logp": logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)}
 
 
-def _chunk_terms(h, w, b, y, temperature, fp32):
+def _chunk_terms(h, w, b, y, temperature, fp32, post):
     if fp32:
         with torch.autocast(h.device.type, enabled=False):
             logits = F.linear(h.float(), w.float(), None if b is None else b.float())
     else:
         logits = F.linear(h, w, b).float()
-    return token_terms(logits / temperature, y)
+    return token_terms((post(logits) if post else logits) / temperature, y)
 
 
-def token_logprobs(hidden, head, targets, temperature, fp32=True, chunk=1024):
+def token_logprobs(hidden, head, targets, temperature, fp32=True, chunk=1024, post=None):
     """{name: tensor [N]}: token_terms of head(hidden) / T for every row of hidden [N, H], "logp" = log softmax(...)
-    [target] among them [Sec. 3.2, FP32 LM head]. Rows go `chunk` at a time, each recomputed in the backward pass
+    [target] among them [Sec. 3.2, FP32 LM head]; post: what the model does to its logits after the head, if anything
+    (soft-capping, scaling: logit_transform). Rows go `chunk` at a time, each recomputed in the backward pass
     (activation checkpointing), so peak memory grows with chunk x vocabulary, never with N x vocabulary."""
     from torch.utils.checkpoint import checkpoint
     parts = []
     for s in range(0, hidden.shape[0], chunk):
-        args = (hidden[s:s + chunk], head.weight, head.bias, targets[s:s + chunk], temperature, fp32)
+        args = (hidden[s:s + chunk], head.weight, head.bias, targets[s:s + chunk], temperature, fp32, post)
         grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
         parts.append(checkpoint(_chunk_terms, *args, use_reentrant=False) if grad else _chunk_terms(*args))
     if not parts:
@@ -583,8 +588,8 @@ def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None, fro
 def admission(cfg, in_flight, ready, unfinished, capacity, ranks=1):
     """How many new groups to start now.
     pipeline (PipelineRL-k, ScaleRL): keep the engine full (its `capacity` sequences decoding at once), but never
-    hold more than (K + 1) x P groups between admission and training, so that a group started now is trained
-    within K + 1 updates when groups complete in order; one that completes later than that is dropped as stale.
+    hold more than (K + 1) x P groups between admission and training, so that the K + 1 updates to come can train
+    every group within K updates of its start (next_batch waits for the ones due).
     ppo (PPO-off-policy-k): K batches at a time, all with the same weights, once the previous K are trained.
     K = 0: the synchronous loop, one batch at a time. ranks: under torchrun each rank admits for its share of P."""
     P, K, G = cfg.prompts_per_step // ranks, cfg.max_lag, cfg.generations_per_prompt  # P: this rank's share
@@ -612,9 +617,11 @@ def group_lag(g, version):
 
 
 def next_batch(state, cfg):
-    """Run the engine until P complete groups are fresh enough to train on at this update (no sampled token more
-    than K updates old), admitting new groups as admission() allows. Returns (groups, stale): the P groups, oldest
-    first, and how many groups were dropped as stale; groups is None when nothing is left to generate."""
+    """Run the engine until P groups are complete and the groups left can all be trained within the lag bound by the
+    updates to come, oldest first (the trainer waits for a group in flight that would pass it: none is dropped),
+    admitting new groups as admission() allows. Returns (groups, stale): the P groups, oldest first, and how many
+    groups were dropped for a token more than K updates old (none: admission and the wait keep the bound); groups is
+    None when nothing is left to generate."""
     stale, rollouts, engine = 0, state.rollouts, state.engine
     while True:
         fresh = sorted((g for g in rollouts.done if group_lag(g, state.version) <= cfg.max_lag),
@@ -623,7 +630,12 @@ def next_batch(state, cfg):
         share = cfg.prompts_per_step // state.curriculum.world  # under torchrun: this rank's share of the P groups
         admit(state, cfg, admission(cfg, len(rollouts.open), len(rollouts.done), engine.unfinished(), engine.capacity,
                                     state.curriculum.world))
-        if len(fresh) >= share:  # (the groups just admitted decode meanwhile, where generators are apart)
+        # the update at which each group left after this batch is due (K after its oldest token; in flight, K after
+        # its start): wait for the groups in flight while the j updates to come, P each, could not take those due
+        K = cfg.max_lag
+        due = [g.oldest + K for g in fresh[share:]] + [g.started + K for g in rollouts.open.values()]
+        wait = any(sum(d <= state.version + j for d in due) > j * share for j in range(K + 1))
+        if len(fresh) >= share and not wait:  # (the groups just admitted decode meanwhile, where generators are apart)
             batch, rollouts.done = fresh[:share], fresh[share:]
             return batch, stale
         if not rollouts.open:
@@ -646,16 +658,19 @@ def push_weights(state, cfg):
 
 def evaluate(state, cfg, step):
     """Held-out mean pass rate, mean@k with k = --eval-samples (the paper's mean@16) [Sec. 2], with the current
-    weights, and the grading errors. Training groups in flight go on decoding meanwhile and stay apart. Under
-    torchrun rank r evaluates the held-out prompts r, r + W, ...; the mean is over all of them."""
+    weights, and the grading errors. Training groups in flight go on decoding meanwhile and stay apart; their share
+    of the engine's time (by sequences decoding) is training compute, which the next step's row counts (`ahead`), the
+    evaluation's is not. Under torchrun rank r evaluates the held-out prompts r, r + W, ...; the mean is over all."""
+    rollouts, before = state.rollouts, state.rollouts.train_seconds
     if state.engine.version != state.version:  # PPO-off-policy-k mid-round: the engine holds the round's weights;
-        while state.rollouts.open:             # the round's groups finish with them, then the engine gets the newest
-            state.rollouts.poll()
+        while rollouts.open:                   # the round's groups finish with them, then the engine gets the newest
+            rollouts.poll()
         state.engine.push(state.model, state.version)
     ids = list(range(state.curriculum.rank, len(state.val_ids), state.curriculum.world))
-    groups = rollout(state.rollouts, [state.val_ids[i] for i in ids], cfg.eval_samples,
-                     step_seed(cfg.seed, RNG_EVAL, step), ids=ids)
-    state.rollouts.decoded = state.rollouts.steps = state.rollouts.seconds = 0  # metrics count training steps only
+    groups = rollout(rollouts, [state.val_ids[i] for i in ids], cfg.eval_samples, step_seed(cfg.seed, RNG_EVAL, step),
+                     ids=ids)
+    rollouts.ahead += rollouts.train_seconds - before
+    rollouts.decoded = rollouts.steps = rollouts.seconds = 0  # the other metrics count training steps only
     correct, _, errors = score(state.tok, groups, [state.val[i] for i in ids], state.grader, cfg)
     total, count = all_sum(correct.sum(), correct.size)
     return total / count, errors
@@ -921,6 +936,17 @@ def validate(cfg):
     if not cfg.resume and cfg.out and os.path.exists(os.path.join(cfg.out, "metrics.jsonl")):
         die(f"--out {cfg.out} already holds a run (metrics.jsonl); choose another directory or --resume auto")
     return cfg
+
+
+def npr_steps(cfg):
+    """The start-up line for when G makes --npr-threshold coarser than it reads (a pass rate over G completions moves
+    in steps of 1/G), or None."""
+    t, G = cfg.npr_threshold, cfg.generations_per_prompt
+    need = math.ceil(t * G - 1e-9)  # (0.9 * 10 is 9.000000000000002)
+    if t >= 1 or need / G <= t + 1e-9:
+        return None
+    return (f"scalerl: NPR removes a prompt once {need} of its {G} completions pass (--npr-threshold {t:g} over "
+            f"G = {G} completions is a pass rate of {need / G:g})")
 
 
 def find_subsequence(seq, sub):
@@ -1524,7 +1550,8 @@ def engine_fp32_head(model, weight=None):
     Without `weight`: give the head a float32 copy of its weight (rows padded as vLLM pads the vocabulary) and the
     product F.linear(hidden.float(), copy), the path vLLM takes on CPU; False where the model has no lm_head and
     logits_processor. With `weight`: copy the trainer's head weight into it."""
-    head, lp = getattr(model, "lm_head", None), getattr(model, "logits_processor", None)
+    head = getattr(model, "lm_head", None) or getattr(getattr(model, "model", None), "embed_tokens", None)  # (tied:
+    lp = getattr(model, "logits_processor", None)                                           # Gemma 2 has no lm_head)
     if weight is not None:
         lp.fp32_weight[:weight.shape[0]].copy_(weight)
         return True
@@ -1894,7 +1921,18 @@ class Policy(torch.nn.Module):
     def forward(self, ids, attn, pred, cfg):
         hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
         return token_logprobs(hidden[:, :-1][pred], self.model.get_output_embeddings(), ids[:, 1:][pred],
-                              cfg.temperature, cfg.lm_head_fp32, cfg.logprob_chunk)
+                              cfg.temperature, cfg.lm_head_fp32, cfg.logprob_chunk, logit_transform(self.model.config))
+
+
+def logit_transform(config):
+    """What the model's own forward does to the head's logits, from its config, in vLLM's order (LogitsProcessor):
+    final-logit soft-capping (Gemma 2 and 3), then scaling (Cohere's logit_scale, Granite's 1 / logits_scaling).
+    None for a model that does neither (most)."""
+    cap = getattr(config, "final_logit_softcapping", None)
+    scale = (getattr(config, "logit_scale", None) or 1.0) / (getattr(config, "logits_scaling", None) or 1.0)
+    if not cap and scale == 1.0:
+        return None
+    return lambda x: (torch.tanh(x / cap) * cap if cap else x) * scale
 
 
 def sequence_logprobs(policy, samples, cfg, pad_id):
@@ -2020,8 +2058,10 @@ def full_weights(model, dtype):
     """(name, whole tensor in dtype) for each weight of the model, one at a time, for an engine push: under torchrun
     each is gathered from the shards when the engine asks for it, so no rank ever holds the whole model twice in
     full (vLLM's reload takes them layer by layer). Every rank iterates in the same order."""
+    tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
     for name, t in model.state_dict().items():
-        yield name, full_tensor(t).detach().to(dtype)
+        if name not in tied:  # a tied head is the embedding, pushed as the embedding (vLLM's Gemma 2 has no lm_head)
+            yield name, full_tensor(t).detach().to(dtype)
 
 
 def init_distributed(cfg, device):
@@ -2121,6 +2161,8 @@ def setup(cfg):
     if cfg.engine == "hf" and cfg.off_policy == "pipeline" and cfg.max_lag > 0:
         print("scalerl: --engine hf cannot stream; running the synchronous loop (--max-lag 0)", flush=True)
         cfg.max_lag = 0
+    if npr_steps(cfg):
+        print(npr_steps(cfg), flush=True)
     train, val = load_data(cfg)
     if cfg.data:
         print(f"scalerl: {len(train)} training and {len(val)} held-out prompts read; loading {cfg.model}", flush=True)
@@ -2213,7 +2255,8 @@ def metrics_row(state, cfg, step, r, seconds):
         "in_flight": len(rollouts.open), "decoded": rollouts.decoded, "engine_steps": rollouts.steps}
     n = dict(zip(local, all_sum(*local.values())))
     t = state.totals
-    t["device_hours"] += seconds * (world() + cfg.generators) / 3600  # every device: trainers and generators
+    # every device, trainers' and generators', for the step and for the training generation during the last evaluation
+    t["device_hours"] += (seconds + rollouts.ahead) * (world() + cfg.generators) / 3600
     t["flops"] += 2 * n_params * (n["prompt_tokens"] + n["generated"]) + 6 * n_params * n["trained_sequence_tokens"]
     t["gen_tokens"] += int(n["sampled"])  # sampled tokens (injected phrases not counted)
     t["train_tokens"] += update.get("trained_tokens", 0)
@@ -2237,7 +2280,7 @@ def metrics_row(state, cfg, step, r, seconds):
         idle, period = state.engine.take_idle()
         row["trainer_idle_frac"], row["generator_idle_frac"] = rollouts.seconds / seconds, max(0.0, all_sum(idle) / (
             cfg.generators * period))
-    rollouts.decoded = rollouts.steps = rollouts.seconds = 0
+    rollouts.decoded = rollouts.steps = rollouts.seconds = rollouts.ahead = 0
     if "gpu_peak_gb" in update:  # the largest over the ranks
         row["gpu_peak_gb"] = all_max(update["gpu_peak_gb"])
     return row

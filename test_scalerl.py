@@ -13,6 +13,7 @@ import shlex
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
@@ -1130,6 +1131,56 @@ def test_vllm_default_run_from_the_command_line(tmp_path):
     assert any(r["inflight_groups"] > 0 for r in rows[1:]) and all(r["lag_max"] <= 8 for r in rows[1:])
 
 
+def transformed_logits_model(family, seed=0):
+    """A tiny random model of a family whose forward changes the head's logits: Gemma 2 (soft-capping, a tied head
+    that vLLM's class has no lm_head for), Cohere (logit_scale, tied), Granite (1 / logits_scaling). The caps and
+    scales are far from 1 so that the logits of a random model (about +-1) really change."""
+    import transformers
+    common = dict(vocab_size=len(S.SPECIALS) + len(S.CHARS), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    conf = {"gemma2": lambda: transformers.Gemma2Config(final_logit_softcapping=0.5, sliding_window=256, **common),
+            "cohere": lambda: transformers.CohereConfig(logit_scale=4.0, **common),
+            "granite": lambda: transformers.GraniteConfig(logits_scaling=0.25, tie_word_embeddings=False, **common)}
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(conf[family]())
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("family", ["gemma2", "cohere", "granite"])
+def test_trainer_logprobs_are_the_models_own_with_soft_capping_and_logit_scaling(family, monkeypatch):
+    """The trainer's log-probs (chunked, FP32 head) equal log_softmax(model(...).logits / T) of the model's own forward
+    for families that transform their logits after the head; without logit_transform they would not (a positive
+    control: the transform matters here)."""
+    model = transformed_logits_model(family).eval()
+    cfg = S.Config(temperature=0.7, logprob_chunk=5)
+    samples = [S.Sample([1, 5, 9, 13], [20, 21, 22, 2]), S.Sample([1, 7], [30, 31, 32, 33, 34])]
+    with torch.no_grad():
+        got = S.sequence_logprobs(model, samples, cfg, 0)["logp"]
+        want = torch.cat([torch.log_softmax(model(torch.tensor([s.prompt + s.tokens])).logits[0].float() / 0.7, -1)[
+            len(s.prompt) - 1:-1].gather(1, torch.tensor(s.tokens)[:, None])[:, 0] for s in samples])
+        assert (got - want).abs().max() < 1e-5
+        monkeypatch.setattr(S, "logit_transform", lambda config: None)
+        assert (S.sequence_logprobs(model, samples, cfg, 0)["logp"] - want).abs().max() > 1e-2
+
+
+def test_gemma2_with_vllm_soft_capping_and_a_tied_head_without_lm_head(tmp_path, monkeypatch):
+    """Gemma 2 with the vLLM engine: its tied head is pushed as the embedding (vLLM's class has no lm_head), the FP32
+    head is the embedding's float32 copy, and the synchronous loop's log-probs, soft-capped on both sides, are the
+    engine's to float rounding after every push of weights that moved (a reward by the parity of the distinct
+    characters, every completion graded: groups that are not flat)."""
+    need_vllm()
+    monkeypatch.setitem(S.REWARDS, "digit", lambda text, answer, row: float(len(set(text)) % 2 == 0))
+    real_score = S.score
+    monkeypatch.setattr(S, "score", lambda tok, groups, *a: real_score(
+        tok, [[dataclasses.replace(c, finished=True) for c in g] for g in groups], *a))
+    path = str(tmp_path / "gemma2")
+    S.save_atomically(transformed_logits_model("gemma2"), S.make_char_tokenizer(), path)
+    rows = S.run(small_cfg(tmp_path, model=path, engine="vllm", max_lag=0, steps=3, eval_every=100, lr=1e-2,
+                           warmup_steps=0, mask_truncated=False, length_control="truncate", max_new_tokens=6))
+    assert all(r["mismatch_abs_logprob"] < 1e-5 and r["grad_norm"] > 0 for r in rows[1:])
+
+
 def test_fp32_head_is_checked_at_engine_start_and_pushed_in_float32(default_model, monkeypatch):
     """With --lm-head-fp32 the engine's LM head computes in float32 from the trainer's float32 weights: in a bfloat16
     engine its weight after a push is the trainer's head bit for bit (vLLM's own head would hold it rounded to
@@ -1460,26 +1511,28 @@ class FakeTok:
 
 
 @pytest.mark.quick
-def test_next_batch_keeps_the_lag_bound_and_drops_stale_groups():
-    """Groups of serial 2 take 3 engine steps, the others 1: with K = 1 and updates after every batch, the slow one
-    is exactly K + 1 = 2 updates old when it completes (the first age past the bound: a bound off by one would train
-    it), so it is dropped and counted, and no trained group exceeds the bound."""
-    cfg = S.Config(prompts_per_step=2, generations_per_prompt=2, max_lag=1, length_control="truncate")
-
-    engine = ScriptedEngine(lambda key: 3 if key[0][1] == 2 else 1)
+@pytest.mark.parametrize("K,slow,steps", [(1, {2}, 3), (2, {0, 1, 2, 3}, 6), (3, {1, 5, 6}, 9)])
+def test_next_batch_keeps_the_lag_bound_and_drops_nothing(K, slow, steps):
+    """Groups `slow` take `steps` engine steps, the others 1, and an update follows every batch of P = 2: every group
+    is trained, none more than K updates old, none dropped. With K = 1 the slow group 2 would be K + 1 = 2 updates old
+    at the update after the one it is due at: the trainer waits for it there. With K = 2, four slow groups started
+    together are due at the same update, two more than it can take: the trainer waits for two of them an update
+    early (waiting only for the groups due now would leave two to go stale)."""
+    cfg = S.Config(prompts_per_step=2, generations_per_prompt=2, max_lag=K, length_control="truncate")
+    engine = ScriptedEngine(lambda key: steps if key[0][1] in slow else 1)
     ro = S.Rollouts(cfg, engine, FakeTok())
     s = S.State(None, FakeTok(), None, None, None, engine, ro, None, [], [[1]] * 100, [], [], S.Curriculum(100, 0), {})
-    stale_total, trained = 0, []
-    for version in range(12):
+    trained = []
+    for version in range(16):
         engine.push(None, version)
         s.version = version
         groups, stale = S.next_batch(s, cfg)
         lags = [S.group_lag(g, version) for g in groups]
-        assert len(groups) == 2 and max(lags) <= cfg.max_lag and lags == sorted(lags, reverse=True)
-        assert len(ro.open) + len(ro.done) <= (cfg.max_lag + 1) * cfg.prompts_per_step  # admission's bound
-        stale_total += stale
+        assert len(groups) == 2 and max(lags) <= K and lags == sorted(lags, reverse=True) and stale == 0
+        assert len(ro.open) + len(ro.done) <= (K + 1) * cfg.prompts_per_step  # admission's bound
         trained += [g.key[1] for g in groups]
-    assert stale_total == 1 and 2 not in trained and len(set(trained)) == len(trained)
+    started = sorted(trained + [g.key[1] for g in [*ro.open.values(), *ro.done]])
+    assert started == list(range(len(started))) and slow <= set(trained) and len(set(trained)) == len(trained)
 
 
 @pytest.mark.quick
@@ -1552,6 +1605,44 @@ def test_evaluation_mid_ppo_round_lets_the_round_finish_with_its_weights():
     assert [c.versions for c in g.completions] == [[0, 0, 0, 0]] * 2
 
 
+class CostedEngine(ScriptedEngine):
+    """A ScriptedEngine whose every step costs 0.1 s per sequence decoding, on a clock of its own (`now`)."""
+    now = 0.0
+
+    def step(self):
+        CostedEngine.now += 0.1 * len(self.live)
+        return super().step()
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("evaluate_midway", [False, True])
+def test_the_compute_axis_counts_training_generation_during_evaluations_and_never_the_evaluation(monkeypatch,
+                                                                                               evaluate_midway):
+    """The compute axis with an engine whose steps cost 0.1 s per sequence: a training group of 2 completions x 5
+    steps costs 2 x 5 x 0.1 = 1.0 s of engine time whether or not an evaluation runs while it decodes. Midway (after
+    1 of its 5 steps), the evaluation's 4 sequences decode 2 steps beside the group's 2: of those steps' 2 x 0.6 s,
+    the group's 2 x 0.2 = 0.4 s is training (`ahead`, which the next row's device_hours counts), the evaluation's
+    0.8 s is not. The synchronous loop, nothing in flight, counts nothing of its evaluation."""
+    monkeypatch.setattr(S, "time", types.SimpleNamespace(time=lambda: CostedEngine.now))
+    s, cfg = metrics_state(0, 0, ["yes", "no"])
+    s.engine = s.rollouts.engine = CostedEngine(lambda key: 5 if key[0][0] == "train" else 2)
+    s.rollouts.seconds = 0
+    if not evaluate_midway:
+        S.evaluate(s, cfg, 0)
+        assert s.rollouts.ahead == 0  # nothing in flight
+    s.rollouts.add(("train", 0), [1], 2, 0, prompt_index=0)
+    s.rollouts.poll()
+    first, s.rollouts.seconds = s.rollouts.seconds, 0  # the step ends: its row counts its time (all of it)
+    if evaluate_midway:
+        S.evaluate(s, cfg, 1)
+        assert s.rollouts.ahead == pytest.approx(0.4) and s.rollouts.seconds == 0
+    s.rollouts.wait([("train", 0)])
+    assert first + s.rollouts.ahead + s.rollouts.seconds == pytest.approx(1.0)
+    ahead = s.rollouts.ahead
+    row = S.metrics_row(s, cfg, 1, fake_results(*fixed_batch(), cfg, 0), 0.5)
+    assert row["device_hours"] == pytest.approx((0.5 + ahead) / 3600) and s.rollouts.ahead == 0
+
+
 def test_npr_over_whole_epochs_in_a_run(tmp_path, monkeypatch, capsys):
     """No-Positive-Resampling in a run: a reward of 1 for every completion of the prompt whose answer is 9 (0 for the
     others) removes it after its first draw: of 8 prompts, 4 a step, epoch 1 draws all 8, epoch 2 the other 7, and
@@ -1573,6 +1664,7 @@ def test_npr_over_whole_epochs_in_a_run(tmp_path, monkeypatch, capsys):
     assert len(drawn) == 16 and sorted(drawn[:8]) == list(range(8))
     assert sorted(drawn[8:15]) == [i for i in range(8) if i != nine] and drawn[15] != nine
     assert rows[-1]["npr_removed"] == 1 and rows[-1]["pool_size"] == 7 and rows[-1]["epoch"] == 3
+    assert "scalerl: NPR removes a prompt once 2 of its 2 completions pass" in capsys.readouterr().out  # (0.9 of 2)
     monkeypatch.setitem(S.REWARDS, "digit", lambda text, answer, row: 1.0)
     drawn.clear()
     rows = S.run(small_cfg(tmp_path / "b", steps=10, **tiny))
@@ -1597,6 +1689,20 @@ def test_pipeline_lag_bound_holds_when_training_is_slow(tmp_path, monkeypatch):
                            zero_variance_filter=False, length_control="truncate", max_new_tokens=16))
     assert all(r["lag_max"] <= 1 for r in rows[1:]) and max(r["lag_max"] for r in rows[1:]) == 1
     assert rows[1]["engine_batch_mean"] > 0  # (0 on a step whose groups were all complete already)
+
+
+@pytest.mark.quick
+def test_npr_threshold_in_steps_of_one_over_g():
+    """A pass rate over G completions moves in steps of 1/G: the start-up line says how many of G the threshold
+    means, whenever that is more than it reads, and update_curriculum removes exactly there."""
+    note = lambda t, G: S.npr_steps(S.Config(npr_threshold=t, generations_per_prompt=G))  # noqa: E731
+    assert "once 8 of its 8 completions pass" in note(0.9, 8) and "a pass rate of 1)" in note(0.9, 8)
+    assert "once 15 of its 16 completions pass" in note(0.9, 16) and "a pass rate of 0.9375)" in note(0.9, 16)
+    assert note(0.875, 8) is None and note(0.9, 10) is None and note(1.0, 8) is None  # exact, or NPR off
+    for t, G, need in ((0.9, 8, 8), (0.9, 16, 15), (0.9, 10, 9), (0.5, 3, 2)):
+        cur = S.Curriculum(n_prompts=G + 1, seed=0)
+        S.update_curriculum(cur, list(range(G + 1)), [k / G for k in range(G + 1)], t)
+        assert cur.removed == set(range(need, G + 1)), (t, G)
 
 
 @pytest.mark.quick
@@ -2208,7 +2314,8 @@ def metrics_state(decoded, steps, val_answers, in_flight=0):
                 S.Curriculum(40, 0, S.rank(), S.world()),
                 {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0, "skipped_updates": 0})
     ro.decoded, ro.steps, ro.seconds = decoded, steps, 0.1  # the step's engine time
-    ro.open = {("train", 100 + k): None for k in range(in_flight)}  # training groups still generating
+    ro.open = {("train", 100 + k): S.Group(("train", 100 + k), [1], [], [], [], left=1)  # training groups still
+               for k in range(in_flight)}                                                # generating
     return s, cfg
 
 
