@@ -111,9 +111,8 @@ class Recipe:
     zero_variance_filter: bool = flag(True, "drop prompts whose G rewards are all equal from the loss")
     adv_norm: str = flag("batch", "advantage normalisation", ["batch", "prompt", "none"])
     loss_agg: str = flag("prompt", "loss aggregation", ["prompt", "sample", "token"])
-    npr_threshold: float = flag(0.9, "No-Positive-Resampling: drop a prompt from later epochs once its pass rate "
-                                   "reaches this (>= 1 disables); a pass rate over G completions moves in steps of "
-                                   "1/G: with G = 8, 0.9 removes only prompts solved 8/8", above=0)
+    npr_threshold: float = flag(0.9, "No-Positive-Resampling: drop a prompt from later epochs once its pass rate (in "
+                                   "steps of 1/G: with G = 8, 0.9 means 8/8) reaches this (>= 1 disables)", above=0)
     loss: str = flag("cispo", "policy loss: cispo (ScaleRL), dapo (PPO clipping with DAPO's asymmetric range), gspo "
                             "(a sequence-level ratio, clipped)", ["cispo", "dapo", "gspo"])
     eps_max: float = flag(5.0, "CISPO: truncation of the importance weight from above (the paper: 4, 5 and 8 alike)",
@@ -132,8 +131,7 @@ class Recipe:
     warmup_steps: int = flag(10, "linear learning-rate warm-up steps (the paper: 100)", at_least=0)
     weight_decay: float = flag(0.01, "AdamW weight decay", at_least=0)
     adam_eps: float = flag(1e-15, "AdamW epsilon (the paper: 1e-15)", at_least=0)
-    grad_clip: float = flag(1.0, "clip the global gradient norm to this (our choice: the paper gives no value)",
-                            above=0)
+    grad_clip: float = flag(1.0, "clip the global gradient norm to this (our choice: the paper gives none)", above=0)
     eval_every: int = flag(10, "evaluate every this many steps (and at step 0 and the last step)", above=0)
     eval_samples: int = flag(8, "samples per held-out prompt: k of mean@k (the paper: 16)", above=0)
 
@@ -193,9 +191,8 @@ def next_request(c, budget, cfg, think_end):
     """Forced length interruptions [Sec. 2, 4], one completion at a time. Its first request asks for at most its
     thinking budget (drawn in [LO, HI]). When that piece comes back without EOS, the completion either closed its
     reasoning (think_end) within the budget, and continues to --max-new-tokens in all, or it did not, and it is
-    interrupted: the phrase is appended and it gets --answer-budget more tokens. A model without a thinking format
-    never closes its reasoning, so each of its completions that reaches the budget is interrupted. Returns
-    'done', 'continue' or 'interrupt'."""
+    interrupted: the phrase is appended and it gets --answer-budget more tokens (a model without a thinking format
+    never closes its reasoning: each completion that reaches the budget is). 'done', 'continue' or 'interrupt'."""
     if cfg.length_control != "interrupt" or c.finished or c.interrupted or len(c.tokens) != budget:
         return "done"  # ended by itself, answered after an interruption, or the rest of a closed reasoning
     return "continue" if find_subsequence(c.tokens, think_end) is not None else "interrupt"
@@ -211,8 +208,8 @@ class Rollouts:
         self.phrase = tok(cfg.interruption_phrase, add_special_tokens=False).input_ids
         self.think_end = tok(cfg.think_end, add_special_tokens=False).input_ids
         self.open, self.done = {}, []  # key -> Group being generated; complete groups, in completion order
-        self.decoded = self.steps = self.seconds = 0  # tokens decoded, engine steps and their time, for the metrics
-        self.train_seconds = self.ahead = 0.0  # the training groups' share of the engine's time; see evaluate
+        # for the metrics: tokens decoded, engine steps, their time and its training groups' share (see evaluate)
+        self.decoded = self.steps = self.seconds = self.train_seconds = self.ahead = 0
 
     def add(self, key, prompt, n, seed, prompt_index=None):
         """Start a group: n completions of prompt (token ids), with the random stream `seed` (thinking budgets and
@@ -236,15 +233,13 @@ class Rollouts:
         for (key, j), p in pieces:
             g = self.open[key]
             c = g.completions[j]
-            c.tokens, c.logprobs, c.mask, c.versions = (c.tokens + p.tokens, c.logprobs + p.logprobs,
-                                                        c.mask + p.mask, c.versions + p.versions)
-            c.finished = p.finished
+            c.tokens, c.logprobs, c.mask, c.versions, c.finished = (
+                c.tokens + p.tokens, c.logprobs + p.logprobs, c.mask + p.mask, c.versions + p.versions, p.finished)
             action = next_request(c, g.budgets[j], self.cfg, self.think_end)
             if action == "interrupt":  # the phrase was not sampled: loss mask 0, a placeholder log-prob
-                c.tokens, c.logprobs = c.tokens + self.phrase, c.logprobs + [0.0] * len(self.phrase)
-                c.mask, c.versions = c.mask + [0] * len(self.phrase), c.versions + [self.engine.version] * len(
-                    self.phrase)
-                c.interrupted = True
+                n = len(self.phrase)
+                c.tokens, c.logprobs, c.mask = c.tokens + self.phrase, c.logprobs + [0.0] * n, c.mask + [0] * n
+                c.versions, c.interrupted = c.versions + [self.engine.version] * n, True
             if action == "done":
                 g.left -= 1
                 if not g.left:
@@ -254,8 +249,7 @@ class Rollouts:
                 self.engine.submit((key, j), g.prompt + c.tokens, more, g.seeds[j][1])
 
     def wait(self, keys):
-        """Poll until the groups `keys` are complete; take them out of `done` and return them in that order (other
-        groups that complete meanwhile stay in `done`)."""
+        """Poll until the groups `keys` are complete; take them out of `done`, in that order (others stay there)."""
         want = set(keys)
         while want - {g.key for g in self.done}:
             self.poll()
@@ -279,8 +273,8 @@ def rollout(rollouts, prompts, n, seed, kind="eval", ids=None):
 def score(tok, groups, data, grader, cfg):
     """Correctness and reward of every completion: two arrays [n_prompts, G], and the grading errors. data: each
     group's (prompt, answer, row) item; the reward sees the completion's text, the answer and the whole row. A
-    completion that did not end by itself (EOS) has no final answer: 0, ungraded. With --length-control penalty the
-    overlong penalty is added to the correct answers only (as the paper ablated it); otherwise reward = correct."""
+    completion that did not end by itself (EOS) has no final answer: 0, ungraded. --length-control penalty adds the
+    overlong penalty to the correct answers only (as the paper ablated it); otherwise reward = correct."""
     specials, items, where = set(tok.all_special_ids), [], []
     for i, (g, (_, answer, row)) in enumerate(zip(groups, data)):
         for j, c in enumerate(g):
@@ -301,11 +295,7 @@ def score(tok, groups, data, grader, cfg):
 def overlong_penalty(length, max_len, cache_len):
     """DAPO's soft overlong punishment (the length-control alternative the paper ablated): 0 up to
     L_max - L_cache tokens, then falling linearly to -1 at L_max, and -1 beyond."""
-    if length <= max_len - cache_len:
-        return 0.0
-    if length <= max_len:
-        return (max_len - cache_len - length) / cache_len
-    return -1.0
+    return min(0.0, max(-1.0, (max_len - cache_len - length) / cache_len))
 
 # --------------------------------------------------------------------------------------------------
 # 3. The batch [Sec. 3.2]: truncated completions out, zero-variance filtering, advantages, aggregation
@@ -425,9 +415,8 @@ def next_prompts(curriculum, k):
 
 
 def update_curriculum(curriculum, indices, pass_rates, threshold):
-    """No-Positive-Resampling: record each prompt's pass rate; one that reaches the threshold (0.9) is
-    removed permanently from later epochs. The paper does not define the history; here it is
-    the last observed pass rate."""
+    """No-Positive-Resampling: record each prompt's pass rate; one that reaches the threshold (0.9) is removed
+    permanently from later epochs. The paper does not define the history; here it is the last observed pass rate."""
     for i, r in zip(indices, pass_rates):
         curriculum.pass_rate[i] = float(r)  # the history the rule reads (a fork's other history goes here)
         if threshold < 1.0 and curriculum.pass_rate[i] >= threshold:
@@ -534,19 +523,18 @@ def make_optimizer(model, cfg):
 
 def frozen_models(cfg, load_initial):
     """Models that the loss needs besides the policy, {name: model}, built once per run (setup): ScaleRL needs none.
-    load_initial() loads the run's initial model like the policy (sharded the same way under torchrun, frozen): the
-    --model's or the embedded model's weights, also in a resumed run. A KL penalty returns {"ref": load_initial()}
-    (docs/fork.md); train_step computes each one's log-probs, without gradient, for policy_loss as NAME_logp."""
+    load_initial() loads the run's initial weights (also when resumed) like the policy's, frozen. A KL penalty returns
+    {"ref": load_initial()} (docs/fork.md); train_step gives policy_loss each one's log-probs as NAME_logp."""
     return {}
 
 
 def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None, frozen=None):
-    """One optimiser step on the batch: loss and backward per micro-batch (gradients accumulate; the
-    aggregation weights already hold the global normalisers), clip, AdamW step. Returns the update's metrics: the
-    loss, gradient norm, learning rate and time, and every sum of policy_loss (and of mismatch_sums) as a mean per
-    trained token under its name; metrics_row logs each. Under torchrun each rank has its share of the batch; FSDP2
-    averages the ranks' gradients, so each rank's loss is scaled by the number of ranks to sum them, and every rank
-    runs as many micro-batches as the rank with the most (FSDP's collectives run in step)."""
+    """One optimiser step on the batch: loss and backward per micro-batch (gradients accumulate; the aggregation
+    weights already hold the global normalisers), clip, AdamW step. Returns the update's metrics: the loss, gradient
+    norm, learning rate and time, and every sum of policy_loss (and of mismatch_sums) as a mean per trained token
+    under its name; metrics_row logs each. Under torchrun each rank has its share of the batch; FSDP2 averages the
+    ranks' gradients, so each rank's loss is scaled by the number of ranks, and every rank runs as many micro-batches
+    as the rank with the most (FSDP's collectives run in step)."""
     t0, device, peak = time.time(), next(model.parameters()).device, gpu_peak(model, opt)  # (CUDA: the memory peak)
     model.train()
     loss_sum, n_tok, sums, ranks = 0.0, 0, {}, all_sum(1)  # (the number of ranks: 1 in one process)
@@ -587,9 +575,8 @@ def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None, fro
 
 def admission(cfg, in_flight, ready, unfinished, capacity, ranks=1):
     """How many new groups to start now.
-    pipeline (PipelineRL-k, ScaleRL): keep the engine full (its `capacity` sequences decoding at once), but never
-    hold more than (K + 1) x P groups between admission and training, so that the K + 1 updates to come can train
-    every group within K updates of its start (next_batch waits for the ones due).
+    pipeline (PipelineRL-k, ScaleRL): keep the engine full (its `capacity` sequences decoding at once), but never hold
+    more than (K + 1) x P groups between admission and training: the updates to come can then train each in time.
     ppo (PPO-off-policy-k): K batches at a time, all with the same weights, once the previous K are trained.
     K = 0: the synchronous loop, one batch at a time. ranks: under torchrun each rank admits for its share of P."""
     P, K, G = cfg.prompts_per_step // ranks, cfg.max_lag, cfg.generations_per_prompt  # P: this rank's share
@@ -617,11 +604,10 @@ def group_lag(g, version):
 
 
 def next_batch(state, cfg):
-    """Run the engine until P groups are complete and the groups left can all be trained within the lag bound by the
-    updates to come, oldest first (the trainer waits for a group in flight that would pass it: none is dropped),
-    admitting new groups as admission() allows. Returns (groups, stale): the P groups, oldest first, and how many
-    groups were dropped for a token more than K updates old (none: admission and the wait keep the bound); groups is
-    None when nothing is left to generate."""
+    """Run the engine until P groups are complete and the updates to come can train every group left within the lag
+    bound (the trainer waits for groups in flight until they can), admitting new groups as admission() allows.
+    Returns (groups, stale): the P groups, oldest first, and how many were dropped for a token more than K updates
+    old (none: admission and the wait keep the bound); groups is None when nothing is left to generate."""
     stale, rollouts, engine = 0, state.rollouts, state.engine
     while True:
         fresh = sorted((g for g in rollouts.done if group_lag(g, state.version) <= cfg.max_lag),
@@ -630,11 +616,10 @@ def next_batch(state, cfg):
         share = cfg.prompts_per_step // state.curriculum.world  # under torchrun: this rank's share of the P groups
         admit(state, cfg, admission(cfg, len(rollouts.open), len(rollouts.done), engine.unfinished(), engine.capacity,
                                     state.curriculum.world))
-        # the update at which each group left after this batch is due (K after its oldest token; in flight, K after
-        # its start): wait for the groups in flight while the j updates to come, P each, could not take those due
-        K = cfg.max_lag
-        due = [g.oldest + K for g in fresh[share:]] + [g.started + K for g in rollouts.open.values()]
-        wait = any(sum(d <= state.version + j for d in due) > j * share for j in range(K + 1))
+        # a group left after this batch is due K updates after its oldest token (in flight: after its start); wait
+        # while the j updates to come, P each, could not train all those due by then
+        due = [g.oldest for g in fresh[share:]] + [g.started for g in rollouts.open.values()]
+        wait = any(sum(d + cfg.max_lag <= state.version + j for d in due) > j * share for j in range(cfg.max_lag + 1))
         if len(fresh) >= share and not wait:  # (the groups just admitted decode meanwhile, where generators are apart)
             batch, rollouts.done = fresh[:share], fresh[share:]
             return batch, stale
@@ -658,9 +643,9 @@ def push_weights(state, cfg):
 
 def evaluate(state, cfg, step):
     """Held-out mean pass rate, mean@k with k = --eval-samples (the paper's mean@16) [Sec. 2], with the current
-    weights, and the grading errors. Training groups in flight go on decoding meanwhile and stay apart; their share
-    of the engine's time (by sequences decoding) is training compute, which the next step's row counts (`ahead`), the
-    evaluation's is not. Under torchrun rank r evaluates the held-out prompts r, r + W, ...; the mean is over all."""
+    weights, and the grading errors. Training groups in flight decode on, apart; their share of the engine's time (by
+    sequences) is training compute, counted in the next row (`ahead`). Under torchrun rank r evaluates r, r + W, ...
+    of the held-out prompts; the mean is over all."""
     rollouts, before = state.rollouts, state.rollouts.train_seconds
     if state.engine.version != state.version:  # PPO-off-policy-k mid-round: the engine holds the round's weights;
         while rollouts.open:                   # the round's groups finish with them, then the engine gets the newest
@@ -939,22 +924,18 @@ def validate(cfg):
 
 
 def npr_steps(cfg):
-    """The start-up line for when G makes --npr-threshold coarser than it reads (a pass rate over G completions moves
-    in steps of 1/G), or None."""
+    """The start-up line, or None, for when G makes --npr-threshold coarser than it reads (a pass rate over G moves
+    in steps of 1/G)."""
     t, G = cfg.npr_threshold, cfg.generations_per_prompt
     need = math.ceil(t * G - 1e-9)  # (0.9 * 10 is 9.000000000000002)
-    if t >= 1 or need / G <= t + 1e-9:
-        return None
-    return (f"scalerl: NPR removes a prompt once {need} of its {G} completions pass (--npr-threshold {t:g} over "
-            f"G = {G} completions is a pass rate of {need / G:g})")
+    return None if t >= 1 or need / G <= t + 1e-9 else (f"scalerl: NPR removes a prompt once {need} of its {G} "
+                                                        f"completions pass (--npr-threshold {t:g} over G = {G} "
+                                                        f"completions is a pass rate of {need / G:g})")
 
 
 def find_subsequence(seq, sub):
     """Index of the first occurrence of sub in seq, or None."""
-    for i in range(len(seq) - len(sub) + 1):
-        if seq[i:i + len(sub)] == sub:
-            return i
-    return None
+    return next((i for i in range(len(seq) - len(sub) + 1) if seq[i:i + len(sub)] == sub), None)
 
 
 def is_hub_id(name):
@@ -1394,9 +1375,8 @@ def build_tiny_model(cache_dir, seed, tied):
 
 
 def load_model(cfg, device, path=None, empty=False):
-    """Load the model and tokenizer through from_pretrained (the embedded default too). Returns (model,
-    tokenizer, path), the path (or hub id) being what the vLLM engine loads too. empty: the model's architecture
-    only, on the meta device, with no memory behind it (torchrun: rank 0 loads, shard() sends each rank its shards)."""
+    """Load the model and tokenizer through from_pretrained (the embedded default too): (model, tokenizer, the path
+    or hub id the vLLM engine loads too). empty: the architecture only, on the meta device (torchrun: see shard)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
     path = path or cfg.model
@@ -1427,10 +1407,9 @@ def fp32_head_hook(module, inputs, output):
 
 
 def hf_generate(model, tok, prompts, max_tokens, temperature, seed, lm_head_fp32, autocast_dtype=None):
-    """Hugging Face `generate` on a batch of prompts, each with its own token limit (the batch runs to the largest
-    and each row is cut at its own), plain sampling (no top-k/top-p, so the sampling distribution is
-    softmax(logits / T), exactly what the trainer's importance ratio assumes). A logits processor applies the
-    temperature itself and records log_softmax(logits / T) of the token sampled at each step. Returns one
+    """Hugging Face `generate` on a batch of prompts, each with its own token limit (the batch runs to the largest,
+    each row is cut at its own), plain sampling (no top-k/top-p: softmax(logits / T), as the importance ratio
+    assumes). A logits processor applies T and records log_softmax(logits / T) of each sampled token. Returns one
     Completion per prompt and the number of sequences decoded, summed over decode steps."""
     from transformers import GenerationConfig, LogitsProcessorList
     recorded, last = [], {}
@@ -1474,10 +1453,9 @@ def hf_generate(model, tok, prompts, max_tokens, temperature, seed, lm_head_fp32
 
 
 class HFEngine:
-    """Engine 'hf': Hugging Face `generate` on the trainer's own model (so a push only moves the version). It cannot
-    stream: step() generates every request submitted since the last step in one batched call, so it runs the
-    synchronous loop (and PPO-off-policy-k) only. Under torchrun it generates with a whole copy of the model (the
-    trainer's is sharded, and a rank's generate must not wait on the others), into which push() copies the weights."""
+    """Engine 'hf': Hugging Face `generate` on the trainer's own model (a push only moves the version). It cannot
+    stream: step() generates what was submitted since the last step in one call (the synchronous loop, PPO only).
+    Under torchrun it generates with a whole copy of the model (the trainer's is sharded), which push() updates."""
 
     def __init__(self, model, tok, cfg, autocast_dtype):
         self.model, self.tok, self.cfg, self.autocast = model, tok, cfg, autocast_dtype
@@ -1524,10 +1502,10 @@ def vllm_args(cfg, path, device, dtype, max_model_len):
       in flight, and a weight version set between two steps labels tokens that the old weights sampled
       (v1/engine/core.py);
     - VLLM_USE_V2_MODEL_RUNNER=0: Model Runner V1. vLLM picks V2 wherever Triton imports, that is on CUDA;
-    - the engine core in this process (weights are pushed as tensors, not serialised), log-probs after temperature
-      scaling (the ratio's pi_gen), the LM head's logits in float32 (then engine_fp32_head gives it float32 weights).
-    On CUDA the engine takes the process's first visible GPU (cuda:0; cuda:LOCAL_RANK under torchrun): validate refuses
-    --device cuda:N with N > 0. Sleep mode is on when nothing is in flight while training (--max-lag 0, ppo)."""
+    - the engine core in this process (weights pushed as tensors), log-probs after temperature scaling (pi_gen), the
+      head's logits in float32 (engine_fp32_head then gives it float32 weights).
+    On CUDA the engine takes the first visible GPU (cuda:LOCAL_RANK under torchrun; validate refuses --device cuda:N,
+    N > 0). Sleep mode is on when nothing is in flight while training (--max-lag 0, ppo)."""
     kw = dict(model=path, tokenizer=path, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
               max_model_len=max_model_len, logprobs_mode="processed_logprobs", use_tqdm_on_load=cfg.verbose,
               async_scheduling=False, max_num_seqs=cfg.vllm_max_num_seqs or None)
@@ -1548,8 +1526,8 @@ def engine_fp32_head(model, weight=None):
     times float32 hidden states. vLLM's head_dtype override alone keeps the head's weight in the model's dtype, and on
     CUDA multiplies bfloat16 hidden states by it with a float32 output only (logits_processor.py, _apply_head).
     Without `weight`: give the head a float32 copy of its weight (rows padded as vLLM pads the vocabulary) and the
-    product F.linear(hidden.float(), copy), the path vLLM takes on CPU; False where the model has no lm_head and
-    logits_processor. With `weight`: copy the trainer's head weight into it."""
+    product F.linear(hidden.float(), copy), the path vLLM takes on CPU (a tied head without lm_head, as Gemma 2's:
+    the embedding's); False without a head or logits_processor. With `weight`: copy the trainer's head into it."""
     head = getattr(model, "lm_head", None) or getattr(getattr(model, "model", None), "embed_tokens", None)  # (tied:
     lp = getattr(model, "logits_processor", None)                                           # Gemma 2 has no lm_head)
     if weight is not None:
@@ -1563,11 +1541,10 @@ def engine_fp32_head(model, weight=None):
 
 
 class VLLMEngine:
-    """Engine 'vllm': one vllm.LLM inside this process, loaded from the same weights as the trainer and driven
-    through its step-level API, so that requests can be added and weights pushed between any two engine steps
-    while other sequences are being decoded. It reports log-probs after temperature scaling ("processed"), the
-    ones the importance ratio needs; with --lm-head-fp32 its LM head computes in float32 like the trainer's
-    [Sec. 3.2]. Tokens are labelled with the weight version that sampled them (vLLM's weight_versions spans)."""
+    """Engine 'vllm': one vllm.LLM in this process, from the trainer's weights, driven through its step-level API, so
+    that requests are added and weights pushed between any two engine steps while others decode. Its log-probs are
+    after temperature scaling ("processed"), the ratio's; with --lm-head-fp32 its head computes in float32 like the
+    trainer's [Sec. 3.2]. Each token is labelled with the weight version that sampled it (weight_versions spans)."""
 
     def __init__(self, cfg, path, device, dtype, max_model_len):
         kw, env = vllm_args(cfg, path, device, dtype, max_model_len)
@@ -1593,9 +1570,8 @@ class VLLMEngine:
         self.core.set_weight_version("0")
 
     def head_dtypes(self):
-        """The dtypes the engine's model computes its LM-head logits in, read off its LogitsProcessor modules (where
-        vLLM applies the head_dtype override): ['torch.float32'] with an FP32 head. A vLLM whose LogitsProcessor
-        has no head_dtype computes the head in the model's dtype."""
+        """The dtypes of the engine's LM-head logits, read off its LogitsProcessor modules (where vLLM applies the
+        head_dtype override; without one, the model's dtype): ['torch.float32'] with an FP32 head."""
         found = self.llm.apply_model(lambda model: sorted({str(getattr(m, "head_dtype", None))
                                                            for m in model.modules()
                                                            if type(m).__name__ == "LogitsProcessor"}))[0]
@@ -1610,10 +1586,9 @@ class VLLMEngine:
         return len(self.queue) + self.core.get_num_unfinished_requests()
 
     def flush(self):
-        """Send the queued requests. Completions of one prompt with one limit and consecutive seeds (a group's, see
-        Rollouts.add) go as one request with n = their number: vLLM prepares it once and seeds its i-th sequence with
-        the first seed + i, so each completion keeps its own seed. Per request, that preparation cost as much as the
-        decoding (profiled on the built-in task at 32 x 16 completions of 4 tokens)."""
+        """Send the queued requests. Completions of one prompt with one limit and consecutive seeds (a group's) go as
+        one request with n = their number, seeded first seed + i as before: vLLM prepares it once, a cost per request
+        as large as the decoding (profiled on the built-in task at 32 x 16 completions of 4 tokens)."""
         from vllm import SamplingParams
         from vllm.inputs.engine import tokens_input
         from vllm.sampling_params import RequestOutputKind
@@ -1654,11 +1629,10 @@ class VLLMEngine:
         return done, decoded, 1
 
     def push(self, model, version):
-        """Load the trainer's weights [Sec. 3.1] under their Hugging Face names with `reload_weights`, the same call on
-        CPU and CUDA (vLLM maps them to its own layout and rebuilds the CPU's prepacked layers), all in one call as an
-        iterator (a call with part of a layer would leave it wrong; under torchrun each weight is gathered when the
-        engine takes it), then the float32 head (engine_fp32_head). Running sequences keep their KV cache, computed
-        with older weights, as PipelineRL does; --refresh-kv re-prefills them instead."""
+        """Load the trainer's weights [Sec. 3.1] under their Hugging Face names with `reload_weights` (one call on CPU
+        and CUDA; vLLM maps them to its layout), all in one call as an iterator (part of a layer would leave it wrong;
+        under torchrun each is gathered when taken), then the float32 head. Running sequences keep their KV cache,
+        computed with older weights, as PipelineRL does; --refresh-kv re-prefills them instead."""
         self.wake(reload=False)
         head = (lambda: full_tensor(model.get_output_embeddings().weight).detach().float()) \
             if self.cfg.lm_head_fp32 else None
@@ -1693,9 +1667,8 @@ class VLLMEngine:
             self.asleep = True
 
     def wake(self, reload=True):
-        """Wake up; the weights come back with the push that follows, or, where none follows (an update skipped for a
-        non-finite loss: the version stays), from the model of the last push, which the skipped update left as it was
-        (a wake-up without a push happens only while the engine holds the trainer's version)."""
+        """Wake up; the weights come back with the push that follows or, where none does (a skipped update: the
+        version stays), from the model of the last push, which the skipped update left as it was."""
         if self.asleep:
             self.llm.wake_up()
             self.asleep = False
@@ -1784,11 +1757,10 @@ def generator_main(i, cfg, path, device, dtype, max_model_len, weights, requests
 
 
 class SplitEngine:
-    """Engine 'vllm' with --generators N: the VLLMEngine contract, served by generator processes (under torchrun rank r
-    owns generators r, r + W, ...). submit() sends the request at once, all of a group's to one generator; step()
-    returns what the generators finished since the last call, waiting only when nothing has; push() writes the
-    weights file. On CUDA generator i takes the GPU after the trainers' (LOCAL_WORLD_SIZE + i) and 0.9 of its memory,
-    on CPU every process an equal share of the cores."""
+    """Engine 'vllm' with --generators N: the VLLMEngine contract, served by generator processes (rank r owns r, r + W,
+    ...). submit() sends at once, a group's to one generator; step() returns what they finished since the last call,
+    waiting only when nothing; push() writes the weights file. On CUDA generator i takes GPU LOCAL_WORLD_SIZE + i
+    (0.9 of it), on CPU every process an equal share of the cores."""
 
     def __init__(self, cfg, path, device, dtype, max_model_len, model):
         local, shm = int(os.environ.get("LOCAL_WORLD_SIZE", 1)), "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -1910,9 +1882,8 @@ class SplitEngine:
 
 
 class Policy(torch.nn.Module):
-    """The trained model, with its LM head applied by token_logprobs (float32, chunked) inside one forward pass. Under
-    torchrun FSDP2 shards this module (setup): its root must see the whole computation, the head's too, to gather the
-    head's weights before it and reduce their gradients after."""
+    """The trained model, its head applied by token_logprobs inside one forward pass: FSDP2 shards this module under
+    torchrun, and its root must see the head's computation to gather its weights and reduce their gradients."""
 
     def __init__(self, model):
         super().__init__()
@@ -1926,13 +1897,10 @@ class Policy(torch.nn.Module):
 
 def logit_transform(config):
     """What the model's own forward does to the head's logits, from its config, in vLLM's order (LogitsProcessor):
-    final-logit soft-capping (Gemma 2 and 3), then scaling (Cohere's logit_scale, Granite's 1 / logits_scaling).
-    None for a model that does neither (most)."""
+    soft-capping (Gemma 2, 3), then scaling (Cohere's logit_scale, Granite's 1 / logits_scaling); None for most."""
     cap = getattr(config, "final_logit_softcapping", None)
     scale = (getattr(config, "logit_scale", None) or 1.0) / (getattr(config, "logits_scaling", None) or 1.0)
-    if not cap and scale == 1.0:
-        return None
-    return lambda x: (torch.tanh(x / cap) * cap if cap else x) * scale
+    return None if not cap and scale == 1.0 else lambda x: (torch.tanh(x / cap) * cap if cap else x) * scale
 
 
 def sequence_logprobs(policy, samples, cfg, pad_id):
@@ -1972,21 +1940,18 @@ def micro_batches(samples, budget):
 
 
 def mismatch_sums(logp, logp_gen, eps_max):
-    """Train/inference mismatch on tokens sampled by the generator, before the update: sums over tokens of
-    |log pi_train - log pi_gen|, of the k3 estimate of KL(pi_gen || pi_train) (r - 1 - log r with
-    r = pi_train / pi_gen), and of the indicator r > eps_max (the ratio CISPO would truncate). With the same
-    weights on both sides all three are ~0; bf16 logits or a stale engine make them grow [Sec. 3.2, FP32 head]."""
+    """Train/inference mismatch on the generator's tokens, before the update: sums of |log pi_train - log pi_gen|, of
+    the k3 estimate of KL(pi_gen || pi_train) (r - 1 - log r, r = pi_train / pi_gen), and of r > eps_max (what CISPO
+    truncates). ~0 with the same weights on both sides; bf16 logits or a stale engine make them grow [Sec. 3.2]."""
     d = (logp.detach() - logp_gen).double()
     return {"mismatch_abs_logprob": d.abs().sum().item(), "mismatch_kl_k3": (torch.exp(d) - 1 - d).sum().item(),
             "mismatch_trunc_frac": (d > math.log(eps_max)).sum().item()}
 
 
 def gpu_peak(model, opt):
-    """On CUDA, before an update: start the peak counter again, and return a function that gives gpu_peak_gb, the
-    trainer's peak GPU memory in the update: its resident bytes (its weights, this rank's shards, and AdamW's moments)
-    plus the most the update allocated above where memory stood before it. The engine, idle during the update, counts
-    in neither (awake, its weights and KV cache are in the allocator's totals, which is why those are not reported).
-    Elsewhere a function that gives {}."""
+    """Before an update, on CUDA: restart the peak counter; returns a function giving gpu_peak_gb, the trainer's peak in
+    the update: its resident bytes (weights, this rank's shards, and AdamW's moments) plus the most the update
+    allocated above where memory stood (the idle engine's memory counts in neither). Elsewhere: a function giving {}."""
     device = next(model.parameters()).device
     if device.type != "cuda":
         return dict
@@ -2056,8 +2021,8 @@ def even_out(batches, pad_id):
 
 def full_weights(model, dtype):
     """(name, whole tensor in dtype) for each weight of the model, one at a time, for an engine push: under torchrun
-    each is gathered from the shards when the engine asks for it, so no rank ever holds the whole model twice in
-    full (vLLM's reload takes them layer by layer). Every rank iterates in the same order."""
+    each is gathered when the engine asks for it, so no rank ever holds the whole model twice (vLLM's reload takes
+    them layer by layer), every rank in the same order. A tied head's duplicate is left out."""
     tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
     for name, t in model.state_dict().items():
         if name not in tied:  # a tied head is the embedding, pushed as the embedding (vLLM's Gemma 2 has no lm_head)
@@ -2065,9 +2030,8 @@ def full_weights(model, dtype):
 
 
 def init_distributed(cfg, device):
-    """Under torchrun: join the process group (gloo on CPU; on CUDA NCCL, with gloo for the small CPU reductions) and
-    take rank 0's run directory. Called once the model is loaded: with a process group, save_pretrained writes on
-    rank 0 only, and every node builds the embedded model for itself."""
+    """Under torchrun: join the process group (gloo on CPU; NCCL and gloo on CUDA) and take rank 0's run directory;
+    after the model is loaded (with a group, save_pretrained writes on rank 0 only: each node builds its own)."""
     if not launched():
         return
     if not dist.is_initialized():
@@ -2084,11 +2048,10 @@ def broadcast(obj):
 
 
 def shard(model, device):
-    """FSDP2 under torchrun: each decoder layer (the classes the model names in _no_split_modules) is one unit, and the
-    Policy around the model the root, which holds the rest (embeddings, final norm, LM head). Only rank 0 has loaded
-    the weights (the other ranks' models are empty, on the meta device): each rank gets memory for its shards on its
-    device, then rank 0 sends every weight, one at a time, and each rank keeps its shard; buffers (rotary tables) are
-    sent whole. So host memory holds the model once, on rank 0, whatever the number of ranks. Returns the Policy."""
+    """FSDP2 under torchrun: each decoder layer (the classes of _no_split_modules) is one unit, and the Policy around
+    the model the root, which holds the rest (embeddings, final norm, LM head). Only rank 0 has loaded the weights:
+    each rank gets memory for its shards, then rank 0 sends every weight, one at a time, and each keeps its shard;
+    buffers (rotary tables) go whole. Host memory holds the model once, on rank 0, for any number of ranks."""
     policy = Policy(model)
     if launched():
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
@@ -2150,9 +2113,8 @@ class State:
 
 def setup(cfg):
     """Everything the loop needs, in an order that spends nothing on bad input: the checks, the data (bad data stops
-    the run before a model is loaded), the grading pool, the model, the optimiser, the engine (started from exactly
-    the trainer's weights) and, with --resume, the checkpoint's state. Returns (State, the config in force, its
-    Recorder)."""
+    the run before a model is loaded), the grading pool, the model, the optimiser, the engine (from exactly the
+    trainer's weights), a resumed run's state. Returns (State, the config in force, its Recorder)."""
     validate(fill_defaults(cfg))
     quiet_libraries(cfg.verbose)
     if rank():  # under torchrun only rank 0 prints (errors still show)
@@ -2216,9 +2178,8 @@ def live_fit(rows, bootstrap=100):
     """The paper's prediction while the run goes on: fit_curve.py's fit_rows on the evaluations so far (against
     device_hours), as `python fit_curve.py RUN` would: fit_A, fit_B, fit_C_mid and the bootstrap interval fit_A_ci,
     and fit_A_at_bound when A is at 1, the pass rate's bound; {} while the points cannot support a fit (fewer than
-    four, or B, C_mid or a low A at the edge of its search range, as before the curve bends) or without fit_curve.py
-    beside this file. The paper leaves the first epoch out of its fits, which here would leave nothing in most runs
-    (the built-in tasks' first is 128 of 150 steps): the first 1.5% of the compute is left out (fit_curve's default)."""
+    four, or B, C_mid or a low A at the edge of its search range, as before the curve bends) or without fit_curve.py.
+    Not the paper's first epoch left out (128 of the built-in tasks' 150 steps) but fit_curve's first 1.5%."""
     try:
         import fit_curve
     except ImportError:
@@ -2235,11 +2196,10 @@ def live_fit(rows, bootstrap=100):
 
 
 def metrics_row(state, cfg, step, r, seconds):
-    """The metrics row of a step that rl_step returned `r` for in `seconds` (see the README's table), with the
-    cumulative counters it advances: device_hours, the x-axis of the scaling curve (evaluation time not counted),
-    flops (2N per prompt or generated token, 6N per trained token), sampled and trained tokens, skipped updates; the
-    time the step waited for the engine (Rollouts.seconds), trained and pushed. Under torchrun counts are summed over
-    the ranks (the loss and gradient norm already are), device_hours counts every device, the times are rank 0's."""
+    """The metrics row of a step that rl_step returned `r` for in `seconds` (the README's table), with the counters it
+    advances: device_hours, the curve's x-axis (the step, and the training generation beside the last evaluation),
+    flops (2N per prompt or generated token, 6N per trained token), tokens, skipped updates. Under torchrun counts are
+    summed over the ranks (loss and gradient norm already are), device_hours counts every device, times are rank 0's."""
     groups, samples, update, rollouts = r["groups"], r["samples"], r["update"], state.rollouts
     comps = [c for g in groups for c in g.completions]
     lags = [r["trained_version"] - v for x in samples for v, m in zip(x.versions, x.mask) if m]  # trained tokens'
@@ -2287,11 +2247,10 @@ def metrics_row(state, cfg, step, r, seconds):
 
 
 class Recorder:
-    """The run's records and its ways out: config.json, metrics.jsonl (and W&B), the progress line, checkpoints
-    (every --save-every steps, at the end, and on SIGINT/SIGTERM once the step in progress is done; a second signal
-    abandons it), the stop after --max-skipped-updates non-finite updates in a row, and clean-up (grading
-    processes, requests in flight). A run that fails before its first metrics row leaves no directory behind.
-    Under torchrun every rank keeps the records (checkpoints and stops are collective) but only rank 0 writes it."""
+    """The run's records and its ways out: config.json, metrics.jsonl (and W&B), the progress line, checkpoints (every
+    --save-every steps, at the end, on SIGINT/SIGTERM once the step is done; a second signal abandons it), the stop
+    after --max-skipped-updates, and clean-up. A run that fails before its first row leaves no directory. Under
+    torchrun every rank keeps the records (checkpoints and stops are collective); only rank 0 writes them."""
 
     def __init__(self, cfg, state, rows, first, device, ceiling=None):
         self.cfg, self.state, self.rows, self.first, self.out = cfg, state, rows, first, cfg.out
@@ -2431,8 +2390,7 @@ STALL_STEPS = 10  # steps on under half of the prompts, the reward not rising, b
 
 def stall_reason(rows, cfg, n=STALL_STEPS):
     """Why the last n steps trained on under half of their prompts without their reward rising, as (cause, what to
-    change); None when they did not, when the reward rose (a run that starts slowly, as the default one does), or
-    when the groups are flat because the prompts are solved (a run that has learned its task)."""
+    change); None when they did not, when the reward rose (a slow start), or when the prompts are solved."""
     last = [r for r in rows if r["step"]][-n:]
     if len(last) < n or any(r["active_prompts"] >= cfg.prompts_per_step / 2 for r in last):
         return None
@@ -2529,8 +2487,7 @@ def save_checkpoint(out, step, state, cfg):
     """Save what a run needs to continue, to a temporary directory renamed into place (a crash mid-write leaves the
     last checkpoint intact): the model (safetensors, for from_pretrained), optimiser and scheduler, the step, the
     counters, the config, the weight version, and per rank the curriculum, the RNG state, the group counter and the
-    prompts of the groups in flight (a resumed run generates them again). Under torchrun rank 0 gathers the weights
-    and the optimiser state whole, in CPU memory, and writes. Only the newest --keep-last are kept."""
+    prompts in flight (a resumed run generates them again). Under torchrun rank 0 gathers it whole, in CPU memory."""
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                          get_optimizer_state_dict)
     whole = StateDictOptions(full_state_dict=True, cpu_offload=True)
