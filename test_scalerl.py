@@ -1967,6 +1967,8 @@ def test_wandb_offline_logs_the_metrics_rows(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     rows = S.run(small_cfg(tmp_path, engine="hf", steps=3, wandb="scalerl-test", wandb_name="t", prompts_per_step=4,
                            val_size=8, length_control="truncate"))
+    import wandb
+    wandb.teardown()  # the wandb service writes the run file out when it stops: finish() alone may leave it unwritten
     (path,) = glob.glob(str(tmp_path / "run" / "wandb" / "offline-run-*" / "*.wandb"))
     assert wandb_history(path) == rows == read_metrics(str(tmp_path / "run")) and len(rows) == 4
 
