@@ -225,11 +225,11 @@ class Rollouts:
             self.engine.submit((key, j), g.prompt, budgets[j], seeds[j][0])
 
     def poll(self):
-        t0, kinds = time.time(), [g.key[0] for g in self.open.values() for _ in range(g.left)]  # a kind per sequence
+        t0, left = time.time(), [(g.left, g.key[0] == "train") for g in self.open.values()]  # sequences in flight
         pieces, decoded, steps = self.engine.step()
         dt = time.time() - t0
         self.decoded, self.steps, self.seconds = self.decoded + decoded, self.steps + steps, self.seconds + dt
-        self.train_seconds += dt * kinds.count("train") / max(len(kinds), 1)  # see evaluate
+        self.train_seconds += dt * sum(n for n, train in left if train) / max(sum(n for n, _ in left), 1)  # evaluate
         for (key, j), p in pieces:
             g = self.open[key]
             c = g.completions[j]
@@ -617,9 +617,9 @@ def next_batch(state, cfg):
         admit(state, cfg, admission(cfg, len(rollouts.open), len(rollouts.done), engine.unfinished(), engine.capacity,
                                     state.curriculum.world))
         # a group left after this batch is due K updates after its oldest token (in flight: after its start); wait
-        # while the j updates to come, P each, could not train all those due by then
-        due = [g.oldest for g in fresh[share:]] + [g.started for g in rollouts.open.values()]
-        wait = any(sum(d + cfg.max_lag <= state.version + j for d in due) > j * share for j in range(cfg.max_lag + 1))
+        # while the updates to come, P each, could not train all those due by then (the k-th due needs k + 1 slots)
+        due = sorted([g.oldest for g in fresh[share:]] + [g.started for g in rollouts.open.values()])
+        wait = any(k + 1 > (d + cfg.max_lag - state.version) * share for k, d in enumerate(due))
         if len(fresh) >= share and not wait:  # (the groups just admitted decode meanwhile, where generators are apart)
             batch, rollouts.done = fresh[:share], fresh[share:]
             return batch, stale
