@@ -642,10 +642,9 @@ def push_weights(state, cfg):
 
 
 def evaluate(state, cfg, step):
-    """Held-out mean pass rate, mean@k with k = --eval-samples (the paper's mean@16) [Sec. 2], with the current
-    weights, and the grading errors. Training groups in flight decode on, apart; their share of the engine's time (by
-    sequences) is training compute, counted in the next row (`ahead`). Under torchrun rank r evaluates r, r + W, ...
-    of the held-out prompts; the mean is over all."""
+    """Held-out mean pass rate, mean@k with k = --eval-samples (the paper's mean@16) [Sec. 2], with the current weights,
+    and the grading errors (under torchrun rank r evaluates prompts r, r + W, ...: the mean is over all). Training
+    groups in flight decode on, apart: their share of the engine's time is training compute (`ahead`, next row)."""
     rollouts, before = state.rollouts, state.rollouts.train_seconds
     if state.engine.version != state.version:  # PPO-off-policy-k mid-round: the engine holds the round's weights;
         while rollouts.open:                   # the round's groups finish with them, then the engine gets the newest
@@ -2123,8 +2122,8 @@ def setup(cfg):
     if cfg.engine == "hf" and cfg.off_policy == "pipeline" and cfg.max_lag > 0:
         print("scalerl: --engine hf cannot stream; running the synchronous loop (--max-lag 0)", flush=True)
         cfg.max_lag = 0
-    if npr_steps(cfg):
-        print(npr_steps(cfg), flush=True)
+    if note := npr_steps(cfg):
+        print(note, flush=True)
     train, val = load_data(cfg)
     if cfg.data:
         print(f"scalerl: {len(train)} training and {len(val)} held-out prompts read; loading {cfg.model}", flush=True)
