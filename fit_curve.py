@@ -17,10 +17,11 @@ log-spaced from a tenth of the smallest to 100x the largest fitted x.
     B values, evaluated for all pairs at once (see `grid_fit`); the winning grid point is then refined
     locally with scipy over all three parameters, so A and C_mid are not held to their grids. One
     fit of 200 points takes milliseconds, so a bootstrap over the evaluation points is practical.
-  - --paper-grid: the paper's procedure as described: curve_fit of B for every (A, C_mid) pair on the
-    same grids, lowest error wins, A and C_mid stay on their grids. That is 100 curve_fit calls per A
-    value (12,500 for the paper's Table 1 curve sampled 200 times), seconds per fit, so the bootstrap
-    is off unless --bootstrap N is given (each resample is one more fit).
+  - --paper-grid: the paper's procedure as described: a least-squares fit of B (curve_fit's, made for
+    all pairs at once, see `fit_b`) for every (A, C_mid) pair on the same grids, lowest error wins, A
+    and C_mid stay on their grids. That is 100 fits of B per A value (12,500 for the paper's Table 1
+    curve sampled 200 times), a second or two per fit, so the bootstrap is off unless --bootstrap N is
+    given (each resample is one more fit).
 
 Leaving out the start of a run. The paper leaves out about the first epoch (~1.5k of its 100k
 GPU-hours), where the pass rate rises almost linearly. --exclude-first-epoch does that: it drops the
@@ -54,7 +55,6 @@ import json
 import os
 import sys
 import time
-import warnings
 
 if __name__ == "__main__":
     # The fit's matrix-vector products are small, so BLAS threads only add overhead (a bootstrap ran
@@ -63,7 +63,7 @@ if __name__ == "__main__":
         os.environ.setdefault(_var, "1")
 
 import numpy as np
-from scipy.optimize import OptimizeWarning, curve_fit, least_squares
+from scipy.optimize import least_squares
 from scipy.special import expit
 
 PROG = "fit_curve.py"
@@ -71,7 +71,7 @@ A_STEP = 0.005                # grid step of A, as in the paper
 N_CMID = 100                  # C_mid grid size, as in the paper (log-spaced)
 CMID_SPAN = (0.1, 100.0)      # C_mid grid from x_min / 10 to x_max * 100
 N_B = 100                     # B grid size (log-spaced), the inner least-squares fit of B
-B_RANGE = (0.05, 20.0)        # also the bounds of B in --paper-grid's curve_fit
+B_RANGE = (0.05, 20.0)        # also the bounds of B in --paper-grid's per-pair fits
 EXCLUDE_FRACTION = 0.015      # default exclusion: first 1.5% of x (this project's choice, after the paper's
                               # ~1.5k of 100k GPU-h; the paper's rule is the first epoch: --exclude-first-epoch)
 MIN_POINTS = 4                # fewest usable points a fit accepts
@@ -289,51 +289,63 @@ def refine(x, y, w, r0, start, grids, fixed_a=None):
 
 def paper_grid_fit(x, y, w, r0, grids, tables, fixed_a=None):
     """The paper's procedure as described: for every (A, C_mid) pair on the grids, fit B by least
-    squares with scipy.optimize.curve_fit and keep the pair with the lowest squared error; A and C_mid
-    stay on their grids (no refinement). With fixed_a only C_mid is searched. Returns (A, B, C_mid).
+    squares and keep the pair with the lowest squared error; A and C_mid stay on their grids (no
+    refinement). With fixed_a only C_mid is searched. Returns (A, B, C_mid).
 
-    Weights w (bootstrap counts) enter curve_fit as sigma = 1 / sqrt(w); points with w = 0 are left out.
-    B is bounded to B_RANGE (0.05, 20), the range of the refined fit's B grid: B > 0 as the paper
-    requires, and a finite upper end keeps a pair whose C_mid lies outside the data from running off
-    towards a step function. The initial guess of B for each pair is its best value on the dense B grid
-    (from the same tables as grid_fit) rather than curve_fit's default B = 1: on the Table 1 example
-    that gives the same fit (B within 1e-6) in a third to half of the time.
+    The per-pair fits are those scipy's curve_fit makes (the paper's tool), made for all pairs at once
+    by `fit_b`: from the same start, to the same local minimum (test_fit_curve.py compares them pair
+    by pair), in a fifth of the time. Weights w (bootstrap counts) weight the squared errors, as
+    curve_fit's sigma = 1 / sqrt(w) does. B is bounded to B_RANGE (0.05, 20), the range of the refined
+    fit's B grid: B > 0 as the paper requires, and a finite upper end keeps a pair whose C_mid lies
+    outside the data from running off towards a step function. Each pair's start is its best B on the
+    dense B grid (from the same tables as grid_fit) rather than curve_fit's default B = 1.
     """
     a_grid, c_grid, b_grid = grids
     a_values = a_grid if fixed_a is None else np.array([float(fixed_a)])
     dd, p, q = error_parabola(y, w, r0, tables)
     am = a_values[:, None] - r0
     sse_grid = (dd - 2 * am * p + am * am * q).reshape(len(a_values), len(c_grid), len(b_grid))
-    b_start = b_grid[np.argmin(sse_grid, axis=2)]               # [A index, C_mid index]
+    a, c = (v.ravel() for v in np.meshgrid(a_values, c_grid, indexing="ij"))
     keep = w > 0
-    lx, yk, sigma = np.log(x[keep]), y[keep], 1.0 / np.sqrt(w[keep])
-    pair = {}   # the (A - R0, log C_mid) of the pair being fitted, read by model and jacobian
+    b, sse = fit_b(np.log(x[keep]), y[keep], w[keep], r0, a - r0, np.log(c),
+                   b_grid[np.argmin(sse_grid, axis=2)].ravel())
+    k = int(np.argmin(sse))
+    return float(a[k]), float(b[k]), float(c[k])
 
-    def model(lx_, b):
-        return r0 + pair["a"] * expit(-b * (pair["lc"] - lx_))
 
-    def jacobian(lx_, b):
-        z = pair["lc"] - lx_
-        s = expit(-b * z)
-        return (-pair["a"] * s * (1 - s) * z)[:, None]
+def fit_b(lx, y, w, r0, a, lc, b, iters=100):
+    """For every pair k (a[k] = A - R0, lc[k] = log C_mid), the B within B_RANGE that minimises
+    sum_i w_i (R0 + a[k] / (1 + exp(b (lc[k] - lx_i))) - y_i)^2, from the start b[k]: Gauss-Newton
+    steps, each halved until the error does not grow, until B moves by less than 1e-10 of itself
+    (what curve_fit does for one pair, here for all of them at once). Returns (B, squared error)."""
+    z, a, b = lc[:, None] - lx[None, :], a[:, None], b.astype(float)
 
-    best_sse, best = np.inf, None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", OptimizeWarning)   # "covariance could not be estimated" at a bound
-        for i, a in enumerate(a_values):
-            for j, c in enumerate(c_grid):
-                pair.update(a=a - r0, lc=np.log(c))
-                try:
-                    (b,), _, info, _, _ = curve_fit(model, lx, yk, p0=[b_start[i, j]], sigma=sigma, jac=jacobian,
-                                                    bounds=B_RANGE, full_output=True)
-                except RuntimeError:   # curve_fit did not converge for this pair: it cannot win
-                    continue
-                sse = float(info["fvec"] @ info["fvec"])   # fvec = residuals / sigma: the weighted error
-                if sse < best_sse:
-                    best_sse, best = sse, (float(a), float(b), float(c))
-    if best is None:
-        raise InputError("curve_fit converged for no (A, C_mid) pair of the grid")
-    return best
+    def error(k, bk):
+        s = expit(-bk[:, None] * z[k])
+        r = r0 + a[k] * s - y
+        return (w * r * r).sum(1), r, s
+
+    sse, active = error(slice(None), b)[0], np.arange(len(b))
+    for _ in range(iters):
+        _, r, s = error(active, b[active])
+        j = -a[active] * s * (1 - s) * z[active]                     # d residual / d B
+        step = -(w * j * r).sum(1) / np.maximum((w * j * j).sum(1), 1e-300)
+        moved, todo = np.zeros(len(active)), np.arange(len(active))
+        for _ in range(40):
+            if not len(todo):
+                break
+            k = active[todo]
+            new = np.clip(b[k] + step[todo], *B_RANGE)
+            new_sse = error(k, new)[0]
+            ok = new_sse <= sse[k]
+            moved[todo[ok]] = np.abs(new[ok] - b[k[ok]])
+            b[k[ok]], sse[k[ok]] = new[ok], new_sse[ok]
+            todo = todo[~ok]
+            step[todo] /= 2
+        active = active[moved > 1e-10 * b[active]]
+        if not len(active):
+            break
+    return b, sse
 
 
 def fit_once(x, y, w, r0, grids, tables, fixed_a=None, paper_grid=False):
@@ -378,7 +390,8 @@ def bootstrap_intervals(x, y, r0, grids, tables, n, ci, rng, fixed_a=None, paper
         if np.count_nonzero(w) >= MIN_POINTS:
             draws.append(fit_once(x, y, w, r0_b, grids, tables, fixed_a, paper_grid))
         now = time.monotonic()
-        if progress is not None and now - t_last >= (0.5 if tty else 10.0) and now - t0 >= 1.0:   # only when long
+        every = 0.5 if tty or t_last == t0 else 10.0   # (a log: the first line after 1 s, then every 10 s)
+        if progress is not None and now - t_last >= every and now - t0 >= 1.0:   # only when long
             t_last = now
             left = (now - t0) / (i + 1) * (n - i - 1)
             print(("\r" if tty else "") + f"{PROG}: bootstrap {progress}: {i + 1}/{n}, about {_duration(left)} left",
@@ -505,7 +518,7 @@ def format_table(results, args):
     widths = [max(len(row[i]) for row in rows + [head]) for i in range(len(head))]
     lines = [f"R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B), C = {args.x}, R = {args.y}; "
              + (f"{pct} bootstrap intervals from {args.bootstrap} resamples" if args.bootstrap else "no bootstrap")
-             + ("; paper-grid fit (A and C_mid on their grids, B by curve_fit)" if args.paper_grid else "")]
+             + ("; paper-grid fit (A and C_mid on their grids, B by least squares)" if args.paper_grid else "")]
     lines += ["  ".join(c.ljust(wd) for c, wd in zip(row, widths)).rstrip() for row in [head] + rows]
     spread = max(r["A"] for r in results) - min(r["A"] for r in results)
     if len(results) > 1 and not args.shared_a and spread <= NOISE_MARGIN_A:
@@ -577,12 +590,12 @@ def parse_args(argv):
     p.add_argument("--fit-until", type=float, metavar="X",
                    help="fit only points with x <= X and report the prediction error on the later ones")
     p.add_argument("--bootstrap", type=int, metavar="N", help="bootstrap resamples (default 1000, 0 with "
-                   "--paper-grid, where each resample is a full paper-grid fit of some seconds; 0: none)")
+                   "--paper-grid, where each resample is a full paper-grid fit of a second or two; 0: none)")
     p.add_argument("--ci", type=float, default=0.95, help="interval coverage (default 0.95)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--shared-a", action="store_true", help="refit all runs with A fixed to their mean; compare B")
     p.add_argument("--paper-grid", action="store_true", help="fit as the paper: A and C_mid on their grids, B by "
-                   "curve_fit for each pair, no refinement (~100 curve_fit calls per 0.005 of A, seconds per fit)")
+                   "least squares for each pair, no refinement (~100 fits of B per 0.005 of A)")
     p.add_argument("--json", action="store_true", help="print one JSON object per run instead of the table")
     p.add_argument("--plot", metavar="FILE.png", help="draw the points and fitted curves")
     p.add_argument("--log-x", action="store_true", help="logarithmic x axis in the plot")

@@ -402,18 +402,19 @@ def test_prompts_are_formatted_by_hand():
 
 # ---------------------------------------------------------------------------------------------- end to end
 def sft_arithmetic_model(path, steps=400):
-    """A tiny Llama with the chat tokenizer, taught by a few supervised steps to answer "\\boxed{N}": it then
-    gets some sums right and some wrong, so --reward math has something to grade and RL something to train. The
-    prompts have no instruction (--instruction ''): a third of the tokens, a third of the time. (400 steps: 60% of
-    sampled answers right on 100 sums, 4 samples each; after 200 steps 36%, and with the default instruction 16%: a
+    """A tiny Llama (one layer, width 64) with the chat tokenizer, taught by a few supervised steps to answer
+    "\\boxed{N}": it then gets some sums right and some wrong, so --reward math has something to grade and RL
+    something to train. The prompts have no instruction (--instruction ''): a third of the tokens, a third of the
+    time. (400 steps: 72% of sampled answers right on 100 sums, 4 samples each, 5 s on 2 cores; after 250 steps 55%.
+    Two layers of width 128 took three times as long for 52%, and with the default instruction got 16% right: a
     machine whose float sums differ could then score 0 of 32 samples.)"""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     tok = chat_tokenizer()
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, head_dim=32, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
         pad_token_id=0))
     cfg = S.Config(data="x", instruction="")
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)

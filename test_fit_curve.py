@@ -253,6 +253,36 @@ def test_paper_grid_recovers_table1_parameters_on_its_grids(run_file):
     assert r["sse"] >= refined["sse"]                          # the grid cannot beat the refined optimum
 
 
+@pytest.mark.quick
+def test_paper_grid_fits_b_as_curve_fit_does_pair_by_pair():
+    # --paper-grid's fits of B, made for all (A, C_mid) pairs at once, against scipy's curve_fit (the paper's tool)
+    # for 200 pairs of the grids, with bootstrap-like integer weights (sigma = 1 / sqrt(w)), each from the pair's
+    # best B on the dense B grid (as paper_grid_fit starts them): never a larger error, and the same B to curve_fit's
+    # own tolerance (ftol 1e-8 on the error), or, where the error hardly depends on B, the same error to 1e-6.
+    import warnings
+    from scipy.optimize import OptimizeWarning, curve_fit
+    x, y = synthetic(seed=3)
+    x, y = x[x >= 0.015 * X_MAX], y[x >= 0.015 * X_MAX]
+    w = np.random.default_rng(1).integers(0, 3, len(x)).astype(float)
+    lx, yk, wk = np.log(x[w > 0]), y[w > 0], w[w > 0]
+    a_grid, c_grid, b_grid = fit_curve.make_grids(x, y)
+    rng = np.random.default_rng(2)
+    a, c = rng.choice(a_grid, 200) - R0, rng.choice(c_grid, 200)
+    curve = lambda k, b: R0 + a[k] / (1 + np.exp(np.multiply.outer(b, np.log(c[k]) - lx)))  # noqa: E731
+    with np.errstate(over="ignore"):
+        start = np.array([b_grid[np.argmin(np.sum(wk * (curve(k, b_grid) - yk) ** 2, axis=1))] for k in range(200)])
+        b, sse = fit_curve.fit_b(lx, yk, wk, R0, a, np.log(c), start.copy())
+        for k in range(200):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", OptimizeWarning)
+                (ref,), _ = curve_fit(lambda lx_, bb: curve(k, bb), lx, yk, p0=[start[k]], sigma=1 / np.sqrt(wk),
+                                      bounds=fit_curve.B_RANGE)
+            ref_sse = np.sum(wk * (curve(k, ref) - yk) ** 2)
+            assert sse[k] == pytest.approx(np.sum(wk * (curve(k, b[k]) - yk) ** 2), rel=1e-12)
+            assert sse[k] <= ref_sse * (1 + 1e-12), k
+            assert b[k] == pytest.approx(ref, rel=1e-4) or sse[k] == pytest.approx(ref_sse, rel=1e-6), k
+
+
 def test_paper_grid_weights_are_repeated_points():
     # A bootstrap resample gives each point an integer weight: the fit must equal a fit of the points
     # repeated that many times (fixed A, so that only the 100 C_mid values are searched: fast).
