@@ -1567,6 +1567,7 @@ class VLLMEngine:
         self.capacity = self.core.vllm_config.scheduler_config.max_num_seqs  # sequences decoded at once
         self.version, self.source = 0, None
         self.core.set_weight_version("0")
+        self.seeded = device.type == "cpu"  # (CUDA: a seeded request samples with its own generator, one kernel each)
 
     def head_dtypes(self):
         """The dtypes of the engine's LM-head logits, read off its LogitsProcessor modules (where vLLM applies the
@@ -1603,8 +1604,8 @@ class VLLMEngine:
         for ids, max_tokens, seed, keys in runs:
             rid, self.serial = str(self.serial), self.serial + 1
             params = SamplingParams(n=len(keys), temperature=self.cfg.temperature, top_p=1.0, top_k=0,
-                                    max_tokens=max_tokens, logprobs=0, seed=seed, detokenize=False,
-                                    output_kind=RequestOutputKind.FINAL_ONLY)
+                                    max_tokens=max_tokens, logprobs=0, seed=seed if self.seeded else None,
+                                    detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
             # the cache salt keeps prefix-cache blocks computed with older weights from being reused by new requests
             self.core.add_request(rid, tokens_input(list(ids), cache_salt=f"v{self.version}"), params)
             self.live[rid] = keys
@@ -1680,6 +1681,17 @@ class VLLMEngine:
 # Each push writes the weights, whole, to one file in shared memory, renamed into place: a generator loads the newest
 # between two of its engine steps, never half a model. The same path on CPU and CUDA, on one node.
 # --------------------------------------------------------------------------------------------------
+
+
+def weights_dir(model, dtype, fp32_head, shm="/dev/shm"):
+    """The split's weights file goes to shared memory if it has room for two (a generator may still read the last
+    while the next is written; Docker gives /dev/shm 64 MB), else to a temporary directory on disk."""
+    n, head = sum(p.numel() for p in model.parameters()), model.get_output_embeddings().weight.numel()
+    size, free = n * dtype.itemsize + 4 * head * fp32_head, shutil.disk_usage(shm).free if os.path.isdir(shm) else 0
+    if os.path.isdir(shm) and free < 2 * size:
+        print(f"scalerl: {shm} has {free / 2**20:.0f} MB free, less than two weights files ({2 * size / 2**20:.0f} "
+              f"MB): they go through {tempfile.gettempdir()} instead")
+    return tempfile.mkdtemp(prefix="scalerl-", dir=shm if free >= 2 * size else None)
 
 
 def write_weights(path, model, dtype, version, fp32_head):
@@ -1762,9 +1774,9 @@ class SplitEngine:
     (0.9 of it), on CPU every process an equal share of the cores."""
 
     def __init__(self, cfg, path, device, dtype, max_model_len, model):
-        local, shm = int(os.environ.get("LOCAL_WORLD_SIZE", 1)), "/dev/shm" if os.path.isdir("/dev/shm") else None
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         self.cfg, self.dtype, self.version, self.live = cfg, dtype, 0, {}
-        self.dir = broadcast(tempfile.mkdtemp(prefix="scalerl-", dir=shm) if rank() == 0 else None)
+        self.dir = broadcast(weights_dir(model, dtype, cfg.lm_head_fp32) if rank() == 0 else None)
         self.weights = os.path.join(self.dir, "weights.safetensors")
         write_weights(self.weights, model, dtype, 0, cfg.lm_head_fp32)
         cores = sorted(os.sched_getaffinity(0)) if device.type == "cpu" else []
@@ -2360,8 +2372,7 @@ class Recorder:
             self.metrics.close()
             self.state.grader.close()
             self.state.engine.abort()
-            if launched() or self.cfg.generators:  # after the last collective; no generator left behind
-                self.state.engine.close()
+            self.state.engine.close()  # after the last collective; no generator left, nor (CUDA) an allocator held
             if self.tracker:
                 self.tracker.finish()
             if kind is not None and self.fresh and not self.rows and self.writer:

@@ -1105,11 +1105,15 @@ def test_vllm_samples_differ_within_and_across_prompts(vllm_engine):
         assert torch.allclose(lp, torch.tensor(c.logprobs), atol=1e-4)
 
 
-def test_vllm_synchronous_run_is_on_policy_and_reproducible(tmp_path):
+def test_vllm_synchronous_run_is_on_policy_and_reproducible(tmp_path, monkeypatch):
     need_vllm()
+    closed, real_close = [], S.VLLMEngine.close  # each run shuts its engine down at its end (CUDA: vLLM's allocator
+    monkeypatch.setattr(S.VLLMEngine, "close", lambda self: (closed.append(self), real_close(self)))  # is per process)
     # without the zero-variance filter every step trains (and measures the mismatch on all its tokens)
     rows_a = S.run(small_cfg(tmp_path / "a", engine="vllm", zero_variance_filter=False, max_lag=0))
+    assert len(closed) == 1
     rows_b = S.run(small_cfg(tmp_path / "b", engine="vllm", zero_variance_filter=False, max_lag=0))
+    assert len(closed) == 2 and closed[0] is not closed[1]
     assert [r.get("reward_mean") for r in rows_a] == [r.get("reward_mean") for r in rows_b]
     assert [r.get("val_pass_rate") for r in rows_a] == [r.get("val_pass_rate") for r in rows_b]
     trained = [r for r in rows_a[1:] if r["active_prompts"] > 0]
@@ -1318,7 +1322,7 @@ def test_learning_check_setting_is_the_one_it_describes(tmp_path):
     assert len(ids) == 13 and tok.unk_token_id not in ids and tok.decode(ids) == "max 7 6 3 6 ="  # one per character
 
 
-def test_gpu_check_runs_on_a_cpu_what_a_cpu_can(capsys):
+def test_gpu_check_runs_on_a_cpu_what_a_cpu_can(capsys, monkeypatch):
     """bench.py --gpu-check, the CPU's part. Through the table, each check in a process of its own as on a GPU machine:
     the engine lands on the chosen device, and the CUDA-only checks say they were skipped rather than passing. In this
     process: a completion's versions split exactly at the push. (The mismatch check measures what
@@ -1330,10 +1334,14 @@ def test_gpu_check_runs_on_a_cpu_what_a_cpu_can(capsys):
     assert [(name, result) for name, result, _ in rows] == [(names[2], "skipped"), (names[7], "skipped")], rows
     assert "needs CUDA" in rows[0][2] and "needs 2 GPUs" in rows[1][2]
     ok, measured = bench.check_engine_device("cpu")  # (in this process: a vLLM import and start less)
-    assert ok and "weights on cpu (want cpu)" in measured
+    assert ok and measured.startswith("weights on cpu (want cpu), CPUModelRunner, async scheduling False, CUDA graphs "
+                                      "NONE;"), measured
     assert capsys.readouterr().out.count("skipped") == 2
+    real_submit = S.VLLMEngine.submit  # the first seed's completion ends after 3 tokens, before the push: the check
+    monkeypatch.setattr(S.VLLMEngine, "submit",  # tries the next seed and asserts on that one's
+                        lambda self, key, ids, n, **kw: real_submit(self, key, ids, 3 if key == "1" else n, **kw))
     ok, measured = bench.check_two_versions("cpu")
-    assert ok and measured.startswith("versions [0, 0, 0, 0, 0, 1, 1") and "5 tokens before" in measured
+    assert ok and measured.startswith("versions [1, 1, 1, 1, 1, 2, 2") and "(seed 2)" in measured
 
 
 class FakeLLM:
@@ -2498,7 +2506,8 @@ def descendants(pid):
 
 def split_run_after(out, rows, *flags):
     """A split run in the background, once it has logged `rows` metrics rows, with its processes at that moment."""
-    p = split_cli("--generators", 1, "--steps", 500, "--out", out, *flags)
+    p = split_cli("--generators", 1, "--steps", 500, "--out", out, "--prompts-per-step", 8, "--val-size", 16,
+                  "--eval-samples", 2, *flags)
     while p.poll() is None and not ((out / "metrics.jsonl").exists() and len(read_metrics(str(out))) >= rows):
         time.sleep(0.05)
     return p, descendants(p.pid)
@@ -2665,6 +2674,28 @@ def test_a_dead_generator_stops_the_run_with_a_checkpoint_and_sigterm_to_the_res
     assert f"resuming after step {last}" in stdout and stop > last and [r["step"] for r in rows] == list(range(stop + 1))
     assert f"SIGTERM: stopped after step {stop}" in stdout and "Traceback" not in stderr and none_left(children)
     assert S.list_checkpoints(str(out))[-1].endswith(f"step_{stop:06d}")
+
+
+@pytest.mark.quick
+def test_split_weights_go_through_disk_when_shared_memory_has_no_room_for_two_files(tmp_path, monkeypatch, capsys):
+    """--generators writes the weights to a file that a generator may still read while the next is written: shared
+    memory holds it if it has room for two such files (measured: the real file, written), else a temporary directory
+    on disk does, with one line saying so."""
+    import shutil
+    model = tiny_model(tied=True)
+    shm, disk = tmp_path / "shm", tmp_path / "disk"
+    shm.mkdir(), disk.mkdir()
+    S.write_weights(str(tmp_path / "w"), model, torch.float32, 0, True)
+    size = os.path.getsize(tmp_path / "w")  # weights (the tied head once) and the float32 head
+    monkeypatch.setattr(S.tempfile, "tempdir", str(disk))
+    real = shutil.disk_usage
+    for free, where in ((2 * size, shm), (size, disk)):
+        monkeypatch.setattr(S.shutil, "disk_usage", lambda p: real(p)._replace(free=free) if p == str(shm) else real(p))
+        d = S.weights_dir(model, torch.float32, True, str(shm))
+        assert os.path.dirname(d) == str(where) and os.path.basename(d).startswith("scalerl-")
+        lines = capsys.readouterr().out.splitlines()
+        assert lines == [] if where == shm else len(lines) == 1 and lines[0].startswith(
+            f"scalerl: {shm} has 0 MB free, less than two weights files") and lines[0].endswith(f"through {disk} instead")
 
 
 def test_split_refuses_what_it_cannot_run():
