@@ -371,21 +371,95 @@ def check_shape(device):
                                    f"peak {peak:.1f} GB (resident at least {low:.1f} GB)")
 
 
+def check_head_cost(device):
+    """What the FP32 head costs (measured, not judged; nothing to pass or fail): vLLM sets float32 matmuls to "highest"
+    precision for its process, so the head's float32 products run without tensor cores. At the 0.5B shape (a CPU: the
+    135M one), the head's forward and backward for a training batch (scalerl.token_logprobs, as the trainer runs it)
+    in float32 and in bfloat16, against the whole model's forward and backward on those tokens; and the head's
+    product for one decode step's rows against the model's forward of one token for each (no KV cache: a lower bound
+    of a decode step). docs/engines.md says what these numbers decide (a split-bf16 product, or not)."""
+    import torch
+    cuda = device.startswith("cuda")
+    arch, conf = SHAPES["qwen2-0.5b" if cuda else "llama-135m"]
+    import transformers
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{arch}ForCausalLM")(getattr(transformers, f"{arch}Config")(**conf)).to(
+        device, torch.bfloat16 if cuda else torch.float32)
+    torch.set_float32_matmul_precision("highest")
+    n_seq, length, rows = (8, 512, 1024) if cuda else (2, 64, 64)
+    ids = torch.randint(0, conf["vocab_size"], (n_seq, length), device=device)
+    head = model.get_output_embeddings()
+
+    def timed(fn, repeat=3):
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / repeat * 1e3  # ms
+
+    def train_head(fp32):
+        hidden = torch.randn(n_seq * length, conf["hidden_size"], device=device, dtype=head.weight.dtype,
+                             requires_grad=True)
+        scalerl.token_logprobs(hidden, head, ids.flatten(), 1.0, fp32=fp32)["logp"].sum().backward()
+
+    whole = timed(lambda: model(ids).logits.float().logsumexp(-1).sum().backward())
+    h = torch.randn(rows, conf["hidden_size"], device=device, dtype=head.weight.dtype)
+    w32 = head.weight.float()
+    with torch.no_grad():
+        step = timed(lambda: model(ids.flatten()[:rows, None]))  # one token for each of `rows` sequences
+        dec = {"fp32": timed(lambda: torch.nn.functional.linear(h.float(), w32)),
+               "bf16": timed(lambda: head(h).float())}
+    train = {k: timed(lambda: train_head(k == "fp32")) for k in ("fp32", "bf16")}
+    return True, (f"train step {whole:.0f} ms (forward and backward, {n_seq} x {length} tokens), its head "
+                  f"{train['fp32']:.0f} ms in float32, {train['bf16']:.0f} ms in {head.weight.dtype}; decode "
+                  f"{rows} rows: model {step:.1f} ms, head {dec['fp32']:.2f} ms float32, {dec['bf16']:.2f} ms")
+
+
+# each torchrun rank's engine, made as scalerl.py makes it: where its weights are (argv: this checkout, cuda or cpu)
+RANK_ENGINE = """
+import os, sys, torch
+sys.path.insert(0, sys.argv[1])
+import scalerl
+cfg = scalerl.parse_args(["--engine", "vllm", "--length-control", "truncate", "--max-new-tokens", "16"])
+cuda = sys.argv[2] == "cuda"
+device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
+if cuda:
+    torch.cuda.set_device(device)
+scalerl.init_distributed(cfg, device)
+model, tok, path = scalerl.load_model(cfg, device)
+engine = scalerl.VLLMEngine(cfg, path, device, torch.bfloat16 if cuda else torch.float32, 64)
+where = engine.llm.apply_model(lambda m: str(next(m.parameters()).device))[0]
+print(f"rank {os.environ['LOCAL_RANK']}: engine on {where}", flush=True)
+engine.close()
+"""
+
+
 def check_torchrun(device):
+    """torchrun on 2 GPUs: each rank's engine holds its weights on that rank's GPU, and the synchronous loop's
+    mismatch stays under the bound on both ranks (it sums both ranks' tokens)."""
     import torch
     if not device.startswith("cuda") or torch.cuda.device_count() < 2:
         return None, "needs 2 GPUs"
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    p = subprocess.run([*launch, "--no-python", sys.executable, "-c", RANK_ENGINE, os.path.dirname(SCALERL), "cuda"],
+                       capture_output=True, text=True)
+    where = sorted(ln for ln in p.stdout.splitlines() if ln.startswith("rank "))
+    if where != ["rank 0: engine on cuda:0", "rank 1: engine on cuda:1"]:
+        return False, f"engines: {where or p.stderr.strip().splitlines()[-1:]}"
     with tempfile.TemporaryDirectory() as tmp:
-        p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                            SCALERL, "--engine", "vllm",
+        p = subprocess.run([*launch, SCALERL, "--engine", "vllm",
                             "--max-lag", "0", "--steps", "4", "--prompts-per-step", "16", "--eval-every", "4",
                             "--no-live-fit", "--out", os.path.join(tmp, "run")], capture_output=True, text=True)
         if p.returncode:
             return False, "exit " + str(p.returncode) + ": " + p.stderr.strip().splitlines()[-1][:200]
         rows = read_metrics(os.path.join(tmp, "run"))[1:]
     worst = max(r["mismatch_abs_logprob"] for r in rows if r["train_tokens"])
-    return worst < MISMATCH_BOUND, (f"2 ranks, 4 steps; worst mean |dlogp| {worst:.2e}; "
-                                    f"val {rows[-1]['val_pass_rate']:.2f}")
+    return worst < MISMATCH_BOUND, (f"engines on cuda:0 and cuda:1; 2 ranks, 4 steps; worst mean |dlogp| "
+                                    f"{worst:.2e}; val {rows[-1]['val_pass_rate']:.2f}")
 
 
 def check_split(device):
@@ -411,7 +485,8 @@ def check_split(device):
 GPU_CHECKS = {"engine on the chosen device": check_engine_device, "two versions across a push": check_two_versions,
               "sleep, wake-up, reload": check_sleep_reload, "bf16 mismatch, FP32 head": check_mismatch,
               "pipeline learns (built-in task)": check_learning, "0.5B shape: memory, time": check_shape,
-              "torchrun, 2 GPUs": check_torchrun, "generator-trainer split, 2 GPUs": check_split}
+              "torchrun, 2 GPUs": check_torchrun, "generator-trainer split, 2 GPUs": check_split,
+              "FP32 head's cost (measured)": check_head_cost}
 
 
 def gpu_check(device, only=None, timeout=600):
@@ -517,11 +592,12 @@ def loo_summary(args):
         # the live prediction, replayed evaluation by evaluation as the run computes it (scalerl.live_fit)
         live = [(r["step"], scalerl.live_fit(rows[:k + 1]).get("fit_A_ci")) for k, r in enumerate(rows)
                 if "val_pass_rate" in r and r["step"] > 0]
-        first = next((step for step, ci in live if ci and ci[0] <= f["A"] <= ci[1]), None)
+        first = next(((step, ci) for step, ci in live if ci and ci[0] <= f["A"] <= ci[1]), (None, None))
         fits[v, seed] = {"A": f["A"], "A_ci": f["A_ci"], "B": f["B"], "C_mid": f["C_mid"], "R0": f["R0"],
                          "final_val": rows[-1]["val_pass_rate"], "at_grid_edge": f["at_grid_edge"],
                          "extrapolation_error": half.get("extrapolation_max_abs_error"),
-                         "live_interval_first_step": first, "steps": rows[-1]["step"], "rows": rows}
+                         "live_interval_first_step": first[0], "live_interval_then": first[1],
+                         "steps": rows[-1]["step"], "rows": rows}
     # the paper's comparison of efficiencies: each variant and the baseline (the first variant) refitted with A fixed
     # to the mean A of both, meaningful where their A differ by less than the seeds' spread
     base, table = args.variants[0], {}
@@ -550,11 +626,12 @@ def loo_summary(args):
             for step in sorted(set.intersection(*(set(e) for e in evals))):
                 mean = lambda key: float(np.mean([e[step][key] for e in evals]))  # noqa: E731
                 f.write(f"{step},{mean(args.x)!r},{mean('val_pass_rate')!r}\n")
+    predictions = loo_predict(args, fits) if args.cuts else None
     for f in fits.values():
         f.pop("rows")
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump({"x": args.x, "baseline": base, "runs": {f"{v}/seed{s}": r for (v, s), r in fits.items()},
-                   "variants": table}, f, indent=1)
+                   "variants": table, "predictions": predictions}, f, indent=1)
     ms = lambda k, t, fmt: f"{format(t[k][0], fmt)} ± {format(t[k][1], fmt)}" if k in t else "-"  # noqa: E731
     shared_b = lambda v, t: "-" if v == base else (  # noqa: E731
         f"{t['B_shared_A']:.2f} vs {t['B_base_shared_A']:.2f} (A = {t['shared_A']:.3f})"
@@ -570,6 +647,59 @@ def loo_summary(args):
               f"{shared_b(v, t)} | {ms('final_val', t, '.3f')} | {ms('extrapolation_error', t, '.3f')} | "
               f"{', '.join('never' if k is None else str(k) for k in t['live_interval_first_step'])} | "
               f"{', '.join(t['at_grid_edge']) or '-'} |")
+
+
+def loo_predict(args, fits):
+    """--cuts: the paper's central claim, that the curve fitted on the first part of a run predicts the rest [Sec. 2].
+    For every run and cut (a fraction of its final compute): the fit on the evaluations up to the cut (the early
+    points left out as in every fit here), its A, its largest error on the later evaluations and its error at the
+    last one. Per variant and cut: their means and spreads over seeds, against the seeds' spread of the final pass
+    rate and the built-in task's ceiling; whether the variants' order by the pass rate predicted at the end matches
+    their order at the end. Prints a Markdown table, draws OUT/predict-VARIANT.png (the seed means, with the fits
+    from each cut drawn forward) and returns what summary.json keeps."""
+    import numpy as np
+    import fit_curve
+    per, ceilings, own = {}, set(), {}
+    for (v, seed), f in fits.items():
+        d = loo_run_dirs(args.out, [v], seed + 1)[-1][2]
+        c = json.load(open(os.path.join(d, "config.json")))
+        ceilings.add(c.get("best_possible_pass_rate"))
+        if c["task"] == "hidden" and not c["data"]:  # the held-out set's own: what the likeliest answers score on it
+            _, val = scalerl.make_task(c["train_size"], c["val_size"], c["seed"], "hidden")
+            own[seed] = scalerl.hidden_task_ceiling([p for p, _, _ in val], [a for _, a, _ in val])
+        x_end, final = [(r[args.x], r["val_pass_rate"]) for r in f["rows"] if "val_pass_rate" in r][-1]
+        for cut in args.cuts:
+            g = fit_curve.fit_rows(f["rows"], x=args.x, bootstrap=0, fit_until=cut * x_end, name=d)
+            end = float(fit_curve.curve(np.array([x_end]), g["R0"], g["A"], g["B"], g["C_mid"])[0])
+            per.setdefault(f"{v}@{cut:g}", []).append({"A": g["A"], "max_error": g["extrapolation_max_abs_error"],
+                                                       "end_error": end - final, "predicted_end": end})
+    ms = lambda xs: (float(np.mean(xs)), float(np.std(xs)))  # noqa: E731
+    finals = {v: ms([fits[v, s]["final_val"] for s in range(args.seeds)]) for v in args.variants}
+    table = {key: {k: ms([r[k] for r in rs]) for k in rs[0]} for key, rs in per.items()}
+    order_end = sorted(args.variants, key=lambda v: -finals[v][0])
+    orders = {cut: sorted(args.variants, key=lambda v: -table[f"{v}@{cut:g}"]["predicted_end"][0]) for cut in args.cuts}
+    print(f"\nFits up to a cut of each run's final {args.x}, predicting the rest (mean ± sd over {args.seeds} seeds; "
+          f"the task's expected ceiling: {', '.join(f'{c:.3f}' for c in sorted(ceilings - {None})) or 'none'}; "
+          f"the held-out sets' own, by seed: {', '.join(f'{own[s]:.3f}' for s in sorted(own)) or 'none'}):\n")
+    print("| variant | cut | A | largest error after the cut | error at the end | final held-out (seeds' spread) |")
+    print("|---|---|---|---|---|---|")
+    for v in args.variants:
+        for cut in args.cuts:
+            t = table[f"{v}@{cut:g}"]
+            print(f"| `{v}` | {cut:.2f} | {t['A'][0]:.3f} ± {t['A'][1]:.3f} | {t['max_error'][0]:.3f} ± "
+                  f"{t['max_error'][1]:.3f} | {t['end_error'][0]:+.3f} ± {t['end_error'][1]:.3f} | "
+                  f"{finals[v][0]:.3f} ± {finals[v][1]:.3f} |")
+    for cut, order in orders.items():
+        print(f"order at cut {cut:.2f}: {' > '.join(order)}; at the end: {' > '.join(order_end)}"
+              f" ({'the same' if order == order_end else 'differs'})")
+    for v in args.variants:  # the figure: the seed means and each cut's fit of them, drawn forward
+        rows = [{"step": k, args.x: x, "val_pass_rate": y} for k, (x, y) in enumerate(np.loadtxt(
+            os.path.join(args.out, "means", f"{v}.csv"), delimiter=",", skiprows=1, usecols=(1, 2), ndmin=2))]
+        fits_v = [{**fit_curve.fit_rows(rows, x=args.x, bootstrap=0, fit_until=cut * rows[-1][args.x] if cut < 1
+                                        else None), "run": f"{v}, fitted up to {cut:.0%}"} for cut in (*args.cuts, 1)]
+        fit_curve.plot_runs(fits_v, os.path.join(args.out, f"predict-{v}.png"))
+    return {"cuts": args.cuts, "ceiling": sorted(ceilings - {None}), "own_ceiling": own, "table": table,
+            "final": finals, "order_at_cut": {f"{c:g}": o for c, o in orders.items()}, "order_at_end": order_end}
 
 
 # --learn: the standing learning check. A fixed set of short runs on paired seeds, compared with stored results.
@@ -748,6 +878,8 @@ def main():
     p.add_argument("--x", default="device_hours", help="--loo: the compute axis of the fits")
     p.add_argument("--bootstrap", type=int, default=200, help="--loo: bootstrap resamples per fit")
     p.add_argument("--summary-only", action="store_true", help="--loo: fit the runs in --out, run nothing")
+    p.add_argument("--cuts", type=float, nargs="+", help="--loo: also fit each run up to these fractions of its "
+                   "final compute and report how well that predicts the rest (docs/scaling-curve.md: 0.25 0.33 0.5)")
     p.add_argument("--gpu-check", action="store_true", help="every CUDA-only claim of the README, as a pass/fail table")
     p.add_argument("--gpu-check-one", type=int, help=argparse.SUPPRESS)  # one check, in a process of its own
     p.add_argument("--device", default="cuda", help="--gpu-check: cuda, or cpu for what a CPU can check")

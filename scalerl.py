@@ -981,19 +981,20 @@ def make_task(n_train, n_val, seed, task="largest"):
     return items[n_val:], items[:n_val]
 
 
-def hidden_task_ceiling(prompts):
-    """The best pass rate any policy can reach on "hidden" prompts: the mean over prompts of the posterior
+def hidden_task_ceiling(prompts, answers=None):
+    """The best pass rate any policy can expect on "hidden" prompts: the mean over prompts of the posterior
     probability of the most likely answer t under make_task's generator (t uniform on 2-9, the digits uniform on
     0..t with one position forced to t, m positions hidden). With V visible digits, P(visible digits | t) up to
     factors that do not depend on t: the forced position is one of the m hidden ones, m (t+1)^-V, or a visible
-    one showing t, (t+1)^-(V-1) each; 0 when a visible digit exceeds t."""
+    one showing t, (t+1)^-(V-1) each; 0 when a visible digit exceeds t. With the answers: what the most likely
+    answers score on these prompts (a fixed held-out set's own ceiling, around that expectation by chance)."""
     total = 0.0
-    for p in prompts:
+    for k, p in enumerate(prompts):
         visible = [int(c) for c in p.rstrip(":") if c != "."]
         m, v = p.count("."), len(visible)
         like = np.array([0.0 if max(visible) > t else m * (t + 1.0) ** -v + visible.count(t) * (t + 1.0) ** -(v - 1)
                          for t in range(2, 10)])
-        total += like.max() / like.sum()
+        total += like.max() / like.sum() if answers is None else float(2 + like.argmax() == int(answers[k]))
     return total / len(prompts)
 
 

@@ -605,6 +605,9 @@ def test_hidden_task_ceiling_by_hand():
     # "2.2.:": t = 2 (both visible digits may be the forced one, or a hidden one is) against t = 3..9
     like = [2 * (t + 1.0) ** -2 + (2 if t == 2 else 0) * (t + 1.0) ** -1 for t in range(2, 10)]
     assert S.hidden_task_ceiling(["2.2.:"]) == pytest.approx(max(like) / sum(like))
+    # with the answers, what the most likely answers score: "9..:" right with 9; "0..:" and "2.2.:" right with 2 only
+    assert S.hidden_task_ceiling(["9..:", "0..:", "2.2.:"], ["9", "2", "3"]) == pytest.approx(2 / 3)
+    assert S.hidden_task_ceiling(["0..:", "2.2.:"], ["5", "3"]) == 0
     _, val = S.make_task(100, 400, seed=0, task="hidden")
     assert 0.6 < S.hidden_task_ceiling([p for p, _, _ in val]) < 0.9  # below 1, so that the task does not saturate
 
@@ -749,9 +752,22 @@ def test_loo_runner_writes_fittable_runs_and_resumes(tmp_path):
     assert label == "scalerl" and list(y) == [r["val_pass_rate"] for r in evals]
     assert list(x) == [r["device_hours"] for r in evals]
     mtimes = {f: os.path.getmtime(out / f / "seed0" / "metrics.jsonl") for f in ("scalerl", "loss-dapo")}
+    study += ["--cuts", "0.6", "0.8"]  # the prediction from each run's first part too
     p = bench(10)  # finished runs are not run again
     assert p.returncode == 0 and p.stdout.count("finished before, skipped") == 2
     assert mtimes == {f: os.path.getmtime(out / f / "seed0" / "metrics.jsonl") for f in mtimes}
+    predictions = json.load(open(out / "summary.json"))["predictions"]
+    for v in ("scalerl", "loss-dapo"):
+        rows = read_metrics(str(out / v / "seed0"))
+        x, final = [(r["device_hours"], r["val_pass_rate"]) for r in rows if "val_pass_rate" in r][-1]
+        for cut in (0.6, 0.8):  # fitted up to the cut, the curve (written out here) at the last evaluation
+            f = fit_curve.fit_rows(rows, bootstrap=0, fit_until=cut * x)
+            end = f["R0"] + (f["A"] - f["R0"]) / (1 + (f["C_mid"] / x) ** f["B"])
+            t = predictions["table"][f"{v}@{cut:g}"]
+            assert t["A"] == [f["A"], 0] and t["max_error"] == [f["extrapolation_max_abs_error"], 0]
+            assert t["end_error"][0] == pytest.approx(end - final, abs=1e-12)
+    assert "order at cut 0.60: " in p.stdout and (out / "predict-scalerl.png").read_bytes()[:4] == b"\x89PNG"
+    del study[-3:]
     study.remove("loss-dapo")  # (a study of scalerl alone: one run to go on with, not two)
     p = bench(12)  # a longer study goes on from each run's last checkpoint
     assert p.returncode == 0 and "skipped" not in p.stdout, p.stdout
@@ -1099,6 +1115,12 @@ def test_vllm_samples_differ_within_and_across_prompts(vllm_engine):
     assert [c.tokens for c in g1] != [c.tokens for c in g2]  # each prompt gets its own random stream
     again = S.rollout(S.Rollouts(cfg, engine, tok), [p, p], 8, seed=5)
     assert [[c.tokens for c in g] for g in again] == [[c.tokens for c in g1], [c.tokens for c in g2]]
+    engine.seeded = False  # as on CUDA: no seed reaches vLLM, which samples from its own generator (not repeatable)
+    try:
+        unseeded = [[c.tokens for c in S.rollout(S.Rollouts(cfg, engine, tok), [p], 8, seed=5)[0]] for _ in "ab"]
+    finally:
+        engine.seeded = True
+    assert unseeded[0] != unseeded[1]
     for c in g1 + g2:  # the recorded log-probs are the trainer's log-probs of the same tokens (same weights)
         assert c.finished == (c.tokens[-1] == tok.eos_token_id) and c.versions == [engine.version] * len(c.tokens)
         lp = trainer_logprobs(model, p + c.tokens, tok.pad_token_id)[len(p) - 1:]
