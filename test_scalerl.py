@@ -1146,7 +1146,7 @@ def test_vllm_synchronous_run_is_on_policy_and_reproducible(tmp_path, monkeypatc
 
 
 def test_vllm_default_run_from_the_command_line(tmp_path):
-    need_vllm()  # (the session's cache directory: vLLM inspects a model class once per cache, ~10 s, in a subprocess)
+    need_vllm()  # (pytest's shared cache directory: vLLM inspects a model class once per cache, ~10 s, in a subprocess)
     p = subprocess.run([sys.executable, os.path.join(HERE, "scalerl.py"), "--engine", "vllm", "--steps", "25",
                         "--lr", "2e-3", "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
