@@ -39,6 +39,7 @@ import collections
 import contextlib
 import csv
 import dataclasses
+import gc
 import importlib.util
 import inspect
 import itertools
@@ -1551,7 +1552,8 @@ class VLLMEngine:
         os.environ.update(env)
         self.sleeps = kw.get("enable_sleep_mode", False)
         with quiet_stderr(cfg.verbose):  # its start-up warnings come from C++ too (NUMA binding, Triton)
-            import vllm
+            gc.freeze()  # vLLM freezes the heap once started; until then its import and start collect garbage over
+            import vllm  # all of it (twice in full loading the model): frozen now, they skip what we hold
             self.llm = vllm.LLM(**kw)
         if cfg.lm_head_fp32 and self.head_dtypes() != ["torch.float32"]:
             die(f"--lm-head-fp32: this vLLM ({vllm.__version__}) computes the LM head in {self.head_dtypes()}, not "
