@@ -10,6 +10,7 @@ import time
 import pytest
 
 import scalerl as S
+from conftest import warm_vllm_model_info
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -437,6 +438,7 @@ def sft_arithmetic_model(path, steps=400):
 
 def test_math_reward_end_to_end_on_generated_arithmetic(tmp_path):
     """The command line's entry point (main), in this process: --data, --reward math over the grading processes."""
+    warm_vllm_model_info()  # (the default engine, auto, is vLLM where it is installed)
     model = str(tmp_path / "model")
     sft_arithmetic_model(model)
     rows = [json.dumps({"question": f"What is {a} + {b}?", "answer": a + b}) for a in range(10) for b in range(10)]
