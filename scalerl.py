@@ -49,14 +49,17 @@ import math
 import multiprocessing
 import operator
 import os
+import pickle
 import queue
 import re
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
 import traceback
+import urllib.parse
 import warnings
 import zlib
 from dataclasses import dataclass, field
@@ -123,7 +126,9 @@ class Recipe:
     eps_high: float = flag(0.0, "DAPO/GSPO: upper clip, ratio <= 1 + eps_high (0: dapo 0.28, gspo 4e-4)", at_least=0)
     lm_head_fp32: bool = flag(True, "compute the LM head (hidden -> logits) in float32, trainer and generator")
     # sampling, optimiser and evaluation
-    steps: int = flag(150, "number of training steps (optimiser updates)", at_least=0)
+    steps: int = flag(None, "number of training steps (optimiser updates); default 150, with --resume the run's own; 0: "
+                          "evaluate the initial weights and save them as checkpoint step 0, which --resume continues",
+                      at_least=0)
     prompts_per_step: int = flag(32, "prompts per step, P (the paper: 48)", above=0)
     generations_per_prompt: int = flag(16, "completions sampled per prompt, G (the paper: 16)")
     max_new_tokens: int = flag(8, "generation limit per completion", above=0)
@@ -145,7 +150,7 @@ def rl_step(state, cfg):
     groups, stale = next_batch(state, cfg)                                     # 1. [Sec. 3.1, 4] P complete groups
     if all_max(groups is None):  # no prompt left (under torchrun: on some rank; every rank stops)
         return None
-    state.engine.sleep()                                                       # (vLLM sleep mode, when idle)
+    state.engine.sleep()  # the trainer trains now (vLLM sleep mode when idle; generators apart decode meanwhile)
     prompts, comps, idx = [g.prompt for g in groups], [g.completions for g in groups], [g.prompt_index for g in groups]
     correct, rewards, errors = score(state.tok, comps, [state.train[i] for i in idx], state.grader, cfg)  # 2. [2]
     samples, stats = build_batch(prompts, comps, rewards, cfg)                 # 3. [Sec. 3.2] the batch
@@ -666,7 +671,7 @@ def run(cfg):
     checkpoints to the run directory. Returns the metric rows."""
     state, cfg, recorder = setup(cfg)  # Part II: data, model, engine, grader, optimiser, a resumed run's state
     with recorder:                     # Part II: metrics.jsonl, the progress line, checkpoints, signals, clean-up
-        if recorder.first == 1:
+        if not cfg.resume:  # a new run: step 0 is the initial weights' held-out pass rate
             val, errors = evaluate(state, cfg, 0)
             recorder.log({"step": 0, **state.totals, "val_pass_rate": val}, errors)
         for step in range(recorder.first, cfg.steps + 1):
@@ -702,6 +707,9 @@ class Config(Recipe):
                             "engine on its own device (CUDA: the GPUs after the trainer's; CPU: each its share of "
                             "the cores), decoding while the trainer trains; 0: colocated, the engine in the trainer",
                             at_least=0)
+    generator_timeout: float = flag(0.0, "--generators: stop the run when no generator has sent anything for this many "
+                                         "seconds (0: 900, or 0.5 s per --max-new-tokens token where that is more: a "
+                                         "long completion on a large model can rightly take that long)", at_least=0)
     out: str = flag("", "run directory (default runs/<timestamp>)")
     seed: int = flag(0, "random seed (data order, sampling, the embedded model's initial weights)", at_least=0)
     device: str = flag("auto", "auto | cpu | cuda | cuda:N")
@@ -716,6 +724,10 @@ class Config(Recipe):
     vllm_max_model_len: int = flag(0, "vLLM: context length (0: the longest prompt + completion)", at_least=0)
     vllm_sleep: bool = flag(None, "vLLM on CUDA: free the KV cache while training, wake before the next generation "
                                 "(default: on with CUDA when nothing is in flight during training; refused on CPU)")
+    vllm_request_seeds: bool = flag(None, "vLLM: a seed for every request, so that a prompt and its seed sample the same "
+                                        "tokens in any batch (default: on with CPU; off with CUDA, where vLLM samples "
+                                        "each seeded sequence with a generator of its own, one kernel each per decode "
+                                        "step; unseeded, each engine samples from its own stream)")
     vllm_kv_cache_mb: int = flag(256, "vLLM on CPU: KV cache size in MiB", above=0)
     vllm_max_num_seqs: int = flag(0, "vLLM: sequences decoded at once, at most (0: vLLM's default, 256 on CPU and "
                                    "1024 on H100-class GPUs); more is faster per token and takes more groups in flight",
@@ -761,7 +773,7 @@ class Config(Recipe):
 
 
 # Named random streams: every random draw comes from np.random.SeedSequence([seed, RNG_..., ...]).
-RNG_TASK, RNG_SPLIT, RNG_EPOCH, RNG_ROLLOUT, RNG_EVAL = range(1, 6)
+RNG_TASK, RNG_SPLIT, RNG_EPOCH, RNG_ROLLOUT, RNG_EVAL, RNG_ENGINE = range(1, 7)
 
 
 def step_seed(seed, stream, n):
@@ -795,7 +807,7 @@ def parse_args(argv=None):
             p.add_argument(flag, type=type(f.default[0]), nargs=f.metadata["nargs"], metavar=("LO", "HI"), **kw)
         else:
             choices = f.metadata["choices"]  # (a function: the names of a table in Part II)
-            p.add_argument(flag, type=type(f.default), choices=choices() if callable(choices) else choices, **kw)
+            p.add_argument(flag, type=f.type, choices=choices() if callable(choices) else choices, **kw)
     return validate(fill_defaults(Config(**vars(p.parse_args(argv)))))
 
 
@@ -827,6 +839,15 @@ def fill_defaults(cfg):
         if not found:
             die(f"--resume auto: no checkpoint in --out {cfg.out or '(not given)'}")
         cfg.resume = found[-1]
+    if cfg.steps is None and not cfg.resume:  # (resumed: the run's own, resumed_config)
+        cfg.steps = 150
+    # the run directory: --out, else a resumed checkpoint's run (RUN/checkpoints/step_N), else runs/<timestamp>; it and
+    # every local path are kept absolute, so that the run resumes from any working directory
+    cfg.out = cfg.out or (os.path.dirname(os.path.dirname(os.path.abspath(cfg.resume))) if cfg.resume else
+                          os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")))
+    for name in ("out", "resume", "model", "data", "val_data"):  # (a hub name stays as it is)
+        if getattr(cfg, name) and (name == "out" or os.path.exists(getattr(cfg, name))):
+            setattr(cfg, name, os.path.abspath(getattr(cfg, name)))
     return cfg
 
 
@@ -839,10 +860,13 @@ def validate(cfg):
             die(f"{flag(f.name)} must be a finite number (got {value})")
         for key, sign, outside in (("above", ">", operator.le), ("at_least", ">=", operator.lt),
                                    ("below", "<", operator.ge)):
-            if meta.get(key) is not None and outside(value, meta[key]):
+            if meta.get(key) is not None and value is not None and outside(value, meta[key]):
                 die(f"{flag(f.name)} must be {sign} {meta[key]} (got {value})")
     if cfg.generations_per_prompt < 2:
         die("--generations-per-prompt must be >= 2: advantages are centred within each prompt's group")
+    if cfg.length_control == "interrupt" and cfg.answer_budget >= cfg.max_new_tokens:
+        die(f"--answer-budget {cfg.answer_budget} leaves no thinking budget within --max-new-tokens "
+            f"{cfg.max_new_tokens}: it must be smaller")
     lo, hi = cfg.think_budget
     if min(lo, hi) < 0 or cfg.length_control == "interrupt" and not 1 <= lo <= hi < cfg.max_new_tokens:
         die(f"--think-budget {lo} {hi}: need 1 <= LO <= HI < --max-new-tokens ({cfg.max_new_tokens})")
@@ -916,10 +940,20 @@ def validate(cfg):
             "and --max-lag > 0")
     if cfg.resume and not os.path.isfile(os.path.join(cfg.resume, "trainer_state.pt")):
         die(f"--resume {cfg.resume}: not a checkpoint directory (no trainer_state.pt)")
-    if cfg.out and os.path.exists(cfg.out) and not os.path.isdir(cfg.out):
-        die(f"--out {cfg.out} exists and is not a directory")
+    if cfg.out:  # the run directory: a directory this process can write, or one it can make
+        there = os.path.abspath(cfg.out)
+        while not os.path.exists(there):
+            there = os.path.dirname(there)
+        if not os.path.isdir(there):
+            die(f"--out {cfg.out}: {there} {'exists and ' * (there == cfg.out)}is not a directory")
+        if not os.access(there, os.W_OK | os.X_OK):
+            die(f"--out {cfg.out}: {there} is not writable")
     if not cfg.resume and cfg.out and os.path.exists(os.path.join(cfg.out, "metrics.jsonl")):
-        die(f"--out {cfg.out} already holds a run (metrics.jsonl); choose another directory or --resume auto")
+        die(f"--out {cfg.out} already holds a run: " + ("continue it with --resume auto, or choose another directory"
+                                                       if list_checkpoints(cfg.out) else
+                                                       "it has no checkpoint to continue from; remove it, or choose "
+                                                       "another directory"))
+    check_hub(cfg)  # (last: it may wait a few seconds for the network)
     return cfg
 
 
@@ -936,6 +970,40 @@ def npr_steps(cfg):
 def find_subsequence(seq, sub):
     """Index of the first occurrence of sub in seq, or None."""
     return next((i for i in range(len(seq) - len(sub) + 1) if seq[i:i + len(sub)] == sub), None)
+
+
+def check_hub(cfg):
+    """A hub name given to --model, --data or --val-data needs the hub or the local cache. Without a network the
+    libraries retry for up to a minute (22 lines for a model) before they fail: so when the hub cannot be reached
+    (or HF_HUB_OFFLINE is set), a name missing from the cache stops the run in one line, and a cached one is loaded
+    with the libraries told to stay offline."""
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
+                                                     os.path.expanduser("~/.cache"), "huggingface")
+    hub, sets = os.environ.get("HF_HUB_CACHE") or os.path.join(home, "hub"), \
+        os.environ.get("HF_DATASETS_CACHE") or os.path.join(home, "datasets")
+    names = [(flag, name) for flag, name in (("--model", cfg.model), ("--data", cfg.data.partition(":")[0]),
+                                             ("--val-data", cfg.val_data.partition(":")[0]))
+             if name and not os.path.exists(name) and (flag == "--model" and is_hub_id(name) or flag != "--model"
+                                                        and not name.endswith((".jsonl", ".json", ".csv", ".parquet")))]
+    url = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    if not names or os.environ.get("HF_HUB_OFFLINE", "0") in ("0", "") and reachable(url.hostname, url.port or 443):
+        return
+    for flag, name in names:
+        kind, flat = "models" if flag == "--model" else "datasets", name.replace("/", "--")
+        if not (os.path.isdir(os.path.join(hub, f"{kind}--{flat}", "snapshots")) or
+                kind == "datasets" and os.path.isdir(os.path.join(sets, name.replace("/", "___")))):
+            die(f"{flag} {name}: not in the local cache ({hub}) and the hub ({url.hostname}) cannot be reached: "
+                "download it where there is a network, or give a local path")
+    os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+
+
+def reachable(host, port, timeout=3.0):
+    """Whether a TCP connection to host:port opens within the timeout."""
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
 
 
 def is_hub_id(name):
@@ -1496,7 +1564,7 @@ class HFEngine:
         pass
 
 
-def vllm_args(cfg, path, device, dtype, max_model_len):
+def vllm_args(cfg, path, device, dtype, max_model_len, place=0, device_bytes=None):
     """The vllm.LLM arguments and environment of a run, built without starting an engine (a test pins them). Where
     vLLM 0.32 takes another path on CUDA than on CPU, they choose the CPU's, the one CI runs:
     - async_scheduling=False. vLLM turns it on for CUDA (config/vllm.py); step() then returns while one more batch is
@@ -1506,8 +1574,11 @@ def vllm_args(cfg, path, device, dtype, max_model_len):
     - the engine core in this process (weights pushed as tensors), log-probs after temperature scaling (pi_gen), the
       head's logits in float32 (engine_fp32_head then gives it float32 weights).
     On CUDA the engine takes the first visible GPU (cuda:LOCAL_RANK under torchrun; validate refuses --device cuda:N,
-    N > 0). Sleep mode is on when nothing is in flight while training (--max-lag 0, ppo)."""
-    kw = dict(model=path, tokenizer=path, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
+    N > 0). Sleep mode is on when nothing is in flight while training (--max-lag 0, ppo).
+    Each engine has a random stream of its own, from --seed and its place (the rank it serves, or W + i for generator i
+    of W ranks): where requests carry no seed (CUDA), every engine would otherwise sample with the same noise."""
+    kw = dict(model=path, tokenizer=path, dtype=str(dtype).removeprefix("torch."),
+              seed=step_seed(cfg.seed, RNG_ENGINE, place),
               max_model_len=max_model_len, logprobs_mode="processed_logprobs", use_tqdm_on_load=cfg.verbose,
               async_scheduling=False, max_num_seqs=cfg.vllm_max_num_seqs or None)
     if cfg.lm_head_fp32:
@@ -1516,9 +1587,13 @@ def vllm_args(cfg, path, device, dtype, max_model_len):
         kw["distributed_executor_backend"] = "external_launcher"
     if device.type == "cpu":  # eager: compiling took 49 s for a 10% faster 135M model on 2 cores
         kw.update(enforce_eager=True, kv_cache_memory_bytes=cfg.vllm_kv_cache_mb * 2**20, enable_chunked_prefill=False)
-    else:
-        kw.update(gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=cfg.vllm_sleep if
-                  cfg.vllm_sleep is not None else cfg.off_policy == "ppo" or cfg.max_lag == 0)
+    else:  # the float32 head copy (engine_fp32_head) is made after vLLM sizes its KV cache: its bytes come off the share
+        from transformers import AutoConfig
+        conf = AutoConfig.from_pretrained(path)
+        head = 4 * conf.vocab_size * conf.hidden_size * cfg.lm_head_fp32
+        device_bytes = device_bytes or torch.cuda.get_device_properties(device).total_memory
+        kw.update(gpu_memory_utilization=cfg.vllm_gpu_memory_utilization - head / device_bytes, enable_sleep_mode=
+                  cfg.vllm_sleep if cfg.vllm_sleep is not None else cfg.off_policy == "ppo" or cfg.max_lag == 0)
     return kw, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_V2_MODEL_RUNNER": "0"}
 
 
@@ -1536,7 +1611,8 @@ def engine_fp32_head(model, weight=None):
         return True
     if not hasattr(head, "weight") or lp is None:
         return False
-    lp.fp32_weight = head.weight.detach().float().clone()  # a plain tensor: sleep mode neither frees nor discards it
+    lp.fp32_weight = head.weight.detach().to(torch.float32, copy=True)  # (one copy; a plain tensor: sleep mode neither
+    # frees nor discards it)
     lp._apply_head = lambda lm_head, h, b: F.linear(h.float(), lp.fp32_weight, None if b is None else b.float())
     return True
 
@@ -1547,8 +1623,8 @@ class VLLMEngine:
     after temperature scaling ("processed"), the ratio's; with --lm-head-fp32 its head computes in float32 like the
     trainer's [Sec. 3.2]. Each token is labelled with the weight version that sampled it (weight_versions spans)."""
 
-    def __init__(self, cfg, path, device, dtype, max_model_len):
-        kw, env = vllm_args(cfg, path, device, dtype, max_model_len)
+    def __init__(self, cfg, path, device, dtype, max_model_len, place=0):
+        kw, env = vllm_args(cfg, path, device, dtype, max_model_len, place)
         os.environ.update(env)
         self.sleeps = kw.get("enable_sleep_mode", False)
         with quiet_stderr(cfg.verbose):  # its start-up warnings come from C++ too (NUMA binding, Triton)
@@ -1570,7 +1646,7 @@ class VLLMEngine:
         self.capacity = self.core.vllm_config.scheduler_config.max_num_seqs  # sequences decoded at once
         self.version, self.source = 0, None
         self.core.set_weight_version("0")
-        self.seeded = device.type == "cpu"  # (CUDA: a seeded request samples with its own generator, one kernel each)
+        self.seeded = device.type == "cpu" if cfg.vllm_request_seeds is None else cfg.vllm_request_seeds
 
     def head_dtypes(self):
         """The dtypes of the engine's LM-head logits, read off its LogitsProcessor modules (where vLLM applies the
@@ -1659,7 +1735,13 @@ class VLLMEngine:
         self.live, self.queue = {}, []
 
     def close(self):
-        """Shut the engine down now (under torchrun it takes the process group with it, so it must go last)."""
+        """Shut the engine down now (under torchrun it takes the process group with it, so it must go last). Asleep (a
+        stop mid-round), it is woken first: its shutdown frees what sleep freed already, and vLLM prints CUDA errors
+        beside the real one."""
+        if self.asleep:
+            with contextlib.suppress(Exception):
+                self.llm.wake_up()
+            self.asleep = False
         self.core.engine_core.shutdown()
 
     def sleep(self):
@@ -1712,7 +1794,7 @@ def write_weights(path, model, dtype, version, fp32_head):
         dist.barrier()  # no rank sends a request for this version before its weights are in place
 
 
-def generator_main(i, cfg, path, device, dtype, max_model_len, weights, requests, results, cores, parent):
+def generator_main(i, place, cfg, path, device, dtype, max_model_len, weights, requests, results, cores, parent):
     """Generator i: a VLLMEngine that decodes whenever it has requests, loads the newest weights file between two of
     its engine steps (and before a request that asks for newer weights), and sends the finished pieces back with the
     tokens it decoded, its engine steps and what it has left. It stops when told to, or when the trainer is gone."""
@@ -1734,7 +1816,7 @@ def generator_main(i, cfg, path, device, dtype, max_model_len, weights, requests
             os.sched_setaffinity(0, cores)
             torch.set_num_threads(len(cores))
         quiet_libraries(cfg.verbose)
-        engine = VLLMEngine(cfg, path, torch.device(device), dtype, max_model_len)
+        engine = VLLMEngine(cfg, path, torch.device(device), dtype, max_model_len, place)
         results.put(("ready", i, engine.capacity))
         while os.getppid() == parent:
             refresh()
@@ -1743,16 +1825,17 @@ def generator_main(i, cfg, path, device, dtype, max_model_len, weights, requests
                 msgs.append(requests.get(not engine.unfinished(), 0.05))  # (block only with nothing to decode)
                 while True:
                     msgs.append(requests.get_nowait())
-            for kind, request in msgs:
+            for kind, batch in msgs:
                 if kind == "stop":
                     return
                 if kind == "abort":
                     engine.abort()
-                if kind == "submit":
-                    if request[-1] > engine.version:  # pushed before the request was sent: the file holds it now
+                if kind == "submit":  # what the trainer submitted between two of its engine calls, in one message
+                    if batch[-1][-1] > engine.version:  # pushed before the requests were sent: the file holds it now
                         refresh()
-                    engine.submit(*request[:-1])
-                    taken += 1
+                    for request in batch:
+                        engine.submit(*request[:-1])
+                    taken += len(batch)
             if engine.unfinished():
                 done, n, k = engine.step()
                 steps, decoded = steps + k, decoded + n
@@ -1772,8 +1855,8 @@ def generator_main(i, cfg, path, device, dtype, max_model_len, weights, requests
 
 class SplitEngine:
     """Engine 'vllm' with --generators N: the VLLMEngine contract, served by generator processes (rank r owns r, r + W,
-    ...). submit() sends at once, a group's to one generator; step() returns what they finished since the last call,
-    waiting only when nothing; push() writes the weights file. On CUDA generator i takes GPU LOCAL_WORLD_SIZE + i
+    ...). submit() queues, a group's to one generator; step() and sleep() send the queue, and step() returns what they
+    finished since the last call, waiting only when nothing; push() writes the weights file. On CUDA generator i takes GPU LOCAL_WORLD_SIZE + i
     (0.9 of it), on CPU every process an equal share of the cores."""
 
     def __init__(self, cfg, path, device, dtype, max_model_len, model):
@@ -1791,14 +1874,14 @@ class SplitEngine:
         ctx, saved = torch.multiprocessing.get_context("spawn"), dict(os.environ)
         gpus = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(local + cfg.generators)))).split(",")
         gen_cfg = dataclasses.replace(cfg, vllm_sleep=False, vllm_gpu_memory_utilization=0.9)
-        self.results, self.procs, self.requests = ctx.Queue(), {}, {}
+        self.results, self.procs, self.requests, self.queue = ctx.Queue(), {}, {}, {}
         self.left, self.sent, self.taken = {}, {}, {}  # per generator, for load(): as it last said; since then
         try:
             for i in range(rank(), cfg.generators, world()):
-                self.requests[i], self.left[i], self.sent[i], self.taken[i] = ctx.Queue(), 0, 0, 0
+                self.requests[i], self.queue[i], self.left[i], self.sent[i], self.taken[i] = ctx.Queue(), [], 0, 0, 0
                 self.procs[i] = ctx.Process(target=generator_main, daemon=True, args=(
-                    i, gen_cfg, path, device.type, dtype, max_model_len, self.weights, self.requests[i], self.results,
-                    chunk(local + i), os.getpid()))
+                    i, world() + i, gen_cfg, path, device.type, dtype, max_model_len, self.weights, self.requests[i],
+                    self.results, chunk(local + i), os.getpid()))
                 for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):  # its engine is a plain, single one
                     os.environ.pop(k, None)
                 os.environ.update({"OMP_NUM_THREADS": str(share)} if cores
@@ -1809,15 +1892,17 @@ class SplitEngine:
                     os.environ.clear()
                     os.environ.update(saved)
             # twice what each engine decodes at once: work to go on with while the trainer trains
-            self.capacity = sum(2 * self.receive(time.time() + 900)[2] for _ in self.procs)
+            self.capacity = sum(2 * self.receive()[2] for _ in self.procs)
         except BaseException:
             self.close()
             raise
         self.idle, self.idle_since = [0.0, time.time()], {i: time.time() for i in self.procs}  # see take_idle
 
-    def receive(self, deadline):
+    def receive(self):
         """The next message from a generator. One that failed or died stops the run (status 1, resumable: the Recorder
-        saves a checkpoint of the last step)."""
+        saves a checkpoint of the last step), so does silence for --generator-timeout seconds."""
+        patience = self.cfg.generator_timeout or max(900.0, 0.5 * self.cfg.max_new_tokens)
+        deadline = time.time() + patience
         while True:
             for i, p in self.procs.items():
                 if not p.is_alive():
@@ -1828,14 +1913,23 @@ class SplitEngine:
                     raise ScaleRLError(f"generator {msg[1]} failed: {msg[2].strip().splitlines()[-1]}", 1, True)
                 return msg
             if time.time() > deadline:
-                raise ScaleRLError("no word from the generators in 15 minutes", 1, True)
+                raise ScaleRLError(f"no word from the generators in {patience:g} s (--generator-timeout)", 1, True)
 
     def submit(self, key, ids, max_tokens, seed):
         # a group's completions go to one generator (one request there), the same in every run (not hash(): salted)
         i = sorted(self.procs)[zlib.crc32(repr(key[0]).encode()) % len(self.procs)]
-        self.requests[i].put(("submit", (key, list(ids), max_tokens, seed, self.version)))
-        self.idle[0] += time.time() - self.idle_since.pop(i, time.time())
+        self.queue[i].append((key, list(ids), max_tokens, seed, self.version))
         self.live[key], self.sent[i] = i, self.sent[i] + 1
+
+    def flush(self):
+        """Send each generator what was submitted since the last engine call, in one message: its engine adds them
+        all before its next step, as a VLLMEngine in this process adds what was queued (the same batches, the same
+        float rounding)."""
+        for i, batch in self.queue.items():
+            if batch:
+                self.requests[i].put(("submit", batch))
+                self.idle[0] += time.time() - self.idle_since.pop(i, time.time())
+                self.queue[i] = []
 
     def load(self, i):
         """Generator i's sequences queued or decoding: what it had left when it last sent, plus what it took since."""
@@ -1845,7 +1939,8 @@ class SplitEngine:
         return sum(map(self.load, self.procs))
 
     def step(self):
-        msgs = [self.receive(time.time() + 900)]
+        self.flush()
+        msgs = [self.receive()]
         with contextlib.suppress(queue.Empty):
             while True:
                 msgs.append(self.results.get_nowait())
@@ -1869,7 +1964,7 @@ class SplitEngine:
     def abort(self):
         for q in self.requests.values():
             q.put(("abort", None))
-        self.live = {}
+        self.live, self.queue = {}, {i: [] for i in self.queue}
 
     def close(self):
         """Stop the generators (5 s to go, then killed), remove the weights file, give this process its cores back."""
@@ -1892,7 +1987,8 @@ class SplitEngine:
             torch.set_num_threads(self.restore[1])
 
     def sleep(self):
-        pass
+        """The trainer trains now: the generators (which never sleep) get what was submitted, to decode meanwhile."""
+        self.flush()
 
 
 class Policy(torch.nn.Module):
@@ -1960,6 +2056,53 @@ def mismatch_sums(logp, logp_gen, eps_max):
     d = (logp.detach() - logp_gen).double()
     return {"mismatch_abs_logprob": d.abs().sum().item(), "mismatch_kl_k3": (torch.exp(d) - 1 - d).sum().item(),
             "mismatch_trunc_frac": (d > math.log(eps_max)).sum().item()}
+
+
+def memory_plan(config, cfg, ranks, device_bytes):
+    """What a device will hold, in bytes, from the model's config (its parameters counted on the meta device) and the
+    flags, before any weight is loaded. The trainer: float32 weights, gradients and AdamW's two moments (param dtype,
+    sharded over the ranks by FSDP2), and the chunked head's float32 logits and their gradient. The engine (on the
+    trainer's device unless --generators): its share of the device (--vllm-gpu-memory-utilization, 0.9 on a generator's
+    own), which holds its weights (compute dtype), the float32 head copy, and a KV cache of what is left.
+    Activations are not counted."""
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    n, (vocab, hidden) = sum(p.numel() for p in model.parameters()), model.get_output_embeddings().weight.shape
+    param, compute = getattr(torch, cfg.param_dtype).itemsize, (getattr(torch, cfg.dtype) if cfg.dtype != "auto" else
+                                                                 torch.bfloat16).itemsize
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    plan = {"params": n, "weights": n * param / ranks, "gradients": n * param / ranks, "adam": 2 * n * param / ranks,
+            "head_chunk": 2 * 4 * cfg.logprob_chunk * vocab}
+    plan["trainer"] = plan["weights"] + plan["gradients"] + plan["adam"] + plan["head_chunk"]
+    share = (0.9 if cfg.generators else cfg.vllm_gpu_memory_utilization) * device_bytes
+    plan.update(engine=share, engine_weights=n * compute, fp32_head=4 * vocab * hidden * cfg.lm_head_fp32,
+                kv_token=2 * config.num_hidden_layers * getattr(config, "num_key_value_heads", heads) * head_dim * compute)
+    plan["kv"] = max(0.0, share - plan["engine_weights"] - plan["fp32_head"])
+    plan["left"] = device_bytes - plan["trainer"] - (0 if cfg.generators else share)
+    return plan
+
+
+def plan_line(plan, cfg, ranks, device_bytes):
+    """The start-up line of a memory plan, and an error where the trainer's state cannot fit beside the engine."""
+    gb = lambda b: f"{b / 2**30:.1f}"  # noqa: E731  (GiB, as gpu_peak_gb)
+    line = (f"scalerl: memory plan per GPU ({gb(device_bytes)} GiB): trainer {gb(plan['trainer'])} GiB (weights "
+            f"{gb(plan['weights'])}, gradients {gb(plan['gradients'])}, AdamW {gb(plan['adam'])}"
+            f"{f' sharded over {ranks} ranks' if ranks > 1 else ''}, head chunk {gb(plan['head_chunk'])}) | engine "
+            f"{gb(plan['engine'])} GiB{' on each generator GPU' if cfg.generators else ''} (weights "
+            f"{gb(plan['engine_weights'])}, float32 head {gb(plan['fp32_head'])}, KV cache {gb(plan['kv'])} GiB = "
+            f"{plan['kv'] / plan['kv_token'] / 1e3:.0f}k tokens at most) | {gb(plan['left'])} GiB left for activations")
+    room = device_bytes - (0 if cfg.generators else plan["engine"]) - plan["head_chunk"]
+    resident = plan["trainer"] - plan["head_chunk"]
+    if resident <= room:
+        return line, None
+    need = math.ceil(resident * ranks / room) if room > 0 else None
+    return line, (f"the trainer's weights, gradients and AdamW moments need {gb(resident)} GiB a GPU "
+                  f"({plan['params'] / 1e9:.2f}B parameters in {cfg.param_dtype}"
+                  f"{f' over {ranks} ranks' if ranks > 1 else ''}), and {gb(room)} GiB is left beside the engine's "
+                  f"share: " + (f"use at least {need} ranks (torchrun --nproc-per-node), " if need else "")
+                  + "a smaller model, or a lower --vllm-gpu-memory-utilization")
 
 
 def gpu_peak(model, opt):
@@ -2147,9 +2290,16 @@ def setup(cfg):
     if launched() and device.type == "cuda":  # each rank its own GPU
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
+    if device.type == "cuda" and (cfg.resume or cfg.model):  # what each GPU will hold, before any weight is loaded
+        from transformers import AutoConfig
+        total = torch.cuda.get_device_properties(device).total_memory
+        line, error = plan_line(memory_plan(AutoConfig.from_pretrained(cfg.resume or cfg.model), cfg, world(), total),
+                                cfg, world(), total)
+        print(line, flush=True)
+        if error:
+            die(error)
     dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else \
         torch.bfloat16 if device.type == "cuda" else torch.float32
-    cfg.out = cfg.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
     torch.manual_seed(cfg.seed)
     per_rank = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))  # CPUs per rank
     workers = cfg.reward_workers if cfg.reward_workers >= 0 else 0 if cfg.reward == "digit" else \
@@ -2176,13 +2326,13 @@ def setup(cfg):
     generator = replica(model, device) if launched() and cfg.engine == "hf" else model
     L = cfg.vllm_max_model_len or longest
     engine = SplitEngine(cfg, path, device, dtype, L, model) if cfg.generators else \
-        VLLMEngine(cfg, path, device, dtype, L) if cfg.engine == "vllm" else HFEngine(generator, tok, cfg, autocast)
+        VLLMEngine(cfg, path, device, dtype, L, rank()) if cfg.engine == "vllm" else HFEngine(generator, tok, cfg, autocast)
     opt, sched = make_optimizer(model, cfg)
     state = State(model, tok, opt, sched, autocast, engine, Rollouts(cfg, engine, tok), grader, train, train_ids,
                   val, val_ids, Curriculum(len(train), cfg.seed, rank(), world()),
                   {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0, "skipped_updates": 0},
                   serial=rank(), policy=policy, frozen=frozen)
-    rows = restore(saved, state, cfg.out) if saved else []
+    rows = restore(saved, state, cfg.resume) if saved else []
     engine.push(model, state.version)  # the engine starts from exactly the trainer's weights
     ceiling = hidden_task_ceiling([p for p, _, _ in val]) if not cfg.data and cfg.task == "hidden" else None
     return state, cfg, Recorder(cfg, state, rows, saved["step"] + 1 if saved else 1, device, ceiling)
@@ -2226,11 +2376,13 @@ def metrics_row(state, cfg, step, r, seconds):
         "truncated": sum(not c.finished for c in comps), "interrupted": sum(c.interrupted for c in comps),
         "flat": round(stats["zero_variance_frac"] * len(groups)), "active": stats["active_prompts"],
         "excluded": stats["truncated_excluded"], "lag_sum": sum(lags), "lags": len(lags), "stale": r["stale"],
-        "in_flight": len(rollouts.open), "decoded": rollouts.decoded, "engine_steps": rollouts.steps}
+        "in_flight": len(rollouts.open), "decoded": rollouts.decoded, "engine_steps": rollouts.steps,
+        "ahead": rollouts.ahead}
     n = dict(zip(local, all_sum(*local.values())))
     t = state.totals
     # every device, trainers' and generators', for the step and for the training generation during the last evaluation
-    t["device_hours"] += (seconds + rollouts.ahead) * (world() + cfg.generators) / 3600
+    # (each rank's own share of it: their mean)
+    t["device_hours"] += (seconds + n["ahead"] / world()) * (world() + cfg.generators) / 3600
     t["flops"] += 2 * n_params * (n["prompt_tokens"] + n["generated"]) + 6 * n_params * n["trained_sequence_tokens"]
     t["gen_tokens"] += int(n["sampled"])  # sampled tokens (injected phrases not counted)
     t["train_tokens"] += update.get("trained_tokens", 0)
@@ -2268,9 +2420,9 @@ class Recorder:
 
     def __init__(self, cfg, state, rows, first, device, ceiling=None):
         self.cfg, self.state, self.rows, self.first, self.out = cfg, state, rows, first, cfg.out
-        self.saved = self.done = first - 1
+        self.done, self.saved = first - 1, first - 1 if cfg.resume else -1  # (a new run: step 0 not saved yet)
         self.stop, self.in_a_row, self.handlers, self.unlogged, self.warned = [], 0, {}, None, set()
-        self.fresh, self.writer = not os.path.isdir(self.out), rank() == 0
+        self.fresh, self.writer, self.restored = not os.path.isdir(self.out), rank() == 0, len(rows)
         n_params = sum(p.numel() for p in state.model.parameters())
         const, const_rate = best_constant_pass_rate([a for _, a, _ in state.val])
         on = f"{device} x {world()} ranks" if launched() else device
@@ -2283,9 +2435,13 @@ class Recorder:
         print(f"scalerl: {n_params / 1e6:.2f}M parameters on {on} | {len(state.train)} train / {len(state.val_ids)} val"
               f" prompts | best constant answer '{const}' scores {const_rate:.3f}"
               + (f" | best possible pass rate {ceiling:.3f}" if ceiling else "") + f" | writing {self.out}"
-              + (f" | resuming after step {first - 1}" if first > 1 else ""), flush=True)
-        self.metrics = open(os.path.join(self.out, "metrics.jsonl"), "a" if first > 1 else "w") if self.writer \
-            else open(os.devnull, "w")
+              + (f" | resuming after step {first - 1}" if cfg.resume else ""), flush=True)
+        path = os.path.join(self.out, "metrics.jsonl")
+        if self.writer:  # the rows up to a resumed checkpoint (or none), in place at once; then each row in one write
+            with open(path + ".tmp", "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+            os.replace(path + ".tmp", path)
+        self.metrics = open(path if self.writer else os.devnull, "a")
         self.tracker = start_wandb(cfg, self.out) if cfg.wandb and self.writer else None
 
     def __enter__(self):
@@ -2378,7 +2534,7 @@ class Recorder:
             self.state.engine.close()  # after the last collective; no generator left, nor (CUDA) an allocator held
             if self.tracker:
                 self.tracker.finish()
-            if kind is not None and self.fresh and not self.rows and self.writer:
+            if kind is not None and self.fresh and len(self.rows) == self.restored and self.writer:
                 shutil.rmtree(self.out, ignore_errors=True)
         return False
 
@@ -2505,7 +2661,8 @@ def save_checkpoint(out, step, state, cfg):
                                                          get_optimizer_state_dict)
     whole = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = get_model_state_dict(state.model, options=whole)
-    optimizer = get_optimizer_state_dict(state.model, state.opt, options=whole)
+    # (an optimiser that never stepped, at step 0, has no state: torch would make one by a step at lr 0, counted)
+    optimizer = get_optimizer_state_dict(state.model, state.opt, options=whole) if state.opt.state else None
     ranks = all_gather([{"curriculum": dataclasses.asdict(state.curriculum), "serial": state.serial,
                          "pending": pending_prompts(state), "torch_rng": torch.get_rng_state(),
                          "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}])[0]
@@ -2536,8 +2693,15 @@ def save_checkpoint(out, step, state, cfg):
 
 
 def resumed_config(cfg, ckpt):
-    """The checkpoint's config, except what may change between the parts of one run."""
-    state = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=False, mmap=True)
+    """The checkpoint's config, except what may change between the parts of one run: --steps, --save-every,
+    --keep-last, and the run directory, --out. A checkpoint continues the run it is in (RUN/checkpoints/step_N),
+    from its newest checkpoint; with another --out it branches there, and the run it came from is only read."""
+    try:  # tensors and plain data only: a pickle that would run code is refused, not run
+        state = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=True, mmap=True)
+    except pickle.UnpicklingError as e:
+        what = (re.findall(r"GLOBAL (\S+)", str(e)) or ["an object"])[0]
+        die(f"--resume {ckpt}: trainer_state.pt holds more than tensors and plain data ({what}), which this script's "
+            "checkpoints never do: refused, not loaded")
     if len(state["ranks"]) != world():
         die(f"--resume {ckpt}: the run had {len(state['ranks'])} ranks; resume it with as many (this has {world()})")
     saved = {**state["config"], "think_budget": tuple(state["config"]["think_budget"])}
@@ -2554,17 +2718,31 @@ def resumed_config(cfg, ckpt):
         die(f"--resume {ckpt}: a resumed run keeps the settings of its checkpoint (all but --steps, --save-every and "
             "--keep-last); given now with other values: " + ", ".join(
                 f"--{k.replace('_', '-')} {getattr(cfg, k)} (the run's: {was[k]})" for k in changed))
-    steps = cfg.steps if cfg.steps != Config.steps else saved["steps"]
+    step, steps = state["step"], state["config"]["steps"] if cfg.steps is None else cfg.steps
+    if steps < step:
+        die(f"--steps {steps}: the checkpoint is of step {step}; a resumed run goes on from there")
+    if steps == step:
+        raise ScaleRLError(f"{ckpt} is step {step} of {steps}: nothing to do (--steps N, N > {step}, goes on)", 0)
+    run_dir = os.path.dirname(os.path.dirname(ckpt))
+    if os.path.realpath(cfg.out) == os.path.realpath(run_dir):
+        later = [c for c in list_checkpoints(run_dir) if int(c.rsplit("_", 1)[1]) > step]
+        if later:
+            die(f"--resume {ckpt}: {run_dir} goes on past it (checkpoint {later[-1]}); resuming it there would mix two "
+                "runs: branch it into a new directory with --out NEW, or --resume auto")
+    elif os.path.exists(os.path.join(cfg.out, "metrics.jsonl")):
+        die(f"--out {cfg.out} already holds a run: branch {ckpt} into a new directory, or continue {cfg.out} with "
+            "--resume auto")
     return Config(**{**saved, "steps": steps, "save_every": cfg.save_every, "keep_last": cfg.keep_last,
-                     "resume": ckpt}), state
+                     "resume": ckpt, "out": cfg.out}), state
 
 
-def restore(saved, state, out):
-    """Put a checkpoint's state back, and cut metrics.jsonl back to its step (rows logged after the checkpoint
-    are written again by the resumed run): no step is duplicated or missing."""
+def restore(saved, state, ckpt):
+    """Put a checkpoint's state back. Returns the rows of its run's metrics.jsonl up to its step (rows logged after the
+    checkpoint are written again by the resumed run: no step is duplicated or missing; the Recorder writes them)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-    set_optimizer_state_dict(state.model, state.opt, saved["optimizer"],
-                             options=StateDictOptions(full_state_dict=launched()))
+    if saved["optimizer"] is not None:
+        set_optimizer_state_dict(state.model, state.opt, saved["optimizer"],
+                                 options=StateDictOptions(full_state_dict=launched()))
     state.sched.load_state_dict(saved["scheduler"])
     mine = saved["ranks"][rank()]
     state.curriculum.__dict__.update({**mine["curriculum"], "removed": set(mine["curriculum"]["removed"])})
@@ -2574,27 +2752,48 @@ def restore(saved, state, out):
     torch.set_rng_state(mine["torch_rng"])
     if mine["cuda_rng"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(mine["cuda_rng"])
-    path = os.path.join(out, "metrics.jsonl")
+    path = os.path.join(os.path.dirname(os.path.dirname(ckpt)), "metrics.jsonl")
+    if not os.path.isfile(path):
+        print(f"scalerl: no metrics.jsonl beside {ckpt}: the rows start after step {saved['step']}", flush=True)
+        return []
     with open(path) as f:
-        rows = [r for r in map(json.loads, f) if r["step"] <= saved["step"]]
-    if rank() == 0:
-        with open(path + ".tmp", "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-        os.replace(path + ".tmp", path)
-    return rows
+        lines = f.read().splitlines()
+    rows = []
+    for k, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # rows are written one write each: a crash cuts off the last one at most
+            if k < len(lines):
+                die(f"{path}: line {k} is not a metrics row (not JSON); the run cannot be resumed from this file")
+            print(f"scalerl: {path}: its last row was cut off (the run stopped while writing it); dropped", flush=True)
+    return [r for r in rows if r["step"] <= saved["step"]]
 
 
 def main(argv=None):
+    status = None  # the exit status, where it is not the end of a run
     try:
         run(parse_args(argv))
-    except ScaleRLError as e:
-        print(f"scalerl.py: error: {e}", file=sys.stderr)
-        sys.exit(e.status)
+    except ScaleRLError as e:  # (status 0: nothing to do)
+        print(f"scalerl.py: error: {e}" if e.status else f"scalerl: {e}", file=sys.stderr if e.status else sys.stdout)
+        status = e.status
     except KeyboardInterrupt:  # a second SIGINT/SIGTERM abandoned the step in progress
-        sys.exit(130)
-    finally:  # under torchrun (a vLLM engine, when it shuts down, takes the process group with it)
-        if launched() and dist.is_initialized():
+        status = 130
+    except BaseException:
+        if not launched():
+            raise
+        traceback.print_exc()
+        status = 1
+    if launched():  # torchrun
+        if dist.is_initialized():  # (a vLLM engine, when it shuts down, takes the process group with it)
             dist.destroy_process_group()
+        # a gloo worker thread can still be freeing a collective's tensors, which takes the GIL: at interpreter
+        # shutdown that aborts the process ("terminate called without an active exception", seen in 1 of 12 resumed
+        # runs under load), so the process ends here, its output flushed and every file, engine and pool closed
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status or 0)
+    if status is not None:
+        sys.exit(status)
 
 
 if __name__ == "__main__":

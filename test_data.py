@@ -327,10 +327,14 @@ def test_bad_data_stops_before_the_model_is_loaded(tmp_path):
 
 
 def test_hub_name_without_network_is_a_clear_error(tmp_path):
+    """Offline (HF_HUB_OFFLINE), a hub dataset that is not in the cache stops the run in one line, before datasets
+    is asked (which would retry)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     r = cli("--model", broken_model(tmp_path), "--data", "no-such-org/no-such-dataset:test", "--out",
             tmp_path / "run", env=env)
-    assert r.returncode == 2 and "no-such-org/no-such-dataset:test: cannot load with datasets" in r.stderr
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"scalerl.py: error: --data no-such-org/no-such-dataset: not in the local cache ({tmp_path / 'hf' / 'hub'}) "
+        "and the hub (huggingface.co) cannot be reached: download it where there is a network, or give a local path")
 
 
 # ---------------------------------------------------------------------------------------------- splits

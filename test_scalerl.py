@@ -724,9 +724,14 @@ def test_live_fit_in_a_run_matches_its_rows(tmp_path, monkeypatch):
 
 def test_loo_runner_writes_fittable_runs_and_resumes(tmp_path, monkeypatch, capsys):
     """bench.py --loo, its main() in this process, and each run it starts is the scalerl.py command it builds, run by
-    scalerl's main() in this process too (a process each cost 5 s of imports)."""
+    scalerl's main() in this process too (a process each cost 5 s of imports). The runs' compute axis is wall-clock
+    time, which the machine's load changes, and with it every fit (under load a fit to the first part once failed):
+    here the runs' clock moves one second a step, so every number in the study is the same on any machine."""
     import contextlib
     import bench as B
+    clock, real_step = [0.0], S.rl_step
+    monkeypatch.setattr(S, "time", types.SimpleNamespace(time=lambda: clock[0], monotonic=time.monotonic))
+    monkeypatch.setattr(S, "rl_step", lambda *a: (clock.__setitem__(0, clock[0] + 1), real_step(*a))[1])
     out = tmp_path / "loo"
     study = ["--loo", "--out", str(out), "--seeds", "1", "--variants", "scalerl", "loss-dapo", "--bootstrap", "20"]
     small = ["--", "--engine", "hf", "--task", "hidden", "--train-size", "32", "--prompts-per-step", "8",
@@ -1016,6 +1021,15 @@ def read_metrics(out):
         return [json.loads(line) for line in f]
 
 
+def rows_written(out):
+    """The complete rows in a running run's metrics.jsonl (0 before it exists; a row being written is not counted)."""
+    try:
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            return f.read().count("\n")
+    except FileNotFoundError:
+        return 0
+
+
 def test_end_to_end_metrics_and_determinism(tmp_path):
     rows_a = S.run(small_cfg(tmp_path / "a", engine="hf"))
     rows_b = S.run(small_cfg(tmp_path / "b", engine="hf"))
@@ -1129,6 +1143,28 @@ def test_vllm_push_after_a_training_step(vllm_engine):
     finally:
         engine.push(model0, 0)  # leave the shared engine as it was
     assert torch.allclose(engine_logprobs(engine, seq), trainer_logprobs(model0, seq, tok.pad_token_id), atol=1e-4)
+
+
+def test_each_engine_samples_its_own_random_stream_without_request_seeds(tmp_path):
+    """As on CUDA (--no-vllm-request-seeds), where requests carry no seed and vLLM samples from its worker's
+    generator, seeded at the engine's start: rank 0's and rank 1's engines (one --seed) sample different completions for the same prompts, and rank 0's
+    engine started again samples its own again. (Seeded with --seed alone, every engine drew the same noise.) The
+    engines run one after another: in one process they share torch's generator, which each start seeds."""
+    need_vllm()
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    cfg = S.Config(engine="vllm", length_control="truncate", max_new_tokens=6, vllm_request_seeds=False)
+    _, tok, path = S.load_model(cfg, torch.device("cpu"))
+    p = tok("3941:").input_ids
+    samples = []
+    for place in (0, 1, 0):
+        engine = S.VLLMEngine(cfg, path, torch.device("cpu"), torch.float32, 64, place)
+        try:
+            samples.append([[c.tokens for c in g] for g in S.rollout(S.Rollouts(cfg, engine, tok), [p, p], 8, 5)])
+        finally:
+            engine.close()
+    assert samples[0] == samples[2] and samples[0] != samples[1]
+    assert S.vllm_args(cfg, path, torch.device("cpu"), torch.float32, 64, 3)[0]["seed"] == S.step_seed(
+        cfg.seed, S.RNG_ENGINE, 3)
 
 
 def test_vllm_samples_differ_within_and_across_prompts(vllm_engine):
@@ -1389,6 +1425,8 @@ def test_gpu_check_runs_on_a_cpu_what_a_cpu_can(capsys, monkeypatch):
                         lambda self, key, ids, n, **kw: real_submit(self, key, ids, 3 if key == "1" else n, **kw))
     ok, measured = bench.check_two_versions("cpu")
     assert ok and measured.startswith("versions [1, 1, 1, 1, 1, 2, 2") and "(seed 2)" in measured
+    ok, measured = bench.check_mismatch("cpu")  # the paired arms (a CPU seeds every request anyway): float32 rounding
+    assert ok is True and "off / on" in measured and "paired: same prompts and request seeds" in measured, measured
 
 
 class FakeLLM:
@@ -1914,11 +1952,12 @@ BOUNDS = {  # every numeric flag: a value just out of its range (each must also 
     "answer_budget": -1, "max_len": -1, "cache_len": -1, "eps_max": 0.0, "eps_low": 1.0, "eps_high": -0.1,
     "npr_threshold": 0.0, "logprob_chunk": 0, "max_lag": -1, "lr": 0.0, "warmup_steps": -1, "weight_decay": -0.1,
     "adam_eps": -1e-9, "grad_clip": 0.0, "micro_batch_tokens": 0, "save_every": -1, "keep_last": 0,
-    "max_skipped_updates": 0, "eval_every": 0, "eval_samples": 0, "generators": -1, "vllm_max_num_seqs": -1}
+    "max_skipped_updates": 0, "eval_every": 0, "eval_samples": 0, "generators": -1, "vllm_max_num_seqs": -1,
+    "generator_timeout": -1.0}
 
 
 def numeric_fields():
-    return [f for f in dataclasses.fields(S.Config) if type(f.default) in (int, float)]
+    return [f for f in dataclasses.fields(S.Config) if f.type in (int, float)]
 
 
 def test_every_numeric_flag_has_a_bound():
@@ -1926,7 +1965,7 @@ def test_every_numeric_flag_has_a_bound():
 
 
 @pytest.mark.parametrize("name,value", [(n, v) for n, v in BOUNDS.items()] +
-                         [(f.name, bad) for f in numeric_fields() if type(f.default) is float
+                         [(f.name, bad) for f in numeric_fields() if f.type is float
                           for bad in ("nan", "inf", "-inf")])
 def test_bad_numbers_are_refused_in_one_line(name, value):
     with pytest.raises(S.ScaleRLError) as e:
@@ -2117,6 +2156,269 @@ def test_resume_of_a_checkpoint_older_than_a_flag_compares_the_flag_with_its_def
         S.resumed_config(given(steps=2, kl_coef=0.1), ckpt)
 
 
+def snapshot(d):
+    """Every file under d, with its bytes."""
+    return {os.path.relpath(os.path.join(r, f), d): open(os.path.join(r, f), "rb").read()
+            for r, _, files in os.walk(d) for f in files}
+
+
+def resume_cli(*args):
+    """A resumed run's command line (its flags but these are the checkpoint's)."""
+    return S.parse_args(["--engine", "hf", *map(str, args)])
+
+
+def test_resume_writes_where_out_says_branches_and_leaves_the_original_byte_for_byte(tmp_path):
+    """The run directory is --out, never the one a checkpoint's config names: --resume CKPT --out NEW branches into NEW
+    (the rows up to the checkpoint's step, then its own, the same trajectory: resume is exact), a copied run resumed
+    with --out COPY goes on in the copy, a checkpoint resumed without --out goes on in the run it is in; and the run
+    they came from keeps every byte. Resuming a run in place from a checkpoint it went past is refused, so is
+    branching into a directory that holds a run."""
+    import shutil
+    orig, branch, copy = tmp_path / "orig", tmp_path / "branch", tmp_path / "copy"
+    rows = S.run(ckpt_cfg(orig, steps=3, save_every=1, keep_last=3))
+    before, (ckpt1, _, _) = snapshot(orig), S.list_checkpoints(str(orig))
+    S.run(resume_cli("--resume", ckpt1, "--out", branch, "--steps", 2))
+    assert snapshot(orig) == before
+    unevaluated = lambda rows: [{k: v for k, v in r.items() if k != "val_pass_rate" and not k.startswith("fit_")}  # noqa
+                                for r in untimed(rows)]  # (the branch evaluates its last step, 2)
+    assert unevaluated(read_metrics(str(branch))) == unevaluated(rows[:3])  # steps 0-1 copied, step 2 its own
+    assert [os.path.basename(c) for c in S.list_checkpoints(str(branch))] == ["step_000002"]
+    assert json.load(open(branch / "config.json"))["out"] == str(branch)
+    shutil.copytree(orig, copy)
+    S.run(resume_cli("--resume", "auto", "--out", copy, "--steps", 4))
+    S.run(resume_cli("--resume", copy / "checkpoints" / "step_000004", "--steps", 5))  # (no --out: its run's)
+    assert snapshot(orig) == before
+    assert [r["step"] for r in read_metrics(str(copy))] == list(range(6)) and untimed(read_metrics(str(copy)))[:4] \
+        == untimed(rows)
+    with pytest.raises(S.ScaleRLError, match=f"{orig} goes on past it .checkpoint .*step_000003.; resuming it there"):
+        S.run(resume_cli("--resume", ckpt1, "--steps", 5))
+    with pytest.raises(S.ScaleRLError, match=f"--out {copy} already holds a run: branch"):
+        S.run(resume_cli("--resume", ckpt1, "--out", copy, "--steps", 5))
+    assert snapshot(orig) == before
+
+
+def test_a_run_resumes_from_another_working_directory(tmp_path, monkeypatch):
+    """A relative --out (the default runs/<timestamp> is one) is kept absolute: resumed from elsewhere, the run goes on
+    where it was, and nothing is written where the resumed command runs."""
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    S.run(ckpt_cfg("rel", steps=1))
+    run = tmp_path / "a" / "rel"
+    assert json.load(open(run / "config.json"))["out"] == str(run)
+    monkeypatch.chdir(tmp_path / "b")
+    S.run(resume_cli("--resume", "auto", "--out", "../a/rel", "--steps", 2))
+    S.run(resume_cli("--resume", run / "checkpoints" / "step_000002", "--steps", 3))
+    assert [r["step"] for r in read_metrics(str(run))] == [0, 1, 2, 3] and os.listdir(tmp_path / "b") == []
+
+
+def test_out_that_cannot_be_written_is_refused_before_any_model_loads(tmp_path, monkeypatch, capfd):
+    monkeypatch.setattr(S, "load_model", lambda *a, **kw: pytest.fail("a model was loaded"))
+    (tmp_path / "file").write_text("x")
+    status, _, err = main_in_process(["--engine", "hf", "--out", str(tmp_path / "file" / "run")], capfd)
+    assert status == 2 and err.strip() == f"scalerl.py: error: --out {tmp_path / 'file' / 'run'}: " \
+                                          f"{tmp_path / 'file'} is not a directory"
+    monkeypatch.setattr(S.os, "access", lambda path, mode: path != str(tmp_path))  # (root writes anywhere)
+    status, _, err = main_in_process(["--engine", "hf", "--out", str(tmp_path / "new" / "run")], capfd)
+    assert status == 2 and err.strip() == f"scalerl.py: error: --out {tmp_path / 'new' / 'run'}: {tmp_path} is " \
+                                          "not writable"
+    assert sorted(os.listdir(tmp_path)) == ["file"]
+
+
+def test_resume_drops_a_cut_off_last_row_and_refuses_a_broken_one_before_it(tmp_path, capsys):
+    """A crash while a row is written cuts it off (each row is one write): the resumed run drops it with one line and
+    goes on from the checkpoint. A broken row before the last is not a crash's: refused, naming the line."""
+    S.run(ckpt_cfg(tmp_path, steps=2, save_every=1))
+    path = tmp_path / "metrics.jsonl"
+    good = path.read_text()
+    path.write_text(good + good.splitlines()[-1][:40])  # step 2's row again, cut off, as step 3's would be
+    capsys.readouterr()
+    S.run(resume_cli("--resume", "auto", "--out", tmp_path, "--steps", 3))
+    assert f"scalerl: {path}: its last row was cut off (the run stopped while writing it); dropped" in \
+        capsys.readouterr().out.splitlines()
+    assert [r["step"] for r in read_metrics(str(tmp_path))] == [0, 1, 2, 3]
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:1] + [lines[1][:40]] + lines[2:]) + "\n")
+    with pytest.raises(S.ScaleRLError, match=f"{path}: line 2 is not a metrics row"):
+        S.run(resume_cli("--resume", "auto", "--out", tmp_path, "--steps", 4))
+
+
+def test_steps_on_resume_means_what_was_given(tmp_path, monkeypatch, capfd):
+    """--steps given on resume is the run's new length, also when it equals the default (150); not given, the run's
+    own. Below the checkpoint's step it is refused, equal to it there is nothing to do (exit 0): both before anything
+    loads, and nothing in the run directory changes."""
+    S.run(ckpt_cfg(tmp_path, steps=2))
+    ckpt = S.list_checkpoints(str(tmp_path))[-1]
+    given = lambda *a: S.resumed_config(resume_cli("--resume", "auto", "--out", tmp_path, *a), ckpt)[0]  # noqa: E731
+    assert given("--steps", S.fill_defaults(S.Config()).steps).steps == 150 and given("--steps", 7).steps == 7
+    monkeypatch.setattr(S, "load_model", lambda *a, **kw: pytest.fail("a model was loaded"))
+    before = snapshot(tmp_path)
+    cmd = ["--engine", "hf", "--resume", "auto", "--out", str(tmp_path)]
+    status, out, err = main_in_process(cmd + ["--steps", "1"], capfd)
+    assert status == 2 and err.strip() == "scalerl.py: error: --steps 1: the checkpoint is of step 2; a resumed " \
+                                          "run goes on from there"
+    for more in ([], ["--steps", "2"]):
+        status, out, err = main_in_process(cmd + more, capfd)
+        assert status == 0 and out.strip().splitlines()[-1] == f"scalerl: {ckpt} is step 2 of 2: nothing to do " \
+                                                               "(--steps N, N > 2, goes on)" and not err
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.quick
+def test_an_answer_budget_that_leaves_no_thinking_budget_is_refused():
+    for budget in (8, 9):
+        with pytest.raises(S.ScaleRLError, match=f"--answer-budget {budget} leaves no thinking budget within "
+                                                 "--max-new-tokens 8"):
+            S.parse_args(["--answer-budget", str(budget), "--max-new-tokens", "8"])
+    assert S.parse_args(["--answer-budget", "7", "--max-new-tokens", "8"]).think_budget == (1, 1)
+    assert S.parse_args(["--answer-budget", "8", "--max-new-tokens", "8", "--length-control", "truncate"])
+
+
+def test_steps_0_evaluates_and_saves_step_0_which_resume_continues_as_one_run(tmp_path):
+    """--steps 0: the initial weights' evaluation and checkpoint step 0; resumed, the run is the one that ran whole."""
+    whole = S.run(ckpt_cfg(tmp_path / "whole", steps=2))
+    rows = S.run(ckpt_cfg(tmp_path / "parts", steps=0))
+    assert [r["step"] for r in rows] == [0] and [os.path.basename(c) for c in
+                                                 S.list_checkpoints(str(tmp_path / "parts"))] == ["step_000000"]
+    S.run(resume_cli("--resume", "auto", "--out", tmp_path / "parts", "--steps", 2))
+    assert untimed(read_metrics(str(tmp_path / "parts"))) == untimed(whole)
+    assert "0: evaluate the initial weights and save them as checkpoint step 0" in S.Config.__dataclass_fields__[
+        "steps"].metadata["help"]
+
+
+def test_a_hub_name_without_network_fails_in_one_line_unless_it_is_cached(tmp_path, monkeypatch, capfd):
+    """Without the hub (its address refuses connections here), a --model hub name not in the cache stops the run in
+    one line, before any library tries (and retries) the hub; one in the cache passes, with the libraries told to
+    stay offline."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # (the discard port: nothing listens)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(S, "load_model", lambda *a, **kw: pytest.fail("a model was loaded"))
+    status, out, err = main_in_process(["--engine", "hf", "--model", "no-such-org/no-such-model", "--out",
+                                        str(tmp_path / "run")], capfd)
+    assert status == 2 and err.strip() == (
+        f"scalerl.py: error: --model no-such-org/no-such-model: not in the local cache ({tmp_path / 'hf' / 'hub'}) "
+        "and the hub (127.0.0.1) cannot be reached: download it where there is a network, or give a local path")
+    (tmp_path / "hf" / "hub" / "models--org--cached" / "snapshots" / "0123").mkdir(parents=True)
+    S.check_hub(S.Config(model="org/cached"))
+    assert os.environ["HF_HUB_OFFLINE"] == os.environ["HF_DATASETS_OFFLINE"] == "1"
+
+
+def test_resume_refuses_a_trainer_state_that_would_run_code(tmp_path, capfd):
+    """trainer_state.pt is loaded with weights_only: a pickle that would run code (here: create a file) is refused in
+    one line, and nothing runs."""
+    S.run(ckpt_cfg(tmp_path / "run", steps=1))
+    ckpt = S.list_checkpoints(str(tmp_path / "run"))[-1]
+    state = torch.load(ckpt + "/trainer_state.pt", weights_only=True)
+    torch.save({**state, "loop": Pwn(str(tmp_path / "pwned"))}, ckpt + "/trainer_state.pt")
+    status, _, err = main_in_process(["--engine", "hf", "--resume", ckpt, "--steps", "2"], capfd)
+    assert status == 2 and err.strip() == f"scalerl.py: error: --resume {ckpt}: trainer_state.pt holds more than " \
+        "tensors and plain data (posix.system), which this script's checkpoints never do: refused, not loaded"
+    assert not (tmp_path / "pwned").exists()
+
+
+class Pwn:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.path}",)
+
+
+def test_closing_an_engine_asleep_wakes_it_first():
+    """vLLM frees, at shutdown, memory that sleep freed already (CUDA errors beside the real one): close() wakes an
+    engine asleep first, whatever the wake-up raises, and only an engine asleep."""
+    for asleep, fails in ((True, False), (True, True), (False, False)):
+        calls = []
+
+        def wake_up():
+            calls.append("wake_up")
+            if fails:
+                raise RuntimeError("CUDA error")
+        e = S.VLLMEngine.__new__(S.VLLMEngine)
+        e.asleep, e.llm = asleep, types.SimpleNamespace(wake_up=wake_up)
+        e.core = types.SimpleNamespace(engine_core=types.SimpleNamespace(shutdown=lambda: calls.append("shutdown")))
+        e.close()
+        assert calls == (["wake_up", "shutdown"] if asleep else ["shutdown"])
+        assert not e.asleep
+
+
+def test_a_silent_generator_stops_the_split_after_generator_timeout():
+    """A generator alive but silent stops the run after --generator-timeout seconds (status 1, resumable); without it
+    the wait is 900 s, or 0.5 s per --max-new-tokens token where that is more."""
+    import queue
+    split = S.SplitEngine.__new__(S.SplitEngine)
+    split.procs, split.results = {0: types.SimpleNamespace(is_alive=lambda: True, pid=1)}, queue.Queue()  # silent
+    split.cfg = S.Config(generators=1, generator_timeout=0.2)
+    with pytest.raises(S.ScaleRLError, match=r"no word from the generators in 0.2 s \(--generator-timeout\)") as e:
+        split.receive()
+    assert e.value.status == 1 and e.value.resumable
+    split.results.put(("out", 0, [], 0, 0, 0, 0))
+    assert split.receive()[0] == "out"
+    help_ = S.Config.__dataclass_fields__["generator_timeout"].metadata["help"]
+    assert "0: 900, or 0.5 s per --max-new-tokens token" in help_
+    clock = iter(range(0, 10**6, 1000))  # a clock that moves 1000 s a reading: the default waits, in two seconds
+    S_time = types.SimpleNamespace(time=lambda: next(clock))
+    for tokens, wait in ((8, 900), (4000, 2000)):
+        split.cfg = S.Config(generators=1, max_new_tokens=tokens)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(S, "time", S_time)
+            with pytest.raises(S.ScaleRLError, match=f"no word from the generators in {wait} s"):
+                split.receive()
+
+
+def qwen2_params(V, H, L, I, heads, kv, tied):
+    """Qwen2's parameters by hand: embedding, per layer q/k/v (with biases), o, the gated MLP and two norms, the final
+    norm, and an untied head."""
+    d = H // heads
+    layer = (H * H + H) + 2 * (H * kv * d + kv * d) + H * H + 3 * H * I + 2 * H
+    return V * H + L * layer + H + (0 if tied else V * H)
+
+
+@pytest.mark.quick
+def test_memory_plan_by_hand_for_the_05b_and_7b_shapes():
+    """The plan counts the parameters on the meta device and each item from the flags: float32 weights, gradients and
+    AdamW moments (16 bytes a parameter) sharded over the ranks, the head chunk's float32 logits and gradient; the
+    engine's share, its bf16 weights, the float32 head copy and a KV cache of the rest. The 7B shape does not fit on
+    one 80 GB GPU (the trainer's 121.8 GiB beside the engine's 0.3): refused, with the ranks that would fit; on 8
+    ranks it fits (activations aside: issue 44's part)."""
+    from transformers import Qwen2Config
+    GiB = 2**30
+    for (V, H, L, I, heads, kv, tied, ranks) in ((151936, 896, 24, 4864, 14, 2, True, 1),
+                                                 (152064, 3584, 28, 18944, 28, 4, False, 8)):
+        conf = Qwen2Config(vocab_size=V, hidden_size=H, num_hidden_layers=L, intermediate_size=I,
+                           num_attention_heads=heads, num_key_value_heads=kv, tie_word_embeddings=tied)
+        cfg = S.fill_defaults(S.Config(model="org/name"))
+        n, device = qwen2_params(V, H, L, I, heads, kv, tied), 79.2 * GiB
+        plan = S.memory_plan(conf, cfg, ranks, device)
+        assert plan["params"] == n
+        assert plan["weights"] == plan["gradients"] == 4 * n / ranks and plan["adam"] == 8 * n / ranks
+        assert plan["head_chunk"] == 2 * 4 * 1024 * V and plan["engine"] == 0.3 * device
+        assert plan["engine_weights"] == 2 * n and plan["fp32_head"] == 4 * V * H
+        assert plan["kv"] == 0.3 * device - 2 * n - 4 * V * H and plan["kv_token"] == 2 * L * kv * (H // heads) * 2
+        line, error = S.plan_line(plan, cfg, ranks, device)
+        assert error is None and line.startswith("scalerl: memory plan per GPU (79.2 GiB): trainer ")
+    assert n == 7_615_616_512 and f"AdamW {8 * n / 8 / GiB:.1f} sharded over 8 ranks" in line
+    line, error = S.plan_line(S.memory_plan(conf, cfg, 1, device), cfg, 1, device)
+    assert error == (f"the trainer's weights, gradients and AdamW moments need {16 * n / GiB:.1f} GiB a GPU (7.62B "
+                     f"parameters in float32), and {(0.7 * device - 8 * 1024 * 152064) / GiB:.1f} GiB is left beside "
+                     "the engine's share: use at least 3 ranks (torchrun --nproc-per-node), a smaller model, or a "
+                     "lower --vllm-gpu-memory-utilization")
+
+
+def test_the_engine_share_leaves_room_for_the_float32_head(tmp_path):
+    """On CUDA the float32 head copy is made after vLLM sized its KV cache: its bytes come off the share vLLM gets."""
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    cfg = S.Config(engine="vllm")
+    model, _, path = S.load_model(cfg, torch.device("cpu"))
+    V, H = model.config.vocab_size, model.config.hidden_size
+    for fp32 in (True, False):
+        kw, _ = S.vllm_args(S.Config(lm_head_fp32=fp32), path, torch.device("cuda"), torch.bfloat16, 64,
+                            device_bytes=2**30)
+        assert kw["gpu_memory_utilization"] == 0.3 - 4 * V * H * fp32 / 2**30
+
+
 def test_resume_in_pipeline_mode_regenerates_the_groups_in_flight(tmp_path):
     """A checkpoint taken with groups in flight records their prompts; the resumed run generates them again first,
     and the counters, the curriculum and the weight version go on (continued correctly, not bit-exactly)."""
@@ -2185,7 +2487,7 @@ def test_sigkill_while_writing_a_checkpoint_leaves_the_previous_one_and_sigterm_
     state = torch.load(root / "step_000002" / "trainer_state.pt", weights_only=False)
     assert state["step"] == 2 and load_params(str(root / "step_000002"))  # complete and loadable
     q = cli("--out", str(out), "--resume", "auto", "--steps", "500", "--save-every", "1", "--keep-last", "2", *small)
-    while q.poll() is None and len(read_metrics(str(out))) < 6:  # steps 3-5 logged
+    while q.poll() is None and rows_written(str(out)) < 6:  # steps 3-5 logged
         time.sleep(0.05)
     q.send_signal(signal.SIGTERM)
     stdout, stderr = q.communicate(timeout=300)
@@ -2363,7 +2665,7 @@ def fake_results(prompts, groups, rewards, cfg, stale, trained_version=3):
                 push_seconds=0.1)
 
 
-def metrics_state(decoded, steps, val_answers, in_flight=0):
+def metrics_state(decoded, steps, val_answers, in_flight=0, ahead=0.0):
     cfg = S.Config(prompts_per_step=6, generations_per_prompt=4, eval_samples=2, length_control="truncate")
     engine = ScriptedEngine(lambda key: 3)
     ro = S.Rollouts(cfg, engine, FakeTok())
@@ -2374,21 +2676,23 @@ def metrics_state(decoded, steps, val_answers, in_flight=0):
                 [("p", a, {}) for a in val_answers], [[1, 2]] * len(val_answers),
                 S.Curriculum(40, 0, S.rank(), S.world()),
                 {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0, "skipped_updates": 0})
-    ro.decoded, ro.steps, ro.seconds = decoded, steps, 0.1  # the step's engine time
+    ro.decoded, ro.steps, ro.seconds, ro.ahead = decoded, steps, 0.1, ahead  # the step's engine time; training
+    # generation beside the last evaluation
     ro.open = {("train", 100 + k): S.Group(("train", 100 + k), [1], [], [], [], left=1)  # training groups still
                for k in range(in_flight)}                                                # generating
     return s, cfg
 
 
 VAL_ANSWERS = ["yes" if i % 3 == 0 else "no" for i in range(7)]  # 3 of 7 right; ranks' shares: 2/4 and 1/3
-RANK_EXTRAS = [dict(stale=1, in_flight=3, decoded=50, steps=5), dict(stale=0, in_flight=2, decoded=30, steps=5)]
+RANK_EXTRAS = [dict(stale=1, in_flight=3, decoded=50, steps=5, ahead=0.2),
+               dict(stale=0, in_flight=2, decoded=30, steps=5, ahead=0.6)]
 
 
 def _metrics_worker(rank, out):
     prompts, groups, rewards = fixed_batch()
     mine = slice(0, 3) if rank == 0 else slice(3, 6)
     x = RANK_EXTRAS[rank]
-    s, cfg = metrics_state(x["decoded"], x["steps"], VAL_ANSWERS, x["in_flight"])
+    s, cfg = metrics_state(x["decoded"], x["steps"], VAL_ANSWERS, x["in_flight"], x["ahead"])
     row = S.metrics_row(s, cfg, 1, fake_results(prompts[mine], groups[mine], rewards[mine], cfg, x["stale"]), 0.5)
     val, _ = S.evaluate(s, cfg, 1)
     if rank == 0:
@@ -2403,7 +2707,8 @@ def test_rank_zero_metrics_and_evaluation_cover_both_ranks(two_ranks):
     s, cfg = metrics_state(a["decoded"] + b["decoded"], a["steps"] + b["steps"], VAL_ANSWERS,
                            a["in_flight"] + b["in_flight"])
     want = S.metrics_row(s, cfg, 1, fake_results(*fixed_batch(), cfg, a["stale"] + b["stale"]), 0.5)
-    assert row["device_hours"] == pytest.approx(2 * want["device_hours"])  # both devices' time
+    # both devices' time: the step's 0.5 s, and the ranks' own training generation beside the last evaluation
+    assert row["device_hours"] == pytest.approx(2 * (0.5 + (a["ahead"] + b["ahead"]) / 2) / 3600)
     assert want["gen_tokens"] > 0 and want["active_prompts"] == 5 and want["lag_max"] == 3
     for k in want:
         if k not in ("device_hours", "train_tokens"):
@@ -2440,50 +2745,53 @@ def test_metrics_row_by_hand():
     assert s.totals["flops"] == 2 * 1712 and s.totals["gen_tokens"] == 44  # cumulative
 
 
-def torchrun(*args, env=None, wait=True):
-    """scalerl.py under torchrun, two ranks, each with one thread (wait=False: the process, running)."""
+def torchrun(*args, env=None, script=os.path.join(HERE, "scalerl.py"), cwd=None):
+    """scalerl.py (or another script) under torchrun, two ranks, each with one thread."""
     p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          os.path.join(HERE, "scalerl.py"), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
-    if not wait:
-        return p
+                          script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
     p.stdout, p.stderr = p.communicate(timeout=600)
     return p
 
 
-def rank_1_of(launcher):
-    """The pid of the process that torchrun started as rank 1."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{pid}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            continue
-        if parent == launcher.pid and b"RANK=1" in env:
-            return int(pid)
+# scalerl.py's command line, where rank SIGNAL_RANK sends itself SIGTERM as it starts step SIGNAL_STEP: a signal that
+# lands at the same point of the run on any machine (a signal sent from outside lands wherever the run is by then)
+SIGNAL_AT = """
+import atexit, os, signal, sys
+sys.path.insert(0, {here!r})
+import scalerl
+atexit.register(lambda: open(os.environ["SIGNAL_STEP"] + ".shutdown" + os.environ["RANK"], "w").close())
+real, calls = scalerl.rl_step, [0]
+def rl_step(state, cfg):
+    calls[0] += 1
+    if calls[0] == int(os.environ["SIGNAL_STEP"]) and scalerl.rank() == int(os.environ["SIGNAL_RANK"]):
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real(state, cfg)
+scalerl.rl_step = rl_step
+scalerl.main()
+"""
 
 
 def test_two_rank_run_agrees_on_prompts_counts_both_ranks_stops_on_a_signal_to_one_rank_and_resumes(tmp_path):
     """torchrun, 2 ranks, the HF engine: each rank draws only its shard of the prompts, generates with the trainer's
     newest weights (pushed into its copy of the model), records the No-Positive-Resampling history of its shard,
-    rank 0's rows count both ranks' prompts and tokens, the checkpoint is a whole HF model. SIGTERM to rank 1 alone:
-    rank 0 learns of it at the next step's end, both save one checkpoint and exit 0; the run resumes with 2 ranks
-    (but not with 1)."""
-    import signal
+    rank 0's rows count both ranks' prompts and tokens, the checkpoint is a whole HF model. SIGTERM to rank 1 alone
+    (it sends it itself as step 3 starts: the same step on any machine): rank 0 learns of it at the step's end, both
+    save one checkpoint of step 3 and exit 0; the run resumes with 2 ranks (but not with 1). Neither rank runs the
+    interpreter's shutdown (there a gloo thread freeing a collective's tensors aborts the process now and then): the
+    wrapper's atexit hook never runs."""
     out, P, G = str(tmp_path / "run"), 16, 8
     common = ["--engine", "hf", "--out", out, "--prompts-per-step", str(P), "--generations-per-prompt", str(G),
               "--npr-threshold", "0.1", "--val-size", "20", "--eval-every", "2", "--eval-samples", "2",
               "--no-zero-variance-filter"]  # every step trains (and moves the weights, where a group is not flat)
-    p = torchrun(*common, "--steps", "200", wait=False)
-    while p.poll() is None and not (os.path.exists(out + "/metrics.jsonl") and len(read_metrics(out)) >= 3):
-        time.sleep(0.2)
-    os.kill(rank_1_of(p), signal.SIGTERM)
-    stdout, stderr = p.communicate(timeout=300)
+    (tmp_path / "signal_at.py").write_text(SIGNAL_AT.format(here=HERE))
+    p = torchrun(*common, "--steps", "200", script=str(tmp_path / "signal_at.py"),
+                 env={"SIGNAL_RANK": "1", "SIGNAL_STEP": "3"}, cwd=tmp_path)
+    stdout, stderr = p.stdout, p.stderr
     assert p.returncode == 0, stderr[-3000:]
+    assert not [f for f in os.listdir(tmp_path) if ".shutdown" in f]  # os._exit: no interpreter shutdown
     last = read_metrics(out)[-1]["step"]
-    assert 2 <= last < 200 and f"a signal to another rank: stopped after step {last}" in stdout
+    assert last == 3 and f"a signal to another rank: stopped after step {last}" in stdout
     assert [os.path.basename(c) for c in S.list_checkpoints(out)] == [f"step_{last:06d}"]
     assert "torchrun --nproc-per-node 2 scalerl.py --resume auto" in stdout
     assert stdout.count("cannot stream") == stdout.count("parameters on cpu x 2 ranks") == 1  # rank 0 alone prints
@@ -2552,7 +2860,7 @@ def split_run_after(out, rows, *flags):
     """A split run in the background, once it has logged `rows` metrics rows, with its processes at that moment."""
     p = split_cli("--generators", 1, "--steps", 500, "--out", out, "--prompts-per-step", 8, "--val-size", 16,
                   "--eval-samples", 2, *flags)
-    while p.poll() is None and not ((out / "metrics.jsonl").exists() and len(read_metrics(str(out))) >= rows):
+    while p.poll() is None and rows_written(str(out)) < rows:
         time.sleep(0.05)
     return p, descendants(p.pid)
 
@@ -2626,13 +2934,14 @@ def split_cli(*args, threads=None):
 
 def test_split_synchronous_run_writes_the_one_process_metrics_stops_on_sigterm_and_when_its_generator_dies(tmp_path):
     """With --max-lag 0 a split run is the synchronous loop with its generation in another process: the same requests
-    with the same seeds, so with one thread on each side, as the one-process run has here, the same metrics bit for
-    bit, but for the mismatch columns (float32 rounding on both sides, under 1e-5 a token: it depends on how the
-    engine's batch is composed), the loss and gradient norm (which carry that rounding through the importance ratio:
-    seen to differ by 7e-9 and by a relative 1.2e-5; allowed a relative 1e-4),
-    the timing columns, the split's idle fractions, and engine_batch_mean, which depends on when a continuation
-    (after an interruption) reaches the engine: at once in one process, a message later in the split. (Another thread
-    count changes float sums, and then sampled tokens now and then: not compared.)
+    with the same seeds, added to the engine in the same batches (what the trainer submits between two engine calls
+    reaches a generator as one message), so with one thread on each side, as the one-process run has here, the same
+    metrics bit for bit, but for the timing columns and the split's idle fractions. The batches are the same only
+    where every request is submitted at once: a continuation after an interruption reaches a generator a message
+    later than it reaches an engine in the same process, and the generator decodes on meanwhile. That changes how the
+    engine's batches are composed, and with them pi_gen's float32 rounding (up to 1e-5 a token), which the updates
+    carry on (with interruptions, the gradient norms of the two runs were seen to differ by a relative 1.2e-5, and
+    once, under load, by 2.2e-3). So this run truncates instead of interrupting, and nothing in it depends on timing. (Another thread count changes float sums, and then sampled tokens now and then: not compared.)
     The split run goes on past the one-process run's 4 steps (nothing in those depends on --steps) until SIGTERM to its
     trainer stops it after the step it is in, as in one process: exit 0, a checkpoint, its generator gone with it.
     It resumes from that checkpoint; SIGKILL to the generator then stops the trainer with one line naming it, exit
@@ -2643,7 +2952,8 @@ def test_split_synchronous_run_writes_the_one_process_metrics_stops_on_sigterm_a
     import bench
     bench.long_tail_model(str(tmp_path / "m"), p_long=0.0)  # random digits, EOS after 10 on average: rewards vary
     flags = ["--model", tmp_path / "m", "--max-lag", "0", "--prompts-per-step", 8, "--generations-per-prompt", 8,
-             "--val-size", 16, "--train-size", 256, "--eval-every", 2, "--eval-samples", 2, "--lr", 1e-2]
+             "--val-size", 16, "--train-size", 256, "--eval-every", 2, "--eval-samples", 2, "--lr", 1e-2,
+             "--length-control", "truncate", "--max-new-tokens", 16]
     out = tmp_path / "split"
     one = split_cli(*flags, "--steps", 4, "--out", tmp_path / "one", threads=1)
     p, children = split_run_after(out, 5, *flags)  # (steps 0-4 logged)
@@ -2658,15 +2968,9 @@ def test_split_synchronous_run_writes_the_one_process_metrics_stops_on_sigterm_a
     assert [r["step"] for r in split] == list(range(stop + 1)) and stop >= 4
     assert [os.path.basename(c) for c in S.list_checkpoints(str(out))][-1] == f"step_{stop:06d}"
     assert all(r["trainer_idle_frac"] > 0 and 0 <= r["generator_idle_frac"] <= 1 for r in split[1:])
-    extra = {"trainer_idle_frac", "generator_idle_frac", "engine_batch_mean"}
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in extra} for r in untimed(rows)]  # noqa: E731
+    strip = lambda rows: [{k: v for k, v in r.items() if "idle" not in k} for r in untimed(rows)]  # noqa: E731
     assert len(one) == 5
-    for a, b in zip(strip(split), strip(one)):  # the mismatch is float32 rounding on both sides (both engines hold
-        for k in [k for k in a if k.startswith("mismatch_")]:  # the trainer's weights); its sums differ at that level
-            assert a[k] < 1e-5 and b[k] < 1e-5, (k, a.pop(k), b.pop(k))
-            a.pop(k), b.pop(k)
-        for k in {"loss", "grad_norm"} & a.keys():  # through rho = pi_train / pi_gen they carry pi_gen's rounding,
-            assert a.pop(k) == pytest.approx(b.pop(k), rel=1e-4, abs=1e-6), k  # up to 1e-5 a token (a loss can be 0)
+    for a, b in zip(strip(split), strip(one)):
         assert a == b, {k: (a.get(k), b.get(k)) for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
     assert sum(r["active_prompts"] for r in one[1:]) > 0 and all(r["lag_max"] == 0 for r in one[1:])
     assert json.load(open(out / "config.json"))["generators"] == 1
