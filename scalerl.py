@@ -545,7 +545,8 @@ def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None, fro
     model.train()
     loss_sum, n_tok, sums, ranks = 0.0, 0, {}, all_sum(1)  # (the number of ranks: 1 in one process)
     for mb in even_out(micro_batches(samples, cfg.micro_batch_tokens), pad_id):
-        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        # (no cast cache: it would keep a bf16 copy of every layer's float32 weights until the backward pass)
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None, cache_enabled=False):
             terms = sequence_logprobs(model, mb, cfg, pad_id)
             with torch.no_grad():
                 terms.update({f"{k}_logp": sequence_logprobs(m, mb, cfg, pad_id)["logp"] for k, m in
@@ -717,6 +718,9 @@ class Config(Recipe):
                     ["auto", "float32", "bfloat16", "float16"])
     param_dtype: str = flag("float32", "dtype of the trained weights and optimiser state", ["float32", "bfloat16"])
     tie_word_embeddings: bool = flag(False, "embedded model only: tie the input embedding and the LM head")
+    activation_checkpointing: bool = flag(None, "keep only each decoder layer's input for backward and recompute the "
+                                              "rest there (memory for time: about a third more compute per update). "
+                                              "Default: on with --model, off for the embedded model")
     logprob_chunk: int = flag(1024, "tokens per chunk when computing log-probs (memory ~ chunk x vocab)", above=0)
     micro_batch_tokens: int = flag(8192, "padded tokens per micro-batch (gradient accumulation)", above=0)
     vllm_gpu_memory_utilization: float = flag(0.3, "vLLM on CUDA: fraction of GPU memory for the engine (weights + "
@@ -811,7 +815,7 @@ def parse_args(argv=None):
     return validate(fill_defaults(Config(**vars(p.parse_args(argv)))))
 
 
-DERIVED = ("mask_truncated", "eps_low", "eps_high", "answer_budget", "think_budget", "max_len", "cache_len",
+DERIVED = ("mask_truncated", "activation_checkpointing", "eps_low", "eps_high", "answer_budget", "think_budget", "max_len", "cache_len",
            "train_size", "val_size", "reward", "engine")  # the settings fill_defaults derives from the others
 
 
@@ -819,6 +823,8 @@ def fill_defaults(cfg):
     """Fill in the settings whose default depends on others (0, '' or 'auto' means 'derive it')."""
     if cfg.mask_truncated is None:
         cfg.mask_truncated = bool(cfg.model)
+    if cfg.activation_checkpointing is None:
+        cfg.activation_checkpointing = bool(cfg.model)
     cfg.eps_low = cfg.eps_low or {"gspo": 3e-4}.get(cfg.loss, 0.2)
     cfg.eps_high = cfg.eps_high or {"gspo": 4e-4}.get(cfg.loss, 0.28)
     cfg.answer_budget = cfg.answer_budget or max(2, cfg.max_new_tokens // 8)
@@ -2000,7 +2006,7 @@ class Policy(torch.nn.Module):
         self.model = model
 
     def forward(self, ids, attn, pred, cfg):
-        hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
+        hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
         return token_logprobs(hidden[:, :-1][pred], self.model.get_output_embeddings(), ids[:, 1:][pred],
                               cfg.temperature, cfg.lm_head_fp32, cfg.logprob_chunk, logit_transform(self.model.config))
 
@@ -2064,7 +2070,10 @@ def memory_plan(config, cfg, ranks, device_bytes):
     sharded over the ranks by FSDP2), and the chunked head's float32 logits and their gradient. The engine (on the
     trainer's device unless --generators): its share of the device (--vllm-gpu-memory-utilization, 0.9 on a generator's
     own), which holds its weights (compute dtype), the float32 head copy, and a KV cache of what is left.
-    Activations are not counted."""
+    Activations of a --micro-batch-tokens micro-batch, estimated by reading what autocast keeps for backward (not
+    measured): about 30 H + 8 I bytes a token and layer (bf16 inputs of each product, the float32 residual stream,
+    the MLP's four I-wide tensors); with activation checkpointing, each layer's float32 input and one layer's whole.
+    Under torchrun FSDP2 leaves the root (embedding, head) unsharded in float32 after forward, and its gradients."""
     from transformers import AutoModelForCausalLM
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
@@ -2075,7 +2084,13 @@ def memory_plan(config, cfg, ranks, device_bytes):
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     plan = {"params": n, "weights": n * param / ranks, "gradients": n * param / ranks, "adam": 2 * n * param / ranks,
             "head_chunk": 2 * 4 * cfg.logprob_chunk * vocab}
-    plan["trainer"] = plan["weights"] + plan["gradients"] + plan["adam"] + plan["head_chunk"]
+    H, I, L = config.hidden_size, getattr(config, "intermediate_size", 4 * config.hidden_size), config.num_hidden_layers
+    layer = 30 * H + 8 * I  # bytes a token keeps for backward in one layer
+    plan["activations"] = cfg.micro_batch_tokens * (L * 4 * H + layer if cfg.activation_checkpointing else L * layer)
+    embed = model.get_input_embeddings().weight.numel()
+    plan["root"] = 2 * 4 * (embed + (0 if model.get_output_embeddings().weight is model.get_input_embeddings().weight
+                                     else vocab * hidden)) * (ranks > 1)
+    plan["trainer"] = sum(plan[k] for k in ("weights", "gradients", "adam", "head_chunk", "activations", "root"))
     share = (0.9 if cfg.generators else cfg.vllm_gpu_memory_utilization) * device_bytes
     plan.update(engine=share, engine_weights=n * compute, fp32_head=4 * vocab * hidden * cfg.lm_head_fp32,
                 kv_token=2 * config.num_hidden_layers * getattr(config, "num_key_value_heads", heads) * head_dim * compute)
@@ -2087,14 +2102,18 @@ def memory_plan(config, cfg, ranks, device_bytes):
 def plan_line(plan, cfg, ranks, device_bytes):
     """The start-up line of a memory plan, and an error where the trainer's state cannot fit beside the engine."""
     gb = lambda b: f"{b / 2**30:.1f}"  # noqa: E731  (GiB, as gpu_peak_gb)
+    root = f", unsharded root {gb(plan['root'])}" if ranks > 1 else ""
     line = (f"scalerl: memory plan per GPU ({gb(device_bytes)} GiB): trainer {gb(plan['trainer'])} GiB (weights "
             f"{gb(plan['weights'])}, gradients {gb(plan['gradients'])}, AdamW {gb(plan['adam'])}"
-            f"{f' sharded over {ranks} ranks' if ranks > 1 else ''}, head chunk {gb(plan['head_chunk'])}) | engine "
+            f"{f' sharded over {ranks} ranks' if ranks > 1 else ''}, head chunk {gb(plan['head_chunk'])}, activations "
+            f"{gb(plan['activations'])}{' checkpointed' * cfg.activation_checkpointing}{root}) | engine "
             f"{gb(plan['engine'])} GiB{' on each generator GPU' if cfg.generators else ''} (weights "
             f"{gb(plan['engine_weights'])}, float32 head {gb(plan['fp32_head'])}, KV cache {gb(plan['kv'])} GiB = "
-            f"{plan['kv'] / plan['kv_token'] / 1e3:.0f}k tokens at most) | {gb(plan['left'])} GiB left for activations")
+            f"{plan['kv'] / plan['kv_token'] / 1e3:.0f}k tokens at most) | {gb(plan['left'])} GiB left"
+            + ("" if plan["left"] >= 0 else ": does not fit; lower --micro-batch-tokens, turn on "
+               "--activation-checkpointing, or use more ranks"))
     room = device_bytes - (0 if cfg.generators else plan["engine"]) - plan["head_chunk"]
-    resident = plan["trainer"] - plan["head_chunk"]
+    resident = plan["weights"] + plan["gradients"] + plan["adam"]
     if resident <= room:
         return line, None
     need = math.ceil(resident * ranks / room) if room > 0 else None
@@ -2309,6 +2328,8 @@ def setup(cfg):
     load = lambda path: load_model(cfg, torch.device("cpu") if launched() else device, path,  # noqa: E731
                                    empty=launched() and rank() > 0)
     model, tok, path = load(cfg.resume or None)
+    if cfg.activation_checkpointing:  # each decoder layer recomputed in backward (before FSDP2 wraps the layers)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     init_distributed(cfg, device)  # torchrun: the process group
     train_ids, val_ids = ([encode_prompt(tok, p, cfg) for p, _, _ in items] for items in (train, val))
     longest = max(map(len, train_ids + val_ids)) + cfg.max_new_tokens

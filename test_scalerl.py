@@ -2379,10 +2379,11 @@ def qwen2_params(V, H, L, I, heads, kv, tied):
 @pytest.mark.quick
 def test_memory_plan_by_hand_for_the_05b_and_7b_shapes():
     """The plan counts the parameters on the meta device and each item from the flags: float32 weights, gradients and
-    AdamW moments (16 bytes a parameter) sharded over the ranks, the head chunk's float32 logits and gradient; the
-    engine's share, its bf16 weights, the float32 head copy and a KV cache of the rest. The 7B shape does not fit on
-    one 80 GB GPU (the trainer's 121.8 GiB beside the engine's 0.3): refused, with the ranks that would fit; on 8
-    ranks it fits (activations aside: issue 44's part)."""
+    AdamW moments (16 bytes a parameter) sharded over the ranks, the head chunk's float32 logits and gradient, the
+    activations of one micro-batch (30 H + 8 I bytes a token and layer; checkpointed, 4 H a layer and one layer
+    whole), the unsharded float32 root and its gradients under torchrun; the engine's share, its bf16 weights, the
+    float32 head copy and a KV cache of the rest. The 7B shape on one 80 GB GPU: refused, with the ranks that would
+    fit; on 8 ranks it fits with activation checkpointing (the --model default), and does not without it."""
     from transformers import Qwen2Config
     GiB = 2**30
     for (V, H, L, I, heads, kv, tied, ranks) in ((151936, 896, 24, 4864, 14, 2, True, 1),
@@ -2394,12 +2395,22 @@ def test_memory_plan_by_hand_for_the_05b_and_7b_shapes():
         plan = S.memory_plan(conf, cfg, ranks, device)
         assert plan["params"] == n
         assert plan["weights"] == plan["gradients"] == 4 * n / ranks and plan["adam"] == 8 * n / ranks
-        assert plan["head_chunk"] == 2 * 4 * 1024 * V and plan["engine"] == 0.3 * device
-        assert plan["engine_weights"] == 2 * n and plan["fp32_head"] == 4 * V * H
+        assert plan["head_chunk"] == 2 * 4 * 1024 * V
+        assert plan["activations"] == 8192 * (L * 4 * H + 30 * H + 8 * I)  # checkpointed: the --model default
+        assert plan["root"] == (2 * 4 * V * H * (1 if tied else 2) if ranks > 1 else 0)
+        assert plan["engine"] == 0.3 * device and plan["engine_weights"] == 2 * n and plan["fp32_head"] == 4 * V * H
         assert plan["kv"] == 0.3 * device - 2 * n - 4 * V * H and plan["kv_token"] == 2 * L * kv * (H // heads) * 2
+        trainer = 16 * n / ranks + plan["head_chunk"] + plan["activations"] + plan["root"]
+        assert plan["trainer"] == pytest.approx(trainer) and plan["left"] == pytest.approx(0.7 * device - trainer)
         line, error = S.plan_line(plan, cfg, ranks, device)
-        assert error is None and line.startswith("scalerl: memory plan per GPU (79.2 GiB): trainer ")
+        assert error is None and "does not fit" not in line and plan["left"] > 0
+        assert line.startswith("scalerl: memory plan per GPU (79.2 GiB): trainer ")
     assert n == 7_615_616_512 and f"AdamW {8 * n / 8 / GiB:.1f} sharded over 8 ranks" in line
+    whole = S.fill_defaults(S.Config(model="org/name", activation_checkpointing=False))
+    plan = S.memory_plan(conf, whole, 8, device)  # every layer's activations: 8192 x 28 x 259 KB, 55 GiB
+    assert plan["activations"] == 8192 * L * (30 * H + 8 * I) and plan["left"] < 0
+    assert S.plan_line(plan, whole, 8, device)[0].endswith(": does not fit; lower --micro-batch-tokens, turn on "
+                                                          "--activation-checkpointing, or use more ranks")
     line, error = S.plan_line(S.memory_plan(conf, cfg, 1, device), cfg, 1, device)
     assert error == (f"the trainer's weights, gradients and AdamW moments need {16 * n / GiB:.1f} GiB a GPU (7.62B "
                      f"parameters in float32), and {(0.7 * device - 8 * 1024 * 152064) / GiB:.1f} GiB is left beside "
@@ -2417,6 +2428,38 @@ def test_the_engine_share_leaves_room_for_the_float32_head(tmp_path):
         kw, _ = S.vllm_args(S.Config(lm_head_fp32=fp32), path, torch.device("cuda"), torch.bfloat16, 64,
                             device_bytes=2**30)
         assert kw["gpu_memory_utilization"] == 0.3 - 4 * V * H * fp32 / 2**30
+
+
+@pytest.mark.quick
+def test_activation_checkpointing_gives_the_same_logprobs_and_gradients(tmp_path):
+    """--activation-checkpointing (the --model default) recomputes each decoder layer in backward instead of keeping
+    its activations: the trainer's log-probs and the gradients are those without it (to 1e-6), and it is on where
+    the flag says (a run's setup turns it on in the model)."""
+    torch.manual_seed(0)
+    samples = [S.Sample(prompt=[1, 5, 7], tokens=[9, 4, 11, 2]), S.Sample(prompt=[1, 8], tokens=[6, 6, 3])]
+    got = []
+    for on in (False, True):
+        model = tiny_model(tied=False)
+        if on:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        logp = S.sequence_logprobs(model, samples, S.Config(), 0)["logp"]
+        (logp * torch.arange(1.0, len(logp) + 1)).sum().backward()
+        got.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (a, ga), (b, gb) = got
+    torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    assert ga.keys() == gb.keys() and all(torch.allclose(ga[k], gb[k], atol=1e-6, rtol=0) for k in ga)
+    assert S.fill_defaults(S.Config(model="org/name")).activation_checkpointing is True
+    assert S.fill_defaults(S.Config()).activation_checkpointing is False
+
+
+def test_activation_checkpointing_reaches_the_trained_model(tmp_path, monkeypatch):
+    real_setup, models = S.setup, []
+    monkeypatch.setattr(S, "setup", lambda cfg: (lambda made: (models.append(made[0].model), made)[1])(real_setup(cfg)))
+    for on in (True, False):
+        S.run(small_cfg(tmp_path / str(on), engine="hf", steps=1, activation_checkpointing=on, eval_every=100,
+                        val_size=8, prompts_per_step=4, length_control="truncate"))
+    assert [m.is_gradient_checkpointing for m in models] == [True, False]
 
 
 def test_resume_in_pipeline_mode_regenerates_the_groups_in_flight(tmp_path):
@@ -2487,7 +2530,8 @@ def test_sigkill_while_writing_a_checkpoint_leaves_the_previous_one_and_sigterm_
     state = torch.load(root / "step_000002" / "trainer_state.pt", weights_only=False)
     assert state["step"] == 2 and load_params(str(root / "step_000002"))  # complete and loadable
     q = cli("--out", str(out), "--resume", "auto", "--steps", "500", "--save-every", "1", "--keep-last", "2", *small)
-    while q.poll() is None and rows_written(str(out)) < 6:  # steps 3-5 logged
+    hang = time.time() + 600  # (a guard against a hang, minutes, never a verdict)
+    while q.poll() is None and rows_written(str(out)) < 6 and time.time() < hang:  # steps 3-5 logged
         time.sleep(0.05)
     q.send_signal(signal.SIGTERM)
     stdout, stderr = q.communicate(timeout=300)
@@ -2860,7 +2904,8 @@ def split_run_after(out, rows, *flags):
     """A split run in the background, once it has logged `rows` metrics rows, with its processes at that moment."""
     p = split_cli("--generators", 1, "--steps", 500, "--out", out, "--prompts-per-step", 8, "--val-size", 16,
                   "--eval-samples", 2, *flags)
-    while p.poll() is None and rows_written(str(out)) < rows:
+    hang = time.time() + 600  # (a guard against a hang, minutes, never a verdict)
+    while p.poll() is None and rows_written(str(out)) < rows and time.time() < hang:
         time.sleep(0.05)
     return p, descendants(p.pid)
 
@@ -3106,6 +3151,7 @@ def test_the_readme_fork_example_dataset_runs_as_written(tmp_path, monkeypatch):
     subprocess.run([sys.executable, "-"], input=script, text=True, cwd=tmp_path, check=True)
     flags = shlex.split([ln for ln in code.split("\n") if ln.startswith("python scalerl.py")][0])[2:]
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(S, "reachable", lambda host, port: True)  # as where the README's hub model can be fetched
     cfg = S.parse_args(flags)
     assert cfg.reward == "math" and cfg.model == "Qwen/Qwen2.5-0.5B-Instruct"
     train, val = S.load_data(cfg)
