@@ -292,7 +292,8 @@ def check_two_versions(device):
 
 def check_sleep_reload(device):
     """Sleep (level 2: weights discarded) and wake-up followed by a reload give the log-probs of before, and so does
-    a wake-up with no push behind it (the engine reloads the last weights itself)."""
+    a skipped update (the version unchanged: the loop pushes the same weights again, at the same point on every
+    rank)."""
     if not device.startswith("cuda"):
         return None, "needs CUDA (vLLM's sleep mode)"
     cfg, model, tok, engine = tiny_engine(device, max_lag=0)
@@ -302,11 +303,41 @@ def check_sleep_reload(device):
     engine.sleep()
     engine.push(model, 1)
     after_push = engine_prompt_logprobs(engine, seq)
-    engine.sleep()
-    engine.wake()
+    engine.sleep()  # a skipped update: the version stays, and the loop's push_weights reloads the weights (the
+    engine.push(model, 1)  # engine holds no version after sleeping)
     after_wake = engine_prompt_logprobs(engine, seq)
     diff = max(max(abs(a - b) for a, b in zip(ref, x)) for x in (after_push, after_wake))
     return engine.sleeps and diff <= 1e-6, f"sleep mode {engine.sleeps}; max |diff| {diff:.1e} (bound 1e-6)"
+
+
+def activation_memory(checkpointing, sequences=4, length=512):
+    """--activation-memory: the peak of what one trainer forward and backward allocates on the CPU, above the weights
+    and gradients (allocated by a first step), with or without activation checkpointing: torch's profiler with
+    profile_memory records each op's own allocations net of its frees, and frees outside any op ("[memory]");
+    their running sum, in time order, peaks there. The 135M shape, random weights, float32, random tokens."""
+    import torch
+    import transformers
+    from torch.profiler import ProfilerActivity, profile
+    arch, conf = SHAPES["llama-135m"]
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{arch}ForCausalLM")(getattr(transformers, f"{arch}Config")(**conf))
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    g = torch.Generator().manual_seed(0)
+    samples = [scalerl.Sample(prompt=torch.randint(0, conf["vocab_size"], (32,), generator=g).tolist(),
+                              tokens=torch.randint(0, conf["vocab_size"], (length - 32,), generator=g).tolist())
+               for _ in range(sequences)]
+    step = lambda: scalerl.sequence_logprobs(model, samples, scalerl.Config(), 0)["logp"].sum().backward()  # noqa
+    step()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    now = peak = 0
+    for _, b in sorted((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events() if e.self_cpu_memory_usage):
+        now += b
+        peak = max(peak, now)
+    print(f"activation memory: {conf['num_hidden_layers']} layers, {sequences} x {length} tokens, checkpointing "
+          f"{'on' if checkpointing else 'off'}: peak {peak / 2**20:,.0f} MiB", flush=True)
 
 
 def run_rows(args):
@@ -893,13 +924,23 @@ def main():
     p.add_argument("--summary-only", action="store_true", help="--loo: fit the runs in --out, run nothing")
     p.add_argument("--cuts", type=float, nargs="+", help="--loo: also fit each run up to these fractions of its "
                    "final compute and report how well that predicts the rest (docs/scaling-curve.md: 0.25 0.33 0.5)")
+    p.add_argument("--activation-memory", action="store_true", help="the peak memory of one trainer forward and "
+                   "backward on the 135M shape, on CPU, with and without activation checkpointing (torch's profiler)")
     p.add_argument("--gpu-check", action="store_true", help="every CUDA-only claim of the README, as a pass/fail table")
     p.add_argument("--gpu-check-one", type=int, help=argparse.SUPPRESS)  # one check, in a process of its own
+    p.add_argument("--activation-memory-one", type=int, help=argparse.SUPPRESS)
     p.add_argument("--device", default="cuda", help="--gpu-check: cuda, or cpu for what a CPU can check")
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    if args.activation_memory:
+        for on in (False, True):  # each in a process of its own: the same start for both
+            subprocess.run([sys.executable, os.path.abspath(__file__), "--activation-memory-one", str(int(on))],
+                           check=True)
+        return
+    if args.activation_memory_one is not None:
+        return activation_memory(bool(args.activation_memory_one))
     if args.gpu_check_one is not None:
         ok, measured = list(GPU_CHECKS.values())[args.gpu_check_one](args.device)
-        print("gpu-check: " + json.dumps([None if ok is None else bool(ok), measured]), flush=True)
+        print("gpu-check: " + json.dumps([ok if ok in (None, "measured") else bool(ok), measured]), flush=True)
         return
     if args.gpu_check:
         print(f"{'check':<34} {'result':<8} measured", flush=True)

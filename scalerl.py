@@ -39,6 +39,7 @@ import collections
 import contextlib
 import csv
 import dataclasses
+import datetime
 import gc
 import importlib.util
 import inspect
@@ -1649,8 +1650,11 @@ class VLLMEngine:
             lambda r: not r.getMessage().startswith("RotaryEmbedding: Failed to load weights"))
         self.core, self.cfg, self.asleep, self.serial, self.live = self.llm.llm_engine, cfg, False, 0, {}
         self.queue = []  # submitted, not yet sent to the engine
-        self.capacity = self.core.vllm_config.scheduler_config.max_num_seqs  # sequences decoded at once
-        self.version, self.source = 0, None
+        # sequences decoded at once: --vllm-max-num-seqs, and no more than the KV cache holds at the longest prompt +
+        # completion (vLLM would otherwise keep preempting and recomputing what admission let in)
+        fit = getattr(self.core.vllm_config.cache_config, "kv_cache_max_concurrency", None)
+        self.capacity = min(self.core.vllm_config.scheduler_config.max_num_seqs, max(1, int(fit or math.inf)))
+        self.version = 0
         self.core.set_weight_version("0")
         self.seeded = device.type == "cpu" if cfg.vllm_request_seeds is None else cfg.vllm_request_seeds
 
@@ -1684,8 +1688,8 @@ class VLLMEngine:
                 run = last[ids, max_tokens] = [ids, max_tokens, seed, []]
                 runs.append(run)
             run[3].append(key)
-        if runs:
-            self.wake()
+        if runs and self.asleep:
+            raise RuntimeError("the engine's weights were discarded by sleep, and no push has reloaded them")
         for ids, max_tokens, seed, keys in runs:
             rid, self.serial = str(self.serial), self.serial + 1
             params = SamplingParams(n=len(keys), temperature=self.cfg.temperature, top_p=1.0, top_k=0,
@@ -1718,11 +1722,10 @@ class VLLMEngine:
         and CUDA; vLLM maps them to its layout), all in one call as an iterator (part of a layer would leave it wrong;
         under torchrun each is gathered when taken), then the float32 head. Running sequences keep their KV cache,
         computed with older weights, as PipelineRL does; --refresh-kv re-prefills them instead."""
-        self.wake(reload=False)
+        self.wake()
         head = (lambda: full_tensor(model.get_output_embeddings().weight).detach().float()) \
             if self.cfg.lm_head_fp32 else None
         self.load(full_weights(model, self.core.model_config.dtype), head, version)
-        self.source = model
 
     def load(self, weights, head, version):
         """push's work, from an iterator of (name, tensor) and a function returning the float32 head (or None)."""
@@ -1752,19 +1755,17 @@ class VLLMEngine:
 
     def sleep(self):
         """vLLM sleep mode (CUDA, nothing in flight): while training, free the KV cache and discard the weights (level
-        2; level 1 would copy them to host memory and back, only for the next push to overwrite them)."""
+        2; level 1 would copy them to host memory and back, only for the next push to overwrite them). The engine then
+        holds no version, so the step's push_weights reloads it, on every rank at the same point of the step, also
+        after a skipped update (a reload when requests come would gather the weights on the ranks that have some)."""
         if self.sleeps and not self.asleep and not self.live and not self.queue:
             self.llm.sleep(level=2)
-            self.asleep = True
+            self.asleep, self.version = True, None
 
-    def wake(self, reload=True):
-        """Wake up; the weights come back with the push that follows or, where none does (a skipped update: the
-        version stays), from the model of the last push, which the skipped update left as it was."""
+    def wake(self):
         if self.asleep:
             self.llm.wake_up()
             self.asleep = False
-            if reload:
-                self.push(self.source, self.version)
 
 # --------------------------------------------------------------------------------------------------
 # The generator-trainer split (--generators N) [Sec. 2, App. A.3]: N generator processes, each with a VLLMEngine on a
@@ -2109,7 +2110,9 @@ def plan_line(plan, cfg, ranks, device_bytes):
             f"{gb(plan['activations'])}{' checkpointed' * cfg.activation_checkpointing}{root}) | engine "
             f"{gb(plan['engine'])} GiB{' on each generator GPU' if cfg.generators else ''} (weights "
             f"{gb(plan['engine_weights'])}, float32 head {gb(plan['fp32_head'])}, KV cache {gb(plan['kv'])} GiB = "
-            f"{plan['kv'] / plan['kv_token'] / 1e3:.0f}k tokens at most) | {gb(plan['left'])} GiB left"
+            f"{plan['kv'] / plan['kv_token'] / 1e3:.0f}k tokens at most, "
+            f"{plan['kv'] / plan['kv_token'] // cfg.max_new_tokens:.0f} completions of --max-new-tokens at once) | "
+            f"{gb(plan['left'])} GiB left"
             + ("" if plan["left"] >= 0 else ": does not fit; lower --micro-batch-tokens, turn on "
                "--activation-checkpointing, or use more ranks"))
     room = device_bytes - (0 if cfg.generators else plan["engine"]) - plan["head_chunk"]
@@ -2472,7 +2475,9 @@ class Recorder:
                 raise KeyboardInterrupt
             self.stop.append(signal.Signals(signum).name)
             if self.writer:
-                print(f"\n{self.stop[0]}: finishing this step, then saving a checkpoint (again to abandon the step)",
+                size, secs = checkpoint_cost(self.state.model, self.cfg)
+                print(f"\n{self.stop[0]}: finishing this step, then saving a checkpoint ({size / 1e9:.1f} GB: about "
+                      f"{secs / 60:.0f} min at 100 MB/s; again to abandon the step)",
                       file=sys.stderr, flush=True)
 
         self.handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -2708,9 +2713,29 @@ def save_checkpoint(out, step, state, cfg):
         shutil.rmtree(tmp, ignore_errors=True)
         die(f"cannot write checkpoint {final} ({e.strerror or e}); the last good checkpoint is "
             f"{last_checkpoint(out)}", 1)
-    if world() > 1:
-        dist.barrier()  # the checkpoint is complete before any rank goes on (or exits)
+    if world() > 1:  # the checkpoint is complete before any rank goes on (or exits): the other ranks wait for rank 0's
+        dist.barrier(group=checkpoint_group(state.model, cfg))  # write, on a group whose timeout is sized for it
     return final
+
+
+def checkpoint_cost(model, cfg):
+    """A checkpoint's size in bytes (the weights and AdamW's two moments, in the param dtype) and the seconds rank 0
+    takes to write it at 100 MB/s (shared storage can be that slow)."""
+    size = 3 * sum(p.numel() for p in model.parameters()) * getattr(torch, cfg.param_dtype).itemsize
+    return size, size / 100e6
+
+
+CHECKPOINT_GROUP = []  # under torchrun: the gloo group the ranks wait in while rank 0 writes a checkpoint
+
+
+def checkpoint_group(model, cfg):
+    """The group for the barrier after a checkpoint, made once (every rank saves together): gloo, its timeout four
+    times the write's expected time and at least 30 minutes, where the default group's (NCCL: 10 minutes) would
+    end a run whose 7B checkpoint (91 GB) takes 15 minutes to write."""
+    if not CHECKPOINT_GROUP:
+        seconds = max(1800.0, 4 * checkpoint_cost(model, cfg)[1])
+        CHECKPOINT_GROUP.append(dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=seconds)))
+    return CHECKPOINT_GROUP[0]
 
 
 def resumed_config(cfg, ckpt):

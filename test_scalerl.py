@@ -1167,6 +1167,22 @@ def test_each_engine_samples_its_own_random_stream_without_request_seeds(tmp_pat
         cfg.seed, S.RNG_ENGINE, 3)
 
 
+def test_the_engine_admits_no_more_sequences_than_its_kv_cache_holds(tmp_path):
+    """The engine's capacity (what admission fills) is --vllm-max-num-seqs and no more sequences of the longest
+    prompt + completion than vLLM's KV cache holds: with 1 MiB of KV cache, 4 of 64 tokens here, where
+    --vllm-max-num-seqs allows 256 (vLLM would otherwise preempt and recompute what admission let in)."""
+    need_vllm()
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    cfg = S.Config(engine="vllm", length_control="truncate", max_new_tokens=6, vllm_kv_cache_mb=1)
+    _, _, path = S.load_model(cfg, torch.device("cpu"))
+    engine = S.VLLMEngine(cfg, path, torch.device("cpu"), torch.float32, 64)
+    try:
+        tokens = engine.core.vllm_config.cache_config.kv_cache_size_tokens
+        assert engine.capacity * 64 <= tokens < (engine.capacity + 1) * 64 and engine.capacity < 256
+    finally:
+        engine.close()
+
+
 def test_vllm_samples_differ_within_and_across_prompts(vllm_engine):
     cfg, model, tok, engine = vllm_engine
     p = tok("3941:").input_ids
@@ -1448,10 +1464,12 @@ class FakeLLM:
         self.calls.append(("apply_model",))
 
 
-def test_sleep_discards_the_weights_and_every_wake_up_reloads_them(default_model):
+def test_sleep_discards_the_weights_and_the_steps_push_reloads_them(default_model):
     """Sleep mode (CUDA only, so with a recording stand-in for vllm.LLM): the engine sleeps at level 2 (weights
-    discarded, not copied to host memory and back), a push after the wake-up is the only reload, and a wake-up that
-    no push follows (an update skipped) reloads the weights of the last push itself."""
+    discarded, not copied to host memory and back), and a push wakes it and is the only reload. After sleep it holds
+    no version, so push_weights reloads it also when the update was skipped (the version unchanged): at that fixed
+    point of the step on every rank, never when requests come (a gather on some ranks only); requests sent to an
+    engine asleep are refused."""
     model = default_model[0]
     engine = object.__new__(S.VLLMEngine)
     engine.cfg, engine.llm, engine.sleeps, engine.asleep = S.Config(), FakeLLM(), True, False
@@ -1466,12 +1484,20 @@ def test_sleep_discards_the_weights_and_every_wake_up_reloads_them(default_model
     assert engine.llm.calls[2] == ("sleep", 2)
     engine.llm.calls = []
     engine.sleep()
-    engine.wake()  # no push: an update was skipped
+    assert engine.version is None
+    engine.submit("k", [1, 2], 4, 0)
+    with pytest.raises(RuntimeError, match="discarded by sleep"):
+        engine.flush()
+    engine.queue = []
+    state = types.SimpleNamespace(engine=engine, model=model, version=4,
+                                  rollouts=types.SimpleNamespace(open={}, done=[]))
+    S.push_weights(state, S.Config())  # an update was skipped: the version is still 4
     assert [c[0] for c in engine.llm.calls] == ["sleep", "wake_up", "reload_weights", "apply_model"]
     reloaded = engine.llm.calls[2][1]
     assert reloaded.keys() == model.state_dict().keys() and engine.version == 4
     assert all(torch.equal(reloaded[n], t) for n, t in model.state_dict().items())
-    engine.wake()  # awake already: nothing
+    S.push_weights(state, S.Config())  # awake, with the version: nothing
+    engine.wake()
     assert len(engine.llm.calls) == 4
 
 
@@ -2460,6 +2486,17 @@ def test_activation_checkpointing_reaches_the_trained_model(tmp_path, monkeypatc
         S.run(small_cfg(tmp_path / str(on), engine="hf", steps=1, activation_checkpointing=on, eval_every=100,
                         val_size=8, prompts_per_step=4, length_control="truncate"))
     assert [m.is_gradient_checkpointing for m in models] == [True, False]
+
+
+@pytest.mark.quick
+def test_a_checkpoints_size_and_write_time_by_hand():
+    """A checkpoint holds the weights and AdamW's two moments in the param dtype (the 7B model: 91 GB in float32),
+    written at 100 MB/s in the estimate that the SIGTERM line gives and that sizes the checkpoint barrier's timeout."""
+    model = tiny_model(tied=False)
+    n = sum(p.numel() for p in model.parameters())
+    assert S.checkpoint_cost(model, S.Config()) == (12 * n, 12 * n / 100e6)
+    assert S.checkpoint_cost(model, S.Config(param_dtype="bfloat16")) == (6 * n, 6 * n / 100e6)
+    assert round(12 * 7_615_616_512 / 1e9) == 91
 
 
 def test_resume_in_pipeline_mode_regenerates_the_groups_in_flight(tmp_path):
