@@ -1328,17 +1328,18 @@ def test_vllm_arguments_pin_the_path_ci_runs_also_on_cuda(vllm_engine, monkeypat
     itself must take them: EngineArgs knows every name, and the runner variable decides the runner even where
     Triton is present (a vLLM upgrade that renames or ignores one fails here)."""
     from vllm.engine.arg_utils import EngineArgs
-    cuda = torch.device("cuda")
-    kw, env = S.vllm_args(S.Config(), "m", cuda, torch.bfloat16, 64)
+    cuda, m = torch.device("cuda"), S.load_model(S.Config(), torch.device("cpu"))[2]  # (the engine's model)
+    args = lambda cfg, device=cuda: S.vllm_args(cfg, m, device, torch.bfloat16, 64, device_bytes=2**40)  # noqa: E731
+    kw, env = args(S.Config())
     assert kw["async_scheduling"] is False and env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",
                                                        "VLLM_USE_V2_MODEL_RUNNER": "0"}
     assert kw["hf_overrides"] == {"head_dtype": "float32"} and kw["dtype"] == "bfloat16"
     assert kw["logprobs_mode"] == "processed_logprobs" and kw["enable_sleep_mode"] is False  # pipeline: in flight
-    assert "enforce_eager" not in kw and kw["gpu_memory_utilization"] == 0.3
-    assert S.vllm_args(S.Config(max_lag=0), "m", cuda, torch.bfloat16, 64)[0]["enable_sleep_mode"] is True
-    assert S.vllm_args(S.Config(off_policy="ppo"), "m", cuda, torch.bfloat16, 64)[0]["enable_sleep_mode"] is True
-    assert "hf_overrides" not in S.vllm_args(S.Config(lm_head_fp32=False), "m", cuda, torch.bfloat16, 64)[0]
-    cpu_kw = S.vllm_args(S.Config(), "m", torch.device("cpu"), torch.float32, 64)[0]
+    assert "enforce_eager" not in kw and 0.3 - 1e-6 < kw["gpu_memory_utilization"] < 0.3  # (less the FP32 head)
+    assert args(S.Config(max_lag=0))[0]["enable_sleep_mode"] is True
+    assert args(S.Config(off_policy="ppo"))[0]["enable_sleep_mode"] is True
+    assert "hf_overrides" not in args(S.Config(lm_head_fp32=False))[0]
+    cpu_kw = args(S.Config(), torch.device("cpu"))[0]
     assert cpu_kw["async_scheduling"] is False and cpu_kw["enforce_eager"] and "enable_sleep_mode" not in cpu_kw
     for args in (kw, cpu_kw):
         assert EngineArgs(**args).async_scheduling is False  # an unknown name would raise TypeError
@@ -2318,8 +2319,8 @@ def test_a_hub_name_without_network_fails_in_one_line_unless_it_is_cached(tmp_pa
     stay offline."""
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # (the discard port: nothing listens)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE"):
-        monkeypatch.delenv(k, raising=False)
+    for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE"):  # set, so that what
+        monkeypatch.setenv(k, "")  # check_hub sets is undone after the test (an unset variable would stay set)
     monkeypatch.setattr(S, "load_model", lambda *a, **kw: pytest.fail("a model was loaded"))
     status, out, err = main_in_process(["--engine", "hf", "--model", "no-such-org/no-such-model", "--out",
                                         str(tmp_path / "run")], capfd)
