@@ -3058,9 +3058,12 @@ def test_split_synchronous_run_writes_the_one_process_metrics_stops_on_sigterm_a
     assert sum(r["active_prompts"] for r in one[1:]) > 0 and all(r["lag_max"] == 0 for r in one[1:])
     assert json.load(open(out / "config.json"))["generators"] == 1
 
+    shm = lambda: {d for d in os.listdir("/dev/shm") if d.startswith("scalerl-")} if os.path.isdir(  # noqa: E731
+        "/dev/shm") else set()
+    before = shm()  # (another process's weights, left or live, are not this run's)
     p, children = split_run_after(out, stop + 3, *flags, "--resume", "auto")  # (two steps logged after resuming)
     (gen,) = [c for c in children if "generator_main" in " ".join(c.cmdline()) or "spawn_main" in " ".join(c.cmdline())]
-    shm = [d for d in os.listdir("/dev/shm") if d.startswith("scalerl-")] if os.path.isdir("/dev/shm") else []
+    mine = shm() - before
     os.kill(gen.pid, signal.SIGKILL)
     stdout, stderr = p.communicate(timeout=600)
     assert p.returncode == 1 and f"resuming after step {stop}" in stdout
@@ -3070,7 +3073,7 @@ def test_split_synchronous_run_writes_the_one_process_metrics_stops_on_sigterm_a
     last = rows[-1]["step"]
     assert [r["step"] for r in rows] == list(range(last + 1)) and last >= stop + 2
     assert S.list_checkpoints(str(out))[-1].endswith(f"step_{last:06d}") and f"step_{last:06d}" in lines[0]
-    assert none_left(children) and not set(os.listdir("/dev/shm") if shm else []) & set(shm)
+    assert none_left(children) and not shm() & mine
 
 
 def test_split_generators_decode_ahead_of_the_trainer_within_the_lag_bound(tmp_path, monkeypatch):
