@@ -2859,7 +2859,8 @@ def test_two_rank_run_agrees_on_prompts_counts_both_ranks_stops_on_a_signal_to_o
     newest weights (pushed into its copy of the model), records the No-Positive-Resampling history of its shard,
     rank 0's rows count both ranks' prompts and tokens, the checkpoint is a whole HF model. SIGTERM to rank 1 alone
     (it sends it itself as step 3 starts: the same step on any machine): rank 0 learns of it at the step's end, both
-    save one checkpoint of step 3 and exit 0; the run resumes with 2 ranks (but not with 1). Neither rank runs the
+    save one checkpoint of step 3 and exit 0; the run resumes with 2 ranks (but not with 1), exactly: its rows and
+    weights are those of the run that did not stop. Neither rank runs the
     interpreter's shutdown (there a gloo thread freeing a collective's tensors aborts the process now and then): the
     wrapper's atexit hook never runs."""
     out, P, G = str(tmp_path / "run"), 16, 8
@@ -2883,6 +2884,11 @@ def test_two_rank_run_agrees_on_prompts_counts_both_ranks_stops_on_a_signal_to_o
     assert f"resuming after step {last}" in p.stdout
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == list(range(n + 1))
+    whole = str(tmp_path / "whole")  # the same 5 steps without the stop: resume under torchrun is exact
+    assert torchrun(*[whole if a == out else a for a in common], "--steps", str(n)).returncode == 0
+    assert untimed(read_metrics(whole)) == untimed(rows)
+    a, b = (load_params(S.list_checkpoints(d)[-1]) for d in (whole, out))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     state = torch.load(S.list_checkpoints(out)[-1] + "/trainer_state.pt", weights_only=False)
     c0, c1 = (r["curriculum"] for r in state["ranks"])
     for r, c in enumerate((c0, c1)):  # each its own shard: drawn, recorded (every prompt of n steps) and removed
