@@ -850,7 +850,7 @@ def fill_defaults(cfg):
         cfg.steps = 150
     # the run directory: --out, else a resumed checkpoint's run (RUN/checkpoints/step_N), else runs/<timestamp>; it and
     # every local path are kept absolute, so that the run resumes from any working directory
-    cfg.out = cfg.out or (os.path.dirname(os.path.dirname(os.path.abspath(cfg.resume))) if cfg.resume else
+    cfg.out = cfg.out or (run_of(cfg.resume) if cfg.resume else
                           os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")))
     for name in ("out", "resume", "model", "data", "val_data"):  # (a hub name stays as it is)
         if getattr(cfg, name) and (name == "out" or os.path.exists(getattr(cfg, name))):
@@ -2664,6 +2664,11 @@ def list_checkpoints(out):
     return [os.path.join(root, n) for n in names if os.path.isfile(os.path.join(root, n, "trainer_state.pt"))]
 
 
+def run_of(ckpt):
+    """The run directory a checkpoint is in: RUN/checkpoints/step_N -> RUN."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(ckpt)))
+
+
 def last_checkpoint(out):
     """The newest complete checkpoint in out, or 'none'."""
     return (list_checkpoints(out) or ["none"])[-1]
@@ -2769,7 +2774,7 @@ def resumed_config(cfg, ckpt):
         die(f"--steps {steps}: the checkpoint is of step {step}; a resumed run goes on from there")
     if steps == step:
         raise ScaleRLError(f"{ckpt} is step {step} of {steps}: nothing to do (--steps N, N > {step}, goes on)", 0)
-    run_dir = os.path.dirname(os.path.dirname(ckpt))
+    run_dir = run_of(ckpt)
     if os.path.realpath(cfg.out) == os.path.realpath(run_dir):
         later = [c for c in list_checkpoints(run_dir) if int(c.rsplit("_", 1)[1]) > step]
         if later:
@@ -2798,7 +2803,7 @@ def restore(saved, state, ckpt):
     torch.set_rng_state(mine["torch_rng"])
     if mine["cuda_rng"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(mine["cuda_rng"])
-    path = os.path.join(os.path.dirname(os.path.dirname(ckpt)), "metrics.jsonl")
+    path = os.path.join(run_of(ckpt), "metrics.jsonl")
     if not os.path.isfile(path):
         print(f"scalerl: no metrics.jsonl beside {ckpt}: the rows start after step {saved['step']}", flush=True)
         return []
