@@ -892,6 +892,131 @@ def learn_compare(results, reference=LEARN_REFERENCE):
     return ok
 
 
+# --------------------------------------------------------------------------------------------------
+# --real-model DIR: a real pretrained chat model (SmolLM2-135M-Instruct) learning arithmetic word problems on a CPU,
+# 3 seeds, with the recipe's defaults (docs/real-model.md)
+
+NAMES = ("Tom", "Anna", "Sam", "Lily", "Ben", "Mia", "Leo", "Zoe")
+THINGS = ("apples", "books", "coins", "pens", "cards", "shells", "stickers", "marbles")
+REAL_SYSTEM = ('Solve the problem in one line and give the final number in \\boxed{}. Example: "Ann has 2 pens and gets '
+               '3 more, so how many pens does Ann have now?" Answer: 2 + 3 = 5, so the answer is \\boxed{5}.')
+REAL_FLAGS = ["--system-prompt", REAL_SYSTEM, "--instruction", " Put your final answer within \\boxed{}.",
+              "--prompts-per-step", "16", "--generations-per-prompt", "8", "--max-new-tokens", "48",
+              "--answer-budget", "16", "--lr", "3e-5", "--warmup-steps", "2", "--eval-every", "10",
+              "--eval-samples", "4", "--save-every", "5", "--save-completions", "--vllm-kv-cache-mb", "2048"]
+REAL_STEPS, REAL_VAL = 20, 200
+
+
+def arithmetic_problems(hi=5, seed=0):
+    """Every one-sentence word problem "NAME has A THINGS and gets B more, so how many THINGS does NAME have now?"
+    with A and B in 1..hi, as {prompt, answer: A + B} rows, in an order drawn from seed (8 names x 8 things x hi^2)."""
+    rows = [{"prompt": f"{n} has {a} {t} and gets {b} more, so how many {t} does {n} have now?", "answer": a + b}
+            for n in NAMES for t in THINGS for a in range(1, hi + 1) for b in range(1, hi + 1)]
+    random.Random(seed).shuffle(rows)
+    return rows
+
+
+def real_model_data(out, n_val=REAL_VAL):
+    """OUT/data/val.jsonl (the first n_val problems) and OUT/data/train.jsonl (the rest): disjoint prompts."""
+    rows, d = arithmetic_problems(), os.path.join(out, "data")
+    os.makedirs(d, exist_ok=True)
+    for name, part in (("val", rows[:n_val]), ("train", rows[n_val:])):
+        with open(os.path.join(d, name + ".jsonl"), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in part)
+    return os.path.join(d, "train.jsonl"), os.path.join(d, "val.jsonl")
+
+
+def real_command(model, out, seed, script=SCALERL):
+    """The scalerl.py command line of seed `seed`'s run, OUT/seedS: the recipe's defaults, REAL_FLAGS's sizes."""
+    train, val = (os.path.join(out, "data", f"{n}.jsonl") for n in ("train", "val"))
+    return [sys.executable, script, "--model", model, "--data", train, "--val-data", val, *REAL_FLAGS,
+            "--steps", str(REAL_STEPS), "--seed", str(seed), "--out", os.path.join(out, f"seed{seed}")]
+
+
+def bench_real(args):
+    """Write the problems, run seeds 0..S-1 one after the other (a finished run is skipped, an interrupted one
+    resumed from its last checkpoint), then summarise them (real_summary)."""
+    real_model_data(args.out)
+    t_start, ran = time.time(), 0
+    for seed in range(args.seeds):
+        d = os.path.join(args.out, f"seed{seed}")
+        if run_finished(d, REAL_STEPS):
+            print(f"real-model: seed {seed}: finished before, skipped", flush=True)
+            continue
+        cmd = real_command(args.real_model, args.out, seed)
+        if scalerl.list_checkpoints(d):  # interrupted: go on from its last checkpoint (its flags are saved there)
+            cmd = [*cmd[:2], "--resume", "auto", "--out", d]
+        else:
+            shutil.rmtree(d, ignore_errors=True)
+        t0 = time.time()
+        with open(d + ".log", "a") as log:
+            p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+        if p.returncode != 0:
+            sys.exit(f"real-model: seed {seed} failed (exit {p.returncode}); its output is in {d}.log")
+        ran += 1
+        left = (time.time() - t_start) / ran * (args.seeds - seed - 1)
+        print(f"real-model: seed {seed}: {(time.time() - t0) / 60:.0f} min, held-out pass rate "
+              f"{read_metrics(d)[-1].get('val_pass_rate', float('nan')):.3f}; about {left / 60:.0f} min left", flush=True)
+    return real_summary(args)
+
+
+def completion_shares(path):
+    """(pass rate, share of completions with a boxed answer, share of the boxed answers that are right) of one
+    evaluation's completions file (scalerl.py --save-completions): the format and the arithmetic of a pass rate."""
+    with open(path) as f:
+        rows = [json.loads(line) for line in f]
+    boxed = [r for r in rows if r["finished"] and scalerl.last_boxed(r["completion"]) is not None]
+    right = sum(r["reward"] for r in boxed)
+    return sum(r["reward"] for r in rows) / len(rows), len(boxed) / len(rows), right / len(boxed) if boxed else 0.0
+
+
+def real_table(runs):
+    """Markdown lines of the per-seed table and the mean ± sd over seeds. runs: {seed: (rows, shares)}, shares
+    {step: completion_shares(...)} of the first and last evaluations."""
+    import numpy as np
+    lines = ["| seed | pass rate, step 0 | pass rate, last | boxed, step 0 | boxed, last | right among boxed, step 0 "
+             "| right among boxed, last | generation s/step | training s/step |", "|---|" + "---|" * 8]
+    cols = []
+    for seed, (rows, shares) in sorted(runs.items()):
+        (s0, p0), (s1, p1) = sorted(shares.items())[0], sorted(shares.items())[-1]
+        steps = [r for r in rows if r["step"] > 0]
+        gen, train = (float(np.mean([r[k] for r in steps])) for k in ("gen_seconds", "train_seconds"))
+        cols.append([p0[0], p1[0], p0[1], p1[1], p0[2], p1[2], gen, train])
+        lines.append(f"| {seed} | " + " | ".join(f"{v:.3f}" for v in cols[-1][:6]) + f" | {gen:.1f} | {train:.1f} |")
+    c = np.array(cols)
+    sd = c.std(axis=0, ddof=1) if len(c) > 1 else np.zeros(c.shape[1])
+    lines.append("| mean ± sd | " + " | ".join(f"{m:.3f} ± {e:.3f}" for m, e in zip(c.mean(0)[:6], sd[:6]))
+                 + f" | {c.mean(0)[6]:.1f} | {c.mean(0)[7]:.1f} |")
+    return lines
+
+
+def real_summary(args):
+    """The table (real_table), the fit of R(C) to the seeds' evaluations pooled (compute: the model FLOPs of the
+    updates; R0: the mean pass rate at step 0) and its figure, OUT/real-model.png; also OUT/summary.json."""
+    import numpy as np
+    import fit_curve
+    runs = {}
+    for seed in range(args.seeds):
+        d = os.path.join(args.out, f"seed{seed}")
+        rows = read_metrics(d)
+        files = sorted(os.listdir(os.path.join(d, "completions")))
+        runs[seed] = rows, {int(f[5:11]): completion_shares(os.path.join(d, "completions", f))
+                            for f in (files[0], files[-1])}
+    lines = real_table(runs)
+    print("\n".join(lines))
+    pooled = sorted((r for rows, _ in runs.values() for r in rows if "val_pass_rate" in r), key=lambda r: r["flops"])
+    r0 = float(np.mean([rows[0]["val_pass_rate"] for rows, _ in runs.values()]))
+    fit = fit_curve.fit_rows(pooled, x="flops", r0=r0, bootstrap=args.bootstrap, name="pooled seeds")
+    print(f"\nfit of the {args.seeds} seeds' evaluations pooled (x: model FLOPs): R0 {fit['R0']:.3f}, A {fit['A']:.3f}"
+          + (" [{:.3f}, {:.3f}]".format(*fit["A_ci"]) if fit["A_ci"] else "") + f", B {fit['B']:.2f}, C_mid "
+          f"{fit['C_mid']:.3g}" + (f"; at the grid's edge: {', '.join(fit['at_grid_edge'])}" if fit["at_grid_edge"]
+                                    else ""))
+    fit_curve.plot_runs([{"run": f"{args.seeds} seeds pooled", **fit}], os.path.join(args.out, "real-model.png"))
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump({"table": lines, "fit": {k: v for k, v in fit.items() if k != "observed"}}, f, indent=1)
+    return lines, fit
+
+
 def main():
     argv = sys.argv[1:]
     if argv[:1] == ["--traced-run"]:  # (bench_long_tail's runs)
@@ -905,9 +1030,9 @@ def main():
     p.add_argument("--long-tail", nargs="*", choices=list(LONG_TAIL_ARMS), metavar="ARM",
                    help=f"arms of the loop on long-tailed lengths (all by default: {', '.join(LONG_TAIL_ARMS)})")
     p.add_argument("--loo", action="store_true", help="the leave-one-out study: every variant, every seed, fitted")
-    p.add_argument("--out", help="--loo, --learn: the study's directory, a rerun resumes it (default: runs/loo, "
-                   "runs/learn)")
-    p.add_argument("--seeds", type=int, help="--loo, --learn: seeds per variant or arm (default: 3, 8)")
+    p.add_argument("--out", help="--loo, --learn, --real-model: the study's directory, a rerun resumes it (default: runs/loo, "
+                   "runs/learn, runs/real-model)")
+    p.add_argument("--seeds", type=int, help="--loo, --learn, --real-model: seeds per variant or arm (default: 3, 8, 3)")
     p.add_argument("--learn", action="store_true", help="the standing learning check: short runs on paired seeds "
                    "compared with the reference results in docs/learn-reference.json")
     p.add_argument("--arms", nargs="+", default=list(LEARN_ARMS), choices=list(LEARN_ARMS), help="--learn: which")
@@ -920,10 +1045,12 @@ def main():
     p.add_argument("--variants", nargs="+", default=list(VARIANTS)[:-1], choices=list(VARIANTS),
                    help="--loo: which (default: all but token-no-filter-no-npr)")
     p.add_argument("--x", default="device_hours", help="--loo: the compute axis of the fits")
-    p.add_argument("--bootstrap", type=int, default=200, help="--loo: bootstrap resamples per fit")
-    p.add_argument("--summary-only", action="store_true", help="--loo: fit the runs in --out, run nothing")
+    p.add_argument("--bootstrap", type=int, default=200, help="--loo, --real-model: bootstrap resamples per fit")
+    p.add_argument("--summary-only", action="store_true", help="--loo, --real-model: summarise the runs in --out, run nothing")
     p.add_argument("--cuts", type=float, nargs="+", help="--loo: also fit each run up to these fractions of its "
                    "final compute and report how well that predicts the rest (docs/scaling-curve.md: 0.25 0.33 0.5)")
+    p.add_argument("--real-model", metavar="DIR", help="SmolLM2-135M-Instruct (a directory or hub id) learning arithmetic "
+                   "word problems, 3 seeds, with the table, the fit and the figure (docs/real-model.md)")
     p.add_argument("--activation-memory", action="store_true", help="the peak memory of one trainer forward and "
                    "backward on the 135M shape, on CPU, with and without activation checkpointing (torch's profiler)")
     p.add_argument("--gpu-check", action="store_true", help="every CUDA-only claim of the README, as a pass/fail table")
@@ -946,10 +1073,12 @@ def main():
         print(f"{'check':<34} {'result':<8} measured", flush=True)
         rows = gpu_check(args.device)
         sys.exit(any(r[1] == "FAIL" for r in rows))
-    args.out = args.out or ("runs/learn" if args.learn else "runs/loo")
+    args.out = args.out or ("runs/learn" if args.learn else "runs/real-model" if args.real_model else "runs/loo")
     args.seeds = args.seeds or (8 if args.learn else 3)
     if args.learn:
         sys.exit(not bench_learn(args))
+    if args.real_model:
+        return real_summary(args) if args.summary_only else bench_real(args)
     if args.loo:
         return loo_summary(args) if args.summary_only else bench_loo(args, rest)
     if args.long_tail is not None:

@@ -664,6 +664,8 @@ def evaluate(state, cfg, step):
     rollouts.ahead += rollouts.train_seconds - before
     rollouts.decoded = rollouts.steps = rollouts.seconds = 0  # the other metrics count training steps only
     correct, _, errors = score(state.tok, groups, [state.val[i] for i in ids], state.grader, cfg)
+    if cfg.save_completions:  # Part II: OUT/completions/step_N.jsonl, to read what the model writes
+        save_completions(cfg, step, state.tok, [state.val[i] for i in ids], groups, correct)
     total, count = all_sum(correct.sum(), correct.size)
     return total / count, errors
 
@@ -774,6 +776,8 @@ class Config(Recipe):
     wandb: str = flag("", "also log every metrics row to this Weights & Biases project (needs `pip install wandb`; "
                         "WANDB_MODE=offline works without network); metrics.jsonl stays the record")
     wandb_name: str = flag("", "--wandb: the run's name (default: the --out directory's name)")
+    save_completions: bool = flag(False, "write each evaluation's held-out completions, with their answers and rewards, "
+                                         "to OUT/completions/step_N.jsonl")
     verbose: bool = flag(False, "show vLLM's and the libraries' own log lines and warnings (default: ours and errors)")
 
 
@@ -2642,6 +2646,22 @@ def quiet_stderr(verbose):
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
+
+
+def save_completions(cfg, step, tok, data, groups, correct):
+    """One evaluation's completions, a JSON line each: prompt, answer, the completion's text (as score() grades it: a
+    final stop token left out), whether it ended by itself, whether it was interrupted, and its reward. Under
+    torchrun rank r > 0 writes its share to step_N.rank<r>.jsonl."""
+    path = os.path.join(cfg.out, "completions", f"step_{step:06d}" + (f".rank{rank()}" if rank() else "") + ".jsonl")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    specials = set(tok.all_special_ids)
+    with open(path + ".tmp", "w") as f:
+        for (prompt, answer, _), g, rewards in zip(data, groups, correct):
+            for c, r in zip(g, rewards):
+                text = tok.decode(c.tokens[:-1] if c.tokens and c.tokens[-1] in specials else c.tokens)
+                f.write(json.dumps({"prompt": prompt, "answer": answer, "completion": text, "finished": c.finished,
+                                    "interrupted": c.interrupted, "reward": float(r)}) + "\n")
+    os.replace(path + ".tmp", path)
 
 
 def start_wandb(cfg, out):

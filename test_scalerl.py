@@ -1422,6 +1422,120 @@ def test_learning_check_setting_is_the_one_it_describes(tmp_path):
     assert len(ids) == 13 and tok.unk_token_id not in ids and tok.decode(ids) == "max 7 6 3 6 ="  # one per character
 
 
+# ---------------------------------------------------------------------------------------------- a real model (bench.py --real-model)
+@pytest.mark.quick
+def test_real_model_problems_are_every_sum_once_with_disjoint_held_out_prompts(tmp_path):
+    """bench.py --real-model's task: every "NAME has A THINGS and gets B more, so how many THINGS does NAME have now?"
+    with A, B in 1..5 once, answered by A + B (read back from the sentence here); 200 held out, the rest trained on."""
+    import bench
+    rows = bench.arithmetic_problems()
+    assert len(rows) == len({r["prompt"] for r in rows}) == 8 * 8 * 25
+    seen = set()
+    for r in rows:
+        m = re.fullmatch(r"(\w+) has (\d) (\w+) and gets (\d) more, so how many (\w+) does (\w+) have now\?", r["prompt"])
+        assert m and m[1] == m[6] and m[3] == m[5] and r["answer"] == int(m[2]) + int(m[4])
+        seen.add((m[1], m[3], int(m[2]), int(m[4])))
+    assert {a for *_, a, _ in seen} == {b for *_, b in seen} == set(range(1, 6))
+    assert bench.arithmetic_problems(seed=1) != rows and sorted(map(str, bench.arithmetic_problems(seed=1))) == \
+        sorted(map(str, rows))  # another seed: the same problems in another order
+    train, val = bench.real_model_data(str(tmp_path))
+    read = lambda p: [json.loads(x) for x in open(p)]  # noqa: E731
+    assert read(val) == rows[:200] and read(train) == rows[200:]
+    assert not {r["prompt"] for r in read(val)} & {r["prompt"] for r in read(train)}
+
+
+@pytest.mark.quick
+def test_real_model_table_splits_format_and_arithmetic_by_hand(tmp_path):
+    """completion_shares: a pass rate is (boxed share) x (right among the boxed); a completion cut off is not boxed;
+    real_table: each seed's first and last evaluation, then mean ± sd over seeds (sd with n - 1)."""
+    import bench
+    lines = [dict(completion="2 + 3 = 5, so \\boxed{5}", finished=True, reward=1.0),
+             dict(completion="The answer is \\boxed{18}.", finished=True, reward=0.0),
+             dict(completion="He has 7 + 1 = 8 pens now.", finished=True, reward=0.0),
+             dict(completion="so \\boxed{5", finished=True, reward=0.0),  # the box not closed: no answer
+             dict(completion="\\boxed{4} and on and on", finished=False, reward=0.0)]  # did not end: ungraded
+    path = tmp_path / "step_000000.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert bench.completion_shares(str(path)) == (1 / 5, 2 / 5, 1 / 2)
+    rows = lambda g, t: [{"step": 0, "val_pass_rate": 0.1}, {"step": 1, "gen_seconds": g, "train_seconds": t},  # noqa
+                         {"step": 2, "gen_seconds": g + 2, "train_seconds": t + 2, "val_pass_rate": 0.3}]
+    runs = {0: (rows(10, 20), {0: (0.1, 0.2, 0.5), 2: (0.3, 0.6, 0.5)}),
+            1: (rows(20, 30), {0: (0.2, 0.4, 0.5), 2: (0.5, 0.5, 1.0)})}
+    table = bench.real_table(runs)
+    assert table[2] == "| 0 | 0.100 | 0.300 | 0.200 | 0.600 | 0.500 | 0.500 | 11.0 | 21.0 |"
+    assert table[3] == "| 1 | 0.200 | 0.500 | 0.400 | 0.500 | 0.500 | 1.000 | 21.0 | 31.0 |"
+    sd = lambda a, b: abs(a - b) / math.sqrt(2)  # noqa: E731  (two values: the sample sd)
+    assert table[4] == (f"| mean ± sd | 0.150 ± {sd(.1, .2):.3f} | 0.400 ± {sd(.3, .5):.3f} | 0.300 ± {sd(.2, .4):.3f} | "
+                        f"0.550 ± {sd(.6, .5):.3f} | 0.500 ± 0.000 | 0.750 ± {sd(.5, 1):.3f} | 16.0 | 26.0 |")
+
+
+def test_real_model_study_runs_resumes_and_summarises_with_a_tiny_model(tmp_path, monkeypatch, capsys):
+    """bench.py --real-model end to end on the embedded tiny model (random weights, character tokenizer, the hf
+    engine, sampling near uniform at temperature 100 so that a fair share of completions end, and a reward that scores
+    half of those: the text's length is even), its runs made by scalerl's main() in this process:
+    each evaluation's completions file holds what the run scored (its mean is the row's held-out pass rate, each
+    reward the reward function's on the text), the table is real_table of those files, the fit pools the seeds, and a
+    rerun skips finished seeds."""
+    import contextlib
+    import bench as B
+    import fit_curve
+    model = S.build_tiny_model(str(tmp_path / "models"), 0, False)
+    parity = lambda text, answer, row=None: float(len(text) % 2 == 0)  # noqa: E731
+    monkeypatch.setitem(S.REWARDS, "parity", parity)
+    monkeypatch.setattr(B, "REAL_FLAGS", ["--engine", "hf", "--reward", "parity", "--reward-workers", "0",
+                                          "--temperature", "100", "--prompts-per-step", "4",
+                                          "--generations-per-prompt", "4", "--max-new-tokens", "16", "--eval-every",
+                                          "1", "--eval-samples", "2", "--save-completions"])
+    monkeypatch.setattr(B, "REAL_STEPS", 2)
+    monkeypatch.setattr(B, "REAL_VAL", 16)
+    monkeypatch.setattr(B.real_model_data, "__defaults__", (16,))
+    real_run = subprocess.run
+
+    def scalerl_process(cmd, **kw):
+        if cmd[:2] != [sys.executable, B.SCALERL]:
+            return real_run(cmd, **kw)
+        with contextlib.redirect_stdout(kw["stdout"]):
+            try:
+                S.main(cmd[2:])
+            except SystemExit as e:
+                return subprocess.CompletedProcess(cmd, e.code)
+        return subprocess.CompletedProcess(cmd, 0)
+    monkeypatch.setattr(B.subprocess, "run", scalerl_process)
+    out = tmp_path / "real"
+
+    def bench():
+        monkeypatch.setattr(sys, "argv", ["bench.py", "--real-model", model, "--out", str(out), "--seeds", "2",
+                                          "--bootstrap", "0"])
+        B.main()
+        return capsys.readouterr().out
+    text = bench()
+    runs = {}
+    for seed in (0, 1):
+        d = out / f"seed{seed}"
+        rows = read_metrics(str(d))
+        assert [r["step"] for r in rows] == [0, 1, 2] and json.load(open(d / "config.json"))["seed"] == seed
+        files = sorted(os.listdir(d / "completions"))
+        assert files == [f"step_{s:06d}.jsonl" for s in (0, 1, 2)]
+        for f, row in zip(files, rows):
+            lines = [json.loads(x) for x in open(d / "completions" / f)]
+            assert len(lines) == 16 * 2
+            assert sum(x["reward"] for x in lines) / len(lines) == row["val_pass_rate"]
+            assert [x["reward"] for x in lines] == [parity(x["completion"], x["answer"]) if x["finished"] else 0.0
+                                                    for x in lines]
+        runs[seed] = rows, {s: B.completion_shares(str(d / "completions" / f"step_{s:06d}.jsonl")) for s in (0, 2)}
+    assert any(r["val_pass_rate"] for rows, _ in runs.values() for r in rows)  # (the test would be empty otherwise)
+    table = B.real_table(runs)
+    assert "\n".join(table) in text
+    summary = json.load(open(out / "summary.json"))
+    pooled = sorted((r for rows, _ in runs.values() for r in rows), key=lambda r: r["flops"])
+    fit = fit_curve.fit_rows(pooled, x="flops", r0=np.mean([rows[0]["val_pass_rate"] for rows, _ in runs.values()]),
+                             bootstrap=0)
+    assert summary["table"] == table and summary["fit"]["A"] == fit["A"] and summary["fit"]["B"] == fit["B"]
+    assert (out / "real-model.png").read_bytes()[:4] == b"\x89PNG"
+    mtime = os.path.getmtime(out / "seed0" / "metrics.jsonl")
+    assert bench().count("finished before, skipped") == 2 and os.path.getmtime(out / "seed0" / "metrics.jsonl") == mtime
+
+
 def test_gpu_check_runs_on_a_cpu_what_a_cpu_can(capsys, monkeypatch):
     """bench.py --gpu-check, the CPU's part. Through the table, each check in a process of its own as on a GPU machine:
     the engine lands on the chosen device, and the CUDA-only checks say they were skipped rather than passing. In this
