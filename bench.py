@@ -978,7 +978,7 @@ def real_table(runs):
              "| right among boxed, last | generation s/step | training s/step |", "|---|" + "---|" * 8]
     cols = []
     for seed, (rows, shares) in sorted(runs.items()):
-        (s0, p0), (s1, p1) = sorted(shares.items())[0], sorted(shares.items())[-1]
+        p0, p1 = shares[min(shares)], shares[max(shares)]
         steps = [r for r in rows if r["step"] > 0]
         gen, train = (float(np.mean([r[k] for r in steps])) for k in ("gen_seconds", "train_seconds"))
         cols.append([p0[0], p1[0], p0[1], p1[1], p0[2], p1[2], gen, train])
