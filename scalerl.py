@@ -23,9 +23,28 @@ Each component can be switched to the alternative the paper ablates:
   zero-variance filter   --zero-variance-filter / --no-zero-variance-filter        zero_variance_keep
   advantage norm         --adv-norm batch|prompt|none                              compute_advantages
   loss aggregation       --loss-agg prompt|sample|token                            completion_weights
-  No-Positive-Resampling --npr-threshold 0.9 (>= 1 disables it)                   update_curriculum
+  No-Positive-Resampling --npr-threshold 0.9 (>= 1 disables it)                   removal_rule, next_prompts
   loss                   --loss cispo|dapo|gspo                                    cispo_loss, dapo_loss, gspo_loss
-  FP32 LM head           --lm-head-fp32 / --no-lm-head-fp32                        token_logprobs, VLLMEngine
+  FP32 LM head           --lm-head-fp32 / --no-lm-head-fp32                        _chunk_terms, engine_fp32_head
+
+The objective, as the paper writes it [Sec. 4]. For each prompt x of the batch, G completions y_1..y_G sampled by
+pi_gen (the engine's weights, at most K updates old) with binary rewards r_i:
+
+  J(theta) = mean over x of  1 / (sum_g |y_g|)  sum_i sum_t  sg(min(rho_it, eps_max)) * A_i^norm * log pi_train(y_it)
+             subject to  0 < mean_i(r_i) < 1  (zero-variance filtering)  and  pass_rate(x) < 0.9  (NPR)
+  rho_it = pi_train(y_it) / pi_gen(y_it),   A_i^norm = (r_i - mean_j r_j) / std of the batch's advantages
+
+  symbol                    where it is computed
+  r_i                       score: the reward function's 0/1 for completion i
+  A_i^norm                  compute_advantages: rewards - group mean, then `adv / (std + eps)` (norm "batch")
+  log pi_train(y_it)        token_terms: "logp", from the float32 logits of _chunk_terms
+  pi_gen(y_it)              Completion.logprobs: the engine's log-prob of each token, recorded as it sampled it
+  rho_it                    policy_loss: `ratio = torch.exp(logp - logp_gen)`
+  sg(min(rho, eps_max))     cispo_loss: `torch.clamp(ratio.detach(), max=eps_max)`
+  1 / sum_g |y_g|, mean x   completion_weights: `1 / (n_prompts * sum(g))` per token (agg "prompt")
+  0 < mean r < 1            zero_variance_keep, in build_batch: a prompt whose G rewards are equal is dropped
+  pass_rate(x) < 0.9        removal_rule, in update_curriculum: a prompt that reached it is not drawn again
+The code minimises -J: train_step backpropagates policy_loss's sum(weight * token_loss) over the batch's tokens.
 
 `python scalerl.py` trains an embedded tiny Llama (random weights, character tokenizer) on a built-in task on the
 CPU; `python scalerl.py --model DIR_OR_HUB_ID --data FILE` trains a real model on a math dataset;
@@ -90,8 +109,9 @@ class Recipe:
     off_policy: str = flag("pipeline", "pipeline: PipelineRL-k, generation streams on while each update's weights are "
                                      "pushed into the engine in flight (ScaleRL); ppo: PPO-off-policy-k, generate K "
                                      "batches with the same weights, then take K optimiser steps", ["pipeline", "ppo"])
-    max_lag: int = flag(8, "K: a trained token is at most K updates older than the weights being updated (the paper: "
-                         "8; 4 did as well); 0: the synchronous loop (generate a batch, train on it, push the weights)",
+    max_lag: int = flag(8, "K, the paper's k [Sec. 3.1]: no trained token is more than K updates older than the "
+                         "weights it updates, i.e. the trainer runs at most K updates ahead of its data (the paper: 8; "
+                         "4 did as well); 0: the synchronous loop (generate a batch, train on it, push the weights)",
                          at_least=0)
     refresh_kv: bool = flag(False, "pipeline: at each update, re-prefill the running sequences with the new weights "
                                  "(default: they keep the KV cache computed with older weights, as PipelineRL does)")
@@ -108,16 +128,15 @@ class Recipe:
     think_end: str = flag("</think>", "interrupt: the marker that closes the reasoning")
     max_len: int = flag(0, "penalty: L_max, longer correct answers get -1 (0: --max-new-tokens)", at_least=0)
     cache_len: int = flag(0, "penalty: L_cache, the linear penalty zone before L_max (0: L_max / 5)", at_least=0)
-    mask_truncated: bool = flag(None, "leave completions that did not end (no EOS within the limits) out of the batch: "
-                                    "out of the group mean, the zero-variance test, the batch std and the loss (the "
-                                    "paper's 'effective batch after excluding truncated samples'). Default: on with "
-                                    "--model; off for the embedded model, whose random initial policy almost never "
-                                    "ends by itself, so that masking would leave it nothing to learn to stop from")
+    mask_truncated: bool = flag(None, "leave completions that did not end (no EOS within the limits) out of the group "
+                                    "mean, the zero-variance test, the batch std and the loss (the paper's 'effective "
+                                    "batch after excluding truncated samples'). Default: on with --model; off for the "
+                                    "embedded model, whose random policy seldom ends: nothing would be left to learn")
     zero_variance_filter: bool = flag(True, "drop prompts whose G rewards are all equal from the loss")
     adv_norm: str = flag("batch", "advantage normalisation", ["batch", "prompt", "none"])
     loss_agg: str = flag("prompt", "loss aggregation", ["prompt", "sample", "token"])
     npr_threshold: float = flag(0.9, "No-Positive-Resampling: drop a prompt from later epochs once its pass rate (in "
-                                   "steps of 1/G: with G = 8, 0.9 means 8/8) reaches this (>= 1 disables)", above=0)
+                                   "steps of 1/G: with G = 16, 0.9 means 15/16) reaches this (>= 1 disables)", above=0)
     loss: str = flag("cispo", "policy loss: cispo (ScaleRL), dapo (PPO clipping with DAPO's asymmetric range), gspo "
                             "(a sequence-level ratio, clipped)", ["cispo", "dapo", "gspo"])
     eps_max: float = flag(5.0, "CISPO: truncation of the importance weight from above (the paper: 4, 5 and 8 alike)",
@@ -131,7 +150,8 @@ class Recipe:
                           "evaluate the initial weights and save them as checkpoint step 0, which --resume continues",
                       at_least=0)
     prompts_per_step: int = flag(32, "prompts per step, P (the paper: 48)", above=0)
-    generations_per_prompt: int = flag(16, "completions sampled per prompt, G (the paper: 16)")
+    generations_per_prompt: int = flag(16, "completions sampled per prompt, G (the paper: 16); at least 2: advantages "
+                                           "are centred in each group", at_least=2)
     max_new_tokens: int = flag(8, "generation limit per completion", above=0)
     temperature: float = flag(1.0, "sampling temperature (generator and trainer log-probs use it)", above=0)
     lr: float = flag(5e-4, "learning rate, constant after warm-up (the paper: 5e-7 for an 8B model)", above=0)
@@ -155,19 +175,21 @@ def rl_step(state, cfg):
     prompts, comps, idx = [g.prompt for g in groups], [g.completions for g in groups], [g.prompt_index for g in groups]
     correct, rewards, errors = score(state.tok, comps, [state.train[i] for i in idx], state.grader, cfg)  # 2. [2]
     samples, stats = build_batch(prompts, comps, rewards, cfg)                 # 3. [Sec. 3.2] the batch
-    update_curriculum(state.curriculum, idx, correct.mean(axis=1).tolist(), cfg.npr_threshold)  # 4. [3.2] NPR
+    update_curriculum(state.curriculum, idx, correct.mean(axis=1).tolist(), cfg)  # 4. [Sec. 3.2] NPR
     update = train_step(state.policy, state.opt, state.sched, samples, cfg, state.tok.pad_token_id, state.autocast,
                         state.frozen) if all_sum(len(samples)) else {}        # 5. [Sec. 3.2] CISPO, FP32 head
     trained = state.version  # the version these samples were trained against
     if update and not update["skipped"]:
         state.version += 1
     push_seconds = push_weights(state, cfg)                                    # 6. [Sec. 3.1] in flight
-    return dict(groups=groups, rewards=rewards, errors=errors, samples=samples, stats=stats, update=update,
-                stale=stale, trained_version=trained, push_seconds=push_seconds)
+    return dict(groups=groups, rewards=rewards, errors=errors, samples=samples, stats=stats, update=update, stale=stale,
+                trained_version=trained, push_seconds=push_seconds, rollout=rollout_metrics(comps, correct, rewards))
 
 # --------------------------------------------------------------------------------------------------
 # 1. Rollouts with forced length interruptions [Sec. 2, 4]: a group is one prompt's G completions, streamed
 #    through an engine (Part II); every token keeps the generator's log-prob and the weight version that sampled it.
+#    rl_step's first call, next_batch, is in section 7: it streams these rollouts across updates and picks the groups
+#    each update trains, which reads best once the batch, the curriculum and the losses are known.
 
 
 @dataclass
@@ -195,14 +217,16 @@ class Group:
 
 
 def next_request(c, budget, cfg, think_end):
-    """Forced length interruptions [Sec. 2, 4], one completion at a time. Its first request asks for at most its
-    thinking budget (drawn in [LO, HI]). When that piece comes back without EOS, the completion either closed its
-    reasoning (think_end) within the budget, and continues to --max-new-tokens in all, or it did not, and it is
-    interrupted: the phrase is appended and it gets --answer-budget more tokens (a model without a thinking format
-    never closes its reasoning: each completion that reaches the budget is). 'done', 'continue' or 'interrupt'."""
-    if cfg.length_control != "interrupt" or c.finished or c.interrupted or len(c.tokens) != budget:
+    """Forced length interruptions [Sec. 2, 4]: what a completion needs when a piece of it comes back.
+    Returns 'done', 'continue' or 'interrupt'."""
+    at_budget = len(c.tokens) == budget  # its first request (at most its thinking budget, drawn in [LO, HI]) ran out
+    if cfg.length_control != "interrupt" or c.finished or c.interrupted or not at_budget:
         return "done"  # ended by itself, answered after an interruption, or the rest of a closed reasoning
-    return "continue" if find_subsequence(c.tokens, think_end) is not None else "interrupt"
+    if find_subsequence(c.tokens, think_end) is not None:
+        return "continue"  # it closed its reasoning within the budget: it goes on to --max-new-tokens in all
+    # It did not: the phrase is appended, and it gets --answer-budget more tokens to answer.
+    # A model without a thinking format never closes its reasoning, so each completion that reaches the budget is.
+    return "interrupt"
 
 
 class Rollouts:
@@ -219,8 +243,7 @@ class Rollouts:
         self.decoded = self.steps = self.seconds = self.train_seconds = self.ahead = 0
 
     def add(self, key, prompt, n, seed, prompt_index=None):
-        """Start a group: n completions of prompt (token ids), with the random stream `seed` (thinking budgets and
-        request seeds)."""
+        """Start a group: n completions of prompt (token ids); `seed` draws the thinking budgets and request seeds."""
         lo, hi = self.cfg.think_budget if self.cfg.length_control == "interrupt" else (self.cfg.max_new_tokens,) * 2
         rng = np.random.default_rng(seed)  # request seeds base + j (first piece) and base' + j (the rest)
         seeds, budgets = (rng.integers(2**62, size=2) + np.arange(n)[:, None]).tolist(), \
@@ -265,14 +288,6 @@ class Rollouts:
         return [got[k] for k in keys]
 
 
-def rollout(rollouts, prompts, n, seed, kind="eval", ids=None):
-    """Generate n completions for each prompt with length control, now; returns the list of groups' completions.
-    ids: the prompts' numbers, which choose their random streams (default 0, 1, ...)."""
-    keys = [(kind, seed, i) for i in (range(len(prompts)) if ids is None else ids)]
-    for k, p in zip(keys, prompts):
-        rollouts.add(k, p, n, step_seed(seed, RNG_ROLLOUT, k[2]))
-    return [g.completions for g in rollouts.wait(keys)]
-
 # --------------------------------------------------------------------------------------------------
 # 2. Scoring [Sec. 2]: a verifiable, binary reward (the reward functions and the grading pool are in Part II)
 
@@ -299,6 +314,13 @@ def score(tok, groups, data, grader, cfg):
     return correct, correct + correct * pen, errors
 
 
+def rollout_metrics(groups, correct, rewards):
+    """What the step's completions did, {name: (total, count)}: metrics_row logs total / count, each summed over the
+    ranks (no value where count is 0). groups: every drawn prompt's G Completions, the filtered too; correct, rewards:
+    score's arrays [prompts, G]. A fork's metric over the rollouts goes here (docs/fork.md)."""
+    return {"reward_mean": (rewards.sum(), rewards.size)}
+
+
 def overlong_penalty(length, max_len, cache_len):
     """DAPO's soft overlong punishment (the length-control alternative the paper ablated): 0 up to
     L_max - L_cache tokens, then falling linearly to -1 at L_max, and -1 beyond."""
@@ -322,15 +344,15 @@ def compute_advantages(rewards, norm, valid=None, eps=1e-6):
     prompt -- divided by the std of the prompt's own rewards (GRPO)
     none   -- left as they are (Dr. GRPO).  Standard deviations are population ones (ddof=0).
     Means and standard deviations run over the `valid` completions only; the others get advantage 0. Rewards are
-    0/1 here and +-1 in the paper: the same advantages under batch and prompt normalisation (a scale cancels), twice
-    as large with `none`. Under torchrun the batch is every rank's prompts: the batch std is taken over all ranks."""
+    0/1 here and +-1 in the paper: the same advantages with batch and prompt norms; with none, the paper's are twice."""
     valid = np.ones(rewards.shape, bool) if valid is None else valid
     n = np.maximum(valid.sum(axis=1, keepdims=True), 1)
     adv = np.where(valid, rewards - (rewards * valid).sum(axis=1, keepdims=True) / n, 0.0)
-    if norm == "batch":
-        count, total = all_sum(valid.sum(), adv[valid].sum())  # the std in two passes, as numpy's .std()
+    if norm == "batch":  # in one process: adv / (adv[valid].std() + eps); all_sum adds the ranks' sums
+        count, total = all_sum(valid.sum(), adv[valid].sum())
         mean = total / max(count, 1)
-        return adv / (math.sqrt(all_sum(((adv[valid] - mean) ** 2).sum()) / max(count, 1)) + eps)
+        var = all_sum(((adv[valid] - mean) ** 2).sum()) / max(count, 1)  # the std in two passes, as numpy's
+        return adv / (math.sqrt(var) + eps)
     if norm == "prompt":
         return adv / (np.sqrt((adv ** 2).sum(axis=1, keepdims=True) / n) + eps)
     return adv
@@ -369,17 +391,21 @@ def build_batch(prompt_ids, groups, rewards, cfg):
     """From one step's rollouts to the training batch: truncated completions out (--mask-truncated), zero-variance
     filter, advantages, aggregation weights. Returns (samples, stats): a list of Sample and the filters' counts.
     Tokens with mask 0 (injected, not sampled) and excluded completions count in no normaliser."""
+    # valid[i, j]: completion j of prompt i is in the batch (it ended, or --no-mask-truncated keeps every one)
     valid = np.array([[c.finished or not cfg.mask_truncated for c in g] for g in groups]).reshape(rewards.shape)
-    varied = zero_variance_keep(rewards, valid)
-    kept = np.flatnonzero(varied if cfg.zero_variance_filter else valid.any(axis=1))
-    stats = {"zero_variance_frac": float(1 - varied.mean()), "active_prompts": len(kept),
+    varied = zero_variance_keep(rewards, valid)  # prompts whose valid completions' rewards differ
+    trained = np.flatnonzero(varied if cfg.zero_variance_filter else valid.any(axis=1))  # the prompts in the loss
+    stats = {"zero_variance_frac": float(1 - varied.mean()), "active_prompts": len(trained),
              "truncated_excluded": int((~valid).sum())}
-    adv = compute_advantages(rewards[kept], cfg.adv_norm, valid[kept])
-    members = [[j for j in range(len(groups[i])) if valid[i, j]] for i in kept]
-    weights = completion_weights([[sum(groups[i][j].mask) for j in js] for i, js in zip(kept, members)],
-                                 cfg.loss_agg)
-    samples = [Sample(prompt_ids[i], c.tokens, c.logprobs, c.mask, c.versions, float(adv[a, j]), w)
-               for a, (i, js) in enumerate(zip(kept, members)) for j, w in zip(js, weights[a]) for c in [groups[i][j]]]
+    adv = compute_advantages(rewards[trained], cfg.adv_norm, valid[trained])  # row a: prompt trained[a]
+    completions = [[j for j in range(len(groups[i])) if valid[i, j]] for i in trained]  # each one's valid ones
+    lengths = [[sum(groups[i][j].mask) for j in js] for i, js in zip(trained, completions)]  # sampled tokens
+    weights = completion_weights(lengths, cfg.loss_agg)
+    samples = []
+    for a, (i, js) in enumerate(zip(trained, completions)):
+        for j, w in zip(js, weights[a]):
+            c = groups[i][j]
+            samples.append(Sample(prompt_ids[i], c.tokens, c.logprobs, c.mask, c.versions, float(adv[a, j]), w))
     return samples, stats
 
 # --------------------------------------------------------------------------------------------------
@@ -397,8 +423,8 @@ class Curriculum:
     epoch: int = 0
     pos: int = 0
     order: list = field(default_factory=list)
-    pass_rate: dict = field(default_factory=dict)  # prompt index -> last observed pass rate
-    removed: set = field(default_factory=set)
+    history: dict = field(default_factory=dict)  # prompt index -> its pass rate at each draw, oldest first
+    removed: dict = field(default_factory=dict)  # prompt index -> the name of the rule that removed it
 
 
 def next_prompts(curriculum, k):
@@ -421,13 +447,22 @@ def next_prompts(curriculum, k):
     return out
 
 
-def update_curriculum(curriculum, indices, pass_rates, threshold):
-    """No-Positive-Resampling: record each prompt's pass rate; one that reaches the threshold (0.9) is removed
-    permanently from later epochs. The paper does not define the history; here it is the last observed pass rate."""
+def update_curriculum(curriculum, indices, pass_rates, cfg):
+    """Record the pass rate of each prompt just drawn, and remove the prompts that removal_rule says to."""
     for i, r in zip(indices, pass_rates):
-        curriculum.pass_rate[i] = float(r)  # the history the rule reads (a fork's other history goes here)
-        if threshold < 1.0 and curriculum.pass_rate[i] >= threshold:
-            curriculum.removed.add(i)
+        curriculum.history.setdefault(i, []).append(float(r))
+        rule = removal_rule(curriculum.history[i], cfg)
+        if rule and i not in curriculum.removed:  # removed for good: next_prompts never draws it again
+            curriculum.removed[i] = rule  # metrics.jsonl counts each rule's removals: RULE_removed
+
+
+def removal_rule(history, cfg):
+    """Whether a prompt leaves the later epochs, from its pass rates (one per draw, oldest first): the name of the
+    rule that removes it, or None. A fork's rule goes here (docs/fork.md)."""
+    # No-Positive-Resampling [Sec. 3.2]: the paper does not define the history it reads; here, the last draw.
+    if cfg.npr_threshold < 1.0 and history[-1] >= cfg.npr_threshold:
+        return "npr"
+    return None
 
 # --------------------------------------------------------------------------------------------------
 # 5. Losses [Sec. 3.2]: log-probs with an FP32 LM head; CISPO, and DAPO and GSPO for the ablation
@@ -441,6 +476,9 @@ def token_terms(logits, targets):
 
 
 def _chunk_terms(h, w, b, y, temperature, fp32, post):
+    """One chunk of token_logprobs: the LM head's logits of the hidden states h [n, H], then token_terms of them.
+    With the FP32 head [Sec. 3.2] the product itself is float32 (weights and hidden states cast up, autocast off);
+    without it the head runs in the compute dtype and only its output is cast to float32."""
     if fp32:
         with torch.autocast(h.device.type, enabled=False):
             logits = F.linear(h.float(), w.float(), None if b is None else b.float())
@@ -479,11 +517,10 @@ def dapo_loss(ratio, adv, eps_low, eps_high):
 
 
 def gspo_ratio(logp, logp_gen, seq):
-    """GSPO's sequence-level importance ratio (Zheng et al. 2025), one value per token: s_i = (pi_train(y_i) /
-    pi_gen(y_i)) ** (1 / |y_i|) = exp(mean over the completion's tokens of log pi_train - log pi_gen), in its
-    token form sg(s_i) * pi_train(y_t) / sg(pi_train(y_t)): the value of s_i, and the gradient s_i * grad log
-    pi_train(y_t), so that averaging over a completion's tokens gives GSPO's gradient s_i * grad log s_i.
-    seq numbers the completion of each token."""
+    """GSPO's sequence-level ratio (Zheng et al. 2025) s_i = exp(mean over completion i's tokens of log pi_train -
+    log pi_gen), one value per token (seq numbers each token's completion), in the token form sg(s_i) * pi_train(y_t) /
+    sg(pi_train(y_t)): the value s_i, the gradient s_i * grad log pi_train(y_t), so that GSPO's s_i * grad log s_i
+    is the mean over the completion's tokens."""
     d = (logp - logp_gen).detach()
     n = torch.zeros(int(seq.max()) + 1 if len(seq) else 0, dtype=d.dtype, device=d.device)  # (no tokens: a filler)
     n = n.index_add_(0, seq, torch.ones_like(d))
@@ -500,12 +537,11 @@ def gspo_loss(ratio, adv, eps_low, eps_high):
 
 
 def policy_loss(logp, logp_gen, adv, weight, seq, cfg, **terms):
-    """The step's objective restricted to these tokens, sum(weight * token_loss), and `sums`: {name: sum over these
-    tokens} of the per-token metrics. train_step adds each sum over the micro-batches and the ranks and logs it as a
-    mean per trained token, a column of metrics.jsonl (and W&B) under its name: clip_frac here, the share of tokens
-    whose importance weight was truncated (CISPO) or clipped (DAPO, GSPO). seq numbers each token's completion;
-    terms: the other per-token tensors, token_terms' beyond logp and NAME_logp for each of frozen_models'. A fork's
-    loss term goes before the return: token_loss = token_loss + coef * term, sums["term"] = term.sum().item()."""
+    """-J on these tokens, sum(weight * token_loss), and `sums`, {name: sum over these tokens} of per-token metrics.
+    Per trained token: log pi_train (logp), log pi_gen (logp_gen), its completion's advantage, aggregation weight and
+    number in the micro-batch (seq); terms: token_terms' others, and NAME_logp for each of frozen_models'."""
+    # logp_gen is the log-prob the engine recorded as it sampled the token, not one the trainer recomputes (PPO's
+    # pi_old): pi_gen is whatever weights the engine held at that token, so one completion can mix versions.
     ratio = torch.exp(logp - logp_gen) if cfg.loss != "gspo" else gspo_ratio(logp, logp_gen, seq)  # rho, once
     if cfg.loss == "cispo":
         token_loss, clipped = cispo_loss(logp, ratio, adv, cfg.eps_max), ratio.detach() > cfg.eps_max
@@ -513,7 +549,9 @@ def policy_loss(logp, logp_gen, adv, weight, seq, cfg, **terms):
         token_loss = (dapo_loss if cfg.loss == "dapo" else gspo_loss)(ratio, adv, cfg.eps_low, cfg.eps_high)
         r = ratio.detach()
         clipped = ((r > 1 + cfg.eps_high) & (adv > 0)) | ((r < 1 - cfg.eps_low) & (adv < 0))
+    # train_step logs each sum per trained token, a column of metrics.jsonl: clip_frac, the share truncated or clipped
     sums = {"clip_frac": clipped.sum().item()}
+    # A fork's loss term goes here: token_loss = token_loss + coef * term, and sums["term"] = term.sum().item().
     return (weight * token_loss).sum(), sums
 
 # --------------------------------------------------------------------------------------------------
@@ -536,12 +574,13 @@ def frozen_models(cfg, load_initial):
 
 
 def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None, frozen=None):
-    """One optimiser step on the batch: loss and backward per micro-batch (gradients accumulate; the aggregation
-    weights already hold the global normalisers), clip, AdamW step. Returns the update's metrics: the loss, gradient
-    norm, learning rate and time, and every sum of policy_loss (and of mismatch_sums) as a mean per trained token
-    under its name; metrics_row logs each. Under torchrun each rank has its share of the batch; FSDP2 averages the
-    ranks' gradients, so each rank's loss is scaled by the number of ranks, and every rank runs as many micro-batches
-    as the rank with the most (FSDP's collectives run in step)."""
+    """One optimiser step on the batch: loss and backward per micro-batch, clip, AdamW step. Returns the update's
+    metrics: loss, gradient norm, learning rate, time, and each sum of policy_loss and mismatch_sums as a mean per
+    trained token under its name. metrics_row logs every one."""
+    # Gradients accumulate over the micro-batches: the aggregation weights already hold the whole batch's normalisers.
+    # Under torchrun each rank has its share of the batch. FSDP2 averages the ranks' gradients, so each rank's loss is
+    # scaled by the number of ranks. Every rank runs as many micro-batches as the rank with the most, so that FSDP's
+    # collectives run in step.
     t0, device, peak = time.time(), next(model.parameters()).device, gpu_peak(model, opt)  # (CUDA: the memory peak)
     model.train()
     loss_sum, n_tok, sums, ranks = 0.0, 0, {}, all_sum(1)  # (the number of ranks: 1 in one process)
@@ -612,10 +651,11 @@ def group_lag(g, version):
 
 
 def next_batch(state, cfg):
-    """Run the engine until P groups are complete and the updates to come can train every group left within the lag
-    bound (the trainer waits for groups in flight until they can), admitting new groups as admission() allows.
-    Returns (groups, stale): the P groups, oldest first, and how many were dropped for a token more than K updates
-    old (none: admission and the wait keep the bound); groups is None when nothing is left to generate."""
+    """The next update's P complete groups, oldest first, under the lag bound [Sec. 3.1]. Returns (groups, stale):
+    stale counts the groups dropped for a token more than K updates old (none: admission and the wait keep the
+    bound); groups is None when nothing is left to generate."""
+    # The bound: the weights updated are at most K updates newer than any token trained on (group_lag <= K), the
+    # paper's k seen from the data's side (the trainer runs at most k updates ahead of its data): K = k.
     stale, rollouts, engine = 0, state.rollouts, state.engine
     while True:
         fresh = sorted((g for g in rollouts.done if group_lag(g, state.version) <= cfg.max_lag),
@@ -624,10 +664,14 @@ def next_batch(state, cfg):
         share = cfg.prompts_per_step // state.curriculum.world  # under torchrun: this rank's share of the P groups
         admit(state, cfg, admission(cfg, len(rollouts.open), len(rollouts.done), engine.unfinished(), engine.capacity,
                                     state.curriculum.world))
-        # a group left after this batch is due K updates after its oldest token (in flight: after its start); wait
-        # while the updates to come, P each, could not train all those due by then (the k-th due needs k + 1 slots)
-        due = sorted([g.oldest for g in fresh[share:]] + [g.started for g in rollouts.open.values()])
-        wait = any(k + 1 > (d + cfg.max_lag - state.version) * share for k, d in enumerate(due))
+        # Each group left after this batch must be trained by the update to version oldest + K (in flight: started +
+        # K). The updates to come take P groups each, oldest first: the k-th group to fall due needs k + 1 slots.
+        # Example: four slow groups started together, P = 2, fall due at the same update, which has room for two:
+        # waiting only for the groups due at this very update would let the other two pass the bound.
+        oldest = sorted([g.oldest for g in fresh[share:]] + [g.started for g in rollouts.open.values()])
+        updates_left = [o + cfg.max_lag - state.version for o in oldest]  # updates after this one, each group's last
+        slots = [u * share for u in updates_left]  # groups those updates can train
+        wait = any(k + 1 > n for k, n in enumerate(slots))  # one would miss its last update: decode on instead
         if len(fresh) >= share and not wait:  # (the groups just admitted decode meanwhile, where generators are apart)
             batch, rollouts.done = fresh[:share], fresh[share:]
             return batch, stale
@@ -664,8 +708,7 @@ def evaluate(state, cfg, step):
     rollouts.ahead += rollouts.train_seconds - before
     rollouts.decoded = rollouts.steps = rollouts.seconds = 0  # the other metrics count training steps only
     correct, _, errors = score(state.tok, groups, [state.val[i] for i in ids], state.grader, cfg)
-    if cfg.save_completions:  # Part II: OUT/completions/step_N.jsonl, to read what the model writes
-        save_completions(cfg, step, state.tok, [state.val[i] for i in ids], groups, correct)
+    save_completions(cfg, step, state.tok, [state.val[i] for i in ids], groups, correct)  # with the flag (Part II)
     total, count = all_sum(correct.sum(), correct.size)
     return total / count, errors
 
@@ -682,7 +725,8 @@ def run(cfg):
             t0 = time.time()
             result = rl_step(state, cfg)
             if result is None:
-                print("every training prompt has been removed by No-Positive-Resampling; stopping")
+                rules = ", ".join(sorted(set(state.curriculum.removed.values())))  # npr: No-Positive-Resampling
+                print(f"every training prompt has been removed by the curriculum ({rules}); stopping")
                 break
             row, errors = recorder.row(step, result, time.time() - t0), result["errors"]
             if step % cfg.eval_every == 0 or step == cfg.steps:
@@ -873,8 +917,6 @@ def validate(cfg):
                                    ("below", "<", operator.ge)):
             if meta.get(key) is not None and value is not None and outside(value, meta[key]):
                 die(f"{flag(f.name)} must be {sign} {meta[key]} (got {value})")
-    if cfg.generations_per_prompt < 2:
-        die("--generations-per-prompt must be >= 2: advantages are centred within each prompt's group")
     if cfg.length_control == "interrupt" and cfg.answer_budget >= cfg.max_new_tokens:
         die(f"--answer-budget {cfg.answer_budget} leaves no thinking budget within --max-new-tokens "
             f"{cfg.max_new_tokens}: it must be smaller")
@@ -1484,6 +1526,15 @@ def fp32_head_hook(module, inputs, output):
     with torch.autocast(inputs[0].device.type, enabled=False):
         b = None if module.bias is None else module.bias.float()
         return F.linear(inputs[0].float(), module.weight.float(), b)
+
+
+def rollout(rollouts, prompts, n, seed, kind="eval", ids=None):
+    """Generate n completions for each prompt with length control, now; returns the list of groups' completions.
+    ids: the prompts' numbers, which choose their random streams (default 0, 1, ...)."""
+    keys = [(kind, seed, i) for i in (range(len(prompts)) if ids is None else ids)]
+    for k, p in zip(keys, prompts):
+        rollouts.add(k, p, n, step_seed(seed, RNG_ROLLOUT, k[2]))
+    return [g.completions for g in rollouts.wait(keys)]
 
 
 def hf_generate(model, tok, prompts, max_tokens, temperature, seed, lm_head_fp32, autocast_dtype=None):
@@ -2400,7 +2451,7 @@ def metrics_row(state, cfg, step, r, seconds):
     local = {  # this rank's counts, summed over the ranks in one reduction
         "groups": len(groups), "completions": len(comps), "generated": sum(len(c.tokens) for c in comps),
         "sampled": sum(sum(c.mask) for c in comps), "prompt_tokens": sum(len(g.prompt) for g in groups),
-        "trained_sequence_tokens": sum(len(x.prompt) + len(x.tokens) for x in samples), "reward": r["rewards"].sum(),
+        "trained_sequence_tokens": sum(len(x.prompt) + len(x.tokens) for x in samples),
         "truncated": sum(not c.finished for c in comps), "interrupted": sum(c.interrupted for c in comps),
         "flat": round(stats["zero_variance_frac"] * len(groups)), "active": stats["active_prompts"],
         "excluded": stats["truncated_excluded"], "lag_sum": sum(lags), "lags": len(lags), "stale": r["stale"],
@@ -2415,11 +2466,16 @@ def metrics_row(state, cfg, step, r, seconds):
     t["gen_tokens"] += int(n["sampled"])  # sampled tokens (injected phrases not counted)
     t["train_tokens"] += update.get("trained_tokens", 0)
     t["skipped_updates"] += int(update.get("skipped", False))
-    removed = int(all_sum(len(state.curriculum.removed)))  # each rank removes prompts of its own shard
-    row = {"step": step, **t, "reward_mean": n["reward"] / n["completions"],
+    pairs = list(r["rollout"].items())  # rollout_metrics' (total, count) pairs, each summed over the ranks
+    flat = np.atleast_1d(all_sum(*(v for _, pair in pairs for v in pair))).tolist() if pairs else []
+    rollout = {k: flat[2 * a] / flat[2 * a + 1] for a, (k, _) in enumerate(pairs) if flat[2 * a + 1]}
+    removed = state.curriculum.removed  # prompt -> the rule that removed it (each rank removes from its own shard)
+    rules = sorted(set(all_gather(sorted(set(removed.values())))[0]) | {"npr"})  # every rank's rules, NPR always
+    by_rule = dict(zip(rules, np.atleast_1d(all_sum(*(sum(v == k for v in removed.values()) for k in rules)))))
+    row = {"step": step, **t, **rollout,
            "zero_variance_frac": n["flat"] / n["groups"], "active_prompts": int(n["active"]),
-           "truncated_excluded": int(n["excluded"]), "npr_removed": removed,
-           "pool_size": len(state.train) - removed, "epoch": state.curriculum.epoch,
+           "truncated_excluded": int(n["excluded"]), **{f"{k}_removed": int(v) for k, v in by_rule.items()},
+           "pool_size": len(state.train) - int(sum(by_rule.values())), "epoch": state.curriculum.epoch,
            "truncated_frac": n["truncated"] / n["completions"], "interrupted_frac": n["interrupted"] / n["completions"],
            "mean_completion_tokens": n["generated"] / n["completions"], "loss": 0.0,
            "grad_norm": 0.0, "clip_frac": 0.0, "lr": state.sched.get_last_lr()[0],
@@ -2649,9 +2705,11 @@ def quiet_stderr(verbose):
 
 
 def save_completions(cfg, step, tok, data, groups, correct):
-    """One evaluation's completions, a JSON line each: prompt, answer, the completion's text (as score() grades it: a
+    """--save-completions: one evaluation's completions, a JSON line each: prompt, answer, the completion's text (as score() grades it: a
     final stop token left out), whether it ended by itself, whether it was interrupted, and its reward. Under
     torchrun rank r > 0 writes its share to step_N.rank<r>.jsonl."""
+    if not cfg.save_completions:
+        return
     path = os.path.join(cfg.out, "completions", f"step_{step:06d}" + (f".rank{rank()}" if rank() else "") + ".jsonl")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     specials = set(tok.all_special_ids)
@@ -2816,7 +2874,11 @@ def restore(saved, state, ckpt):
                                  options=StateDictOptions(full_state_dict=launched()))
     state.sched.load_state_dict(saved["scheduler"])
     mine = saved["ranks"][rank()]
-    state.curriculum.__dict__.update({**mine["curriculum"], "removed": set(mine["curriculum"]["removed"])})
+    cur = dict(mine["curriculum"])
+    if "pass_rate" in cur:  # a checkpoint from before the history: each prompt's last pass rate, removals by NPR
+        cur["history"] = {i: [r] for i, r in cur.pop("pass_rate").items()}
+        cur["removed"] = dict.fromkeys(cur["removed"], "npr")
+    state.curriculum.__dict__.update(cur)
     state.totals.update(saved["totals"])
     state.version, state.serial = saved["loop"]["version"], mine["serial"]
     state.requeue.extend(mine["pending"])

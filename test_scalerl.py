@@ -270,6 +270,10 @@ def test_zero_variance_filter_drops_exactly_flat_groups():
 
 
 # ---------------------------------------------------------------------------------------------- curriculum
+def npr(threshold):
+    return S.Config(npr_threshold=threshold)
+
+
 @pytest.mark.quick
 def test_npr_removes_prompt_from_next_epoch_only():
     cur = S.Curriculum(n_prompts=6, seed=3)
@@ -277,8 +281,10 @@ def test_npr_removes_prompt_from_next_epoch_only():
     epoch1 = list(cur.order)
     assert first == epoch1[:4] and sorted(epoch1) == list(range(6))
     solved, half = first[0], first[1]
-    S.update_curriculum(cur, [solved, half], [0.9, 0.5], threshold=0.9)
-    assert cur.removed == {solved} and cur.pass_rate[half] == 0.5
+    S.update_curriculum(cur, [solved, half], [0.9, 0.5], npr(0.9))
+    assert cur.removed == {solved: "npr"} and cur.history == {solved: [0.9], half: [0.5]}
+    S.update_curriculum(cur, [half], [0.25], npr(0.9))  # the history keeps every draw, oldest first
+    assert cur.history[half] == [0.5, 0.25] and cur.removed == {solved: "npr"}
     second = S.next_prompts(cur, 4)
     assert second[:2] == epoch1[4:]          # the current epoch finishes as it was drawn
     assert cur.epoch == 2 and solved not in cur.order and sorted(cur.order) == sorted(set(range(6)) - {solved})
@@ -288,9 +294,9 @@ def test_npr_removes_prompt_from_next_epoch_only():
 @pytest.mark.quick
 def test_npr_disabled_at_threshold_one():
     cur = S.Curriculum(n_prompts=3, seed=0)
-    S.update_curriculum(cur, [0, 1], [1.0, 1.0], threshold=1.0)
-    assert cur.removed == set()
-    S.update_curriculum(cur, [0, 1, 2], [1.0, 1.0, 1.0], threshold=0.9)
+    S.update_curriculum(cur, [0, 1], [1.0, 1.0], npr(1.0))
+    assert cur.removed == {}
+    S.update_curriculum(cur, [0, 1, 2], [1.0, 1.0, 1.0], npr(0.9))
     assert S.next_prompts(cur, 2) == []
 
 
@@ -1486,7 +1492,7 @@ def test_real_model_study_runs_resumes_and_summarises_with_a_tiny_model(tmp_path
                                           "--temperature", "100", "--prompts-per-step", "4",
                                           "--generations-per-prompt", "4", "--max-new-tokens", "16", "--eval-every",
                                           "1", "--eval-samples", "2", "--save-completions"])
-    monkeypatch.setattr(B, "REAL_STEPS", 2)
+    monkeypatch.setattr(B, "REAL_STEPS", 3)
     monkeypatch.setattr(B, "REAL_VAL", 16)
     monkeypatch.setattr(B.real_model_data, "__defaults__", (16,))
     real_run = subprocess.run
@@ -1513,23 +1519,23 @@ def test_real_model_study_runs_resumes_and_summarises_with_a_tiny_model(tmp_path
     for seed in (0, 1):
         d = out / f"seed{seed}"
         rows = read_metrics(str(d))
-        assert [r["step"] for r in rows] == [0, 1, 2] and json.load(open(d / "config.json"))["seed"] == seed
+        assert [r["step"] for r in rows] == [0, 1, 2, 3] and json.load(open(d / "config.json"))["seed"] == seed
         files = sorted(os.listdir(d / "completions"))
-        assert files == [f"step_{s:06d}.jsonl" for s in (0, 1, 2)]
+        assert files == [f"step_{s:06d}.jsonl" for s in (0, 1, 2, 3)]
         for f, row in zip(files, rows):
             lines = [json.loads(x) for x in open(d / "completions" / f)]
             assert len(lines) == 16 * 2
             assert sum(x["reward"] for x in lines) / len(lines) == row["val_pass_rate"]
             assert [x["reward"] for x in lines] == [parity(x["completion"], x["answer"]) if x["finished"] else 0.0
                                                     for x in lines]
-        runs[seed] = rows, {s: B.completion_shares(str(d / "completions" / f"step_{s:06d}.jsonl")) for s in (0, 2)}
+        runs[seed] = rows, {s: B.completion_shares(str(d / "completions" / f"step_{s:06d}.jsonl")) for s in (0, 3)}
     assert any(r["val_pass_rate"] for rows, _ in runs.values() for r in rows)  # (the test would be empty otherwise)
     table = B.real_table(runs)
     assert "\n".join(table) in text
     summary = json.load(open(out / "summary.json"))
-    pooled = sorted((r for rows, _ in runs.values() for r in rows), key=lambda r: r["flops"])
-    fit = fit_curve.fit_rows(pooled, x="flops", r0=np.mean([rows[0]["val_pass_rate"] for rows, _ in runs.values()]),
-                             bootstrap=0)
+    pooled = sorted((r for rows, _ in runs.values() for r in rows[1:]), key=lambda r: r["flops"])  # the steps
+    fit = fit_curve.fit_rows(pooled, x="flops", y="reward_mean", bootstrap=0,
+                             r0=np.mean([rows[1]["reward_mean"] for rows, _ in runs.values()]))
     assert summary["table"] == table and summary["fit"]["A"] == fit["A"] and summary["fit"]["B"] == fit["B"]
     assert (out / "real-model.png").read_bytes()[:4] == b"\x89PNG"
     mtime = os.path.getmtime(out / "seed0" / "metrics.jsonl")
@@ -1907,7 +1913,7 @@ def test_npr_over_whole_epochs_in_a_run(tmp_path, monkeypatch, capsys):
     rows = S.run(small_cfg(tmp_path / "b", steps=10, **tiny))
     assert [r["step"] for r in rows] == [0, 1, 2] and sorted(drawn) == list(range(8))
     assert rows[-1]["npr_removed"] == 8 and rows[-1]["pool_size"] == 0
-    assert "every training prompt has been removed by No-Positive-Resampling; stopping" in capsys.readouterr().out
+    assert "every training prompt has been removed by the curriculum (npr); stopping" in capsys.readouterr().out
 
 
 def test_pipeline_lag_bound_holds_when_training_is_slow(tmp_path, monkeypatch):
@@ -1938,8 +1944,8 @@ def test_npr_threshold_in_steps_of_one_over_g():
     assert note(0.875, 8) is None and note(0.9, 10) is None and note(1.0, 8) is None  # exact, or NPR off
     for t, G, need in ((0.9, 8, 8), (0.9, 16, 15), (0.9, 10, 9), (0.5, 3, 2)):
         cur = S.Curriculum(n_prompts=G + 1, seed=0)
-        S.update_curriculum(cur, list(range(G + 1)), [k / G for k in range(G + 1)], t)
-        assert cur.removed == set(range(need, G + 1)), (t, G)
+        S.update_curriculum(cur, list(range(G + 1)), [k / G for k in range(G + 1)], npr(t))
+        assert cur.removed == dict.fromkeys(range(need, G + 1), "npr"), (t, G)
 
 
 @pytest.mark.quick
@@ -1950,7 +1956,7 @@ def test_npr_prompt_removed_while_in_flight_is_not_drawn_again():
     nxt = S.next_prompts(cur, 1)         # the second epoch is shuffled before any result came back
     order2 = list(cur.order)
     solved = next(i for i in first if i != nxt[0])  # its turn in the second epoch is still to come
-    S.update_curriculum(cur, [solved], [1.0], threshold=0.9)
+    S.update_curriculum(cur, [solved], [1.0], npr(0.9))
     assert S.next_prompts(cur, 2) == [i for i in order2[1:] if i != solved]
 
 
@@ -2086,7 +2092,8 @@ def test_reward_workers_and_timeout_reach_the_grader_in_a_run(tmp_path, monkeypa
     assert S.parse_args(["--reward", "math", "--reward-workers", "1"]).reward_workers == 1
 
 
-BOUNDS = {  # every numeric flag: a value just out of its range (each must also refuse nan and inf if it is a float)
+BOUNDS = {  # the recipe's numeric flags: a value just out of each one's range, as specified (a fork's new flag is not
+    # listed here: test_every_numeric_flag_has_a_bound reads its bound from its flag(...))
     "seed": -1, "vllm_gpu_memory_utilization": 1.0, "vllm_max_model_len": -1, "vllm_kv_cache_mb": 0,
     "train_size": -1, "val_size": -1, "reward_workers": -2, "reward_timeout": 0.0, "steps": -1,
     "prompts_per_step": 0, "generations_per_prompt": 1, "max_new_tokens": 0, "temperature": 0.0,
@@ -2097,12 +2104,27 @@ BOUNDS = {  # every numeric flag: a value just out of its range (each must also 
     "generator_timeout": -1.0}
 
 
-def numeric_fields():
-    return [f for f in dataclasses.fields(S.Config) if f.type in (int, float)]
+def numeric_fields(module=S):
+    return [f for f in dataclasses.fields(module.Config) if f.type in (int, float)]
 
 
-def test_every_numeric_flag_has_a_bound():
-    assert sorted(f.name for f in numeric_fields()) == sorted(BOUNDS)
+def flag_bound(f):
+    """A value just out of a numeric flag's range, read from its flag(...): `above` itself, 1 (an int) or 0.1 (a
+    float) below `at_least`, or `below` itself; None when it has no bound."""
+    m = f.metadata
+    return m["above"] if m["above"] is not None else m["below"] if m["at_least"] is None else \
+        m["at_least"] - (1 if f.type is int else 0.1)
+
+
+def test_every_numeric_flag_has_a_bound(module=S):
+    """Every numeric flag, a fork's too, has a bound in its flag(...), and a value just out of it is refused; the
+    recipe's own flags are the ones BOUNDS specifies."""
+    fields = numeric_fields(module)
+    assert set(BOUNDS) <= {f.name for f in fields}
+    for f in fields:
+        assert flag_bound(f) is not None, f"--{f.name.replace('_', '-')} has no bound in its flag(...)"
+        with pytest.raises(module.ScaleRLError, match=f"--{f.name.replace('_', '-')} must be"):
+            module.parse_args([f"--{f.name.replace('_', '-')}={flag_bound(f)}"])
 
 
 @pytest.mark.parametrize("name,value", [(n, v) for n, v in BOUNDS.items()] +
@@ -2858,7 +2880,7 @@ def fake_results(prompts, groups, rewards, cfg, stale, trained_version=3):
     gs = [S.Group(("train", i), p, g, [], []) for i, (p, g) in enumerate(zip(prompts, groups))]
     return dict(groups=gs, rewards=rewards, errors=[], samples=samples, stats=stats,
                 update={"trained_tokens": 5, "train_seconds": 0.2}, stale=stale, trained_version=trained_version,
-                push_seconds=0.1)
+                push_seconds=0.1, rollout=S.rollout_metrics(groups, rewards, rewards))
 
 
 def metrics_state(decoded, steps, val_answers, in_flight=0, ahead=0.0):
@@ -3448,5 +3470,71 @@ def test_the_fork_page_entropy_example_runs_as_written_in_three_places(tmp_path)
                                     zero_variance_filter=False, entropy_coef=0.1, out=str(tmp_path / "run")))
         vocab = len(S.SPECIALS) + len(S.CHARS)
         assert all(0 < r["entropy"] < math.log(vocab) for r in rows[1:])
+    finally:
+        sys.modules.pop("scalerl_fork")
+
+def test_the_fork_page_rollout_metric_example_runs_as_written_in_one_place(tmp_path):
+    """docs/fork.md, the rollout metric: one hunk; rollout_metrics gives (total, count) of the correct completions'
+    lengths (by hand here); in a run the correct_tokens column is that mean over the step's completions as
+    rollout_metrics received them, on the steps with a correct completion, and absent on the others."""
+    p = fork_page_pieces("rollout-metric")
+    src = inspect.getsource(S.rollout_metrics).split("\n")
+    ret = [ln for ln in src if ln.startswith("    return ")]
+    assert len(ret) == 1 and len(p["1"]) == 2
+    fork, hunks = forked_with_hunks(tmp_path, [], (ret[0], "\n".join(p["1"])))
+    try:
+        assert hunks == 1
+        c = lambda n: S.Completion([7] * n, [0.0] * n, True, [1] * n, [0] * n)  # noqa: E731
+        groups, correct = [[c(3), c(5)], [c(10), c(4)]], np.array([[1.0, 0.0], [1.0, 1.0]])
+        got = fork.rollout_metrics(groups, correct, correct * 0.5)
+        assert got == {"reward_mean": (1.5, 4), "correct_tokens": (3 + 10 + 4, 3)}
+        seen, real = [], fork.rollout_metrics
+        fork.rollout_metrics = lambda g, cor, rew: seen.append((g, cor)) or real(g, cor, rew)
+        fork.score = lambda tok, groups, *a: (lambda r: (r, r, []))(  # every other completion right, as if ended
+            np.array([[float((len(x.tokens) + j) % 2) for j, x in enumerate(g)] for g in groups]))
+        rows = fork.run(fork.Config(engine="hf", steps=3, prompts_per_step=4, generations_per_prompt=4, val_size=4,
+                                    eval_every=100, eval_samples=1, length_control="truncate", max_new_tokens=6,
+                                    out=str(tmp_path / "run")))
+        for row, (g, cor) in zip(rows[1:], seen):
+            lengths = [len(x.tokens) for grp, ok in zip(g, cor) for x, o in zip(grp, ok) if o]
+            assert row.get("correct_tokens") == (sum(lengths) / len(lengths) if lengths else None)
+        assert len(seen) == 3 and any("correct_tokens" in r for r in rows[1:])
+    finally:
+        sys.modules.pop("scalerl_fork")
+
+
+def test_the_fork_page_curriculum_rule_example_runs_as_written_in_two_places(tmp_path, capsys):
+    """docs/fork.md, the curriculum rule: two hunks; its flag is bounded; removal_rule removes a prompt at its third
+    draw with pass rate 0 (by hand), NPR's rule still applies; in a run where every completion fails, each prompt
+    leaves after 3 draws: failed_removed counts them, npr_removed stays 0, the pool shrinks by them, and a resumed run
+    keeps the histories (the same rows as the run without a break)."""
+    p = fork_page_pieces("curriculum-rule")
+    assert p["1"][0].strip().startswith("drop_failed: int = flag(") and len(p["2"]) == 2
+    src = inspect.getsource(S.removal_rule)
+    assert src.count("\n    return None") == 1
+    fork, hunks = forked_with_hunks(tmp_path, [("    lm_head_fp32: bool = flag(", p["1"], 1)],
+                                    (src, src.replace("\n    return None", "\n" + "\n".join(p["2"]) + "\n    return None")))
+    try:
+        assert hunks == 2
+        with pytest.raises(fork.ScaleRLError, match="--drop-failed must be >= 0"):
+            fork.parse_args(["--drop-failed", "-1"])
+        cfg = fork.parse_args(["--drop-failed", "3"])
+        assert fork.removal_rule([0.0, 0.5, 0.0], cfg) is None and fork.removal_rule([0.0, 0.5, 0.0, 0.0], cfg) == \
+            "failed" and fork.removal_rule([0.0, 0.0, 1.0], cfg) == "npr"
+        assert fork.removal_rule([0.0] * 5, fork.parse_args([])) is None  # off by default
+        fork.score = lambda tok, groups, *a: (lambda r: (r, r, []))(np.zeros((len(groups), len(groups[0]))))
+        kw = dict(engine="hf", train_size=8, val_size=4, prompts_per_step=4, generations_per_prompt=2, eval_every=100,
+                  eval_samples=1, length_control="truncate", max_new_tokens=4, drop_failed=3)
+        rows = fork.run(fork.Config(**kw, steps=7, out=str(tmp_path / "whole")))
+        # 4 prompts a step over 8: every prompt is drawn once in steps 1-2, twice by 4, three times by 6
+        assert [r["failed_removed"] for r in rows[1:] if "failed_removed" in r] == [4, 8] and \
+            [r["step"] for r in rows if "failed_removed" in r] == [5, 6]
+        assert all(r["npr_removed"] == 0 for r in rows[1:]) and rows[6]["pool_size"] == 0
+        fork.run(fork.Config(**kw, steps=4, out=str(tmp_path / "parts")))
+        parts = fork.run(fork.Config(**kw, steps=7, out=str(tmp_path / "parts"), resume="auto"))
+        same = lambda k: "seconds" not in k and k not in ("device_hours", "val_pass_rate")  # noqa: E731
+        assert [{k: v for k, v in r.items() if same(k)} for r in parts] == \
+            [{k: v for k, v in r.items() if same(k)} for r in rows]  # (the first part's last step is evaluated)
+        assert "removed by the curriculum (failed); stopping" in capsys.readouterr().out
     finally:
         sys.modules.pop("scalerl_fork")
