@@ -297,7 +297,7 @@ def score(tok, groups, data, grader, cfg):
     group's (prompt, answer, row) item; the reward sees the completion's text, the answer and the whole row. A
     completion that did not end by itself (EOS) has no final answer: 0, ungraded. --length-control penalty adds the
     overlong penalty to the correct answers only (as the paper ablated it); otherwise reward = correct."""
-    specials, items, where = set(tok.all_special_ids), [], []
+    specials, items, where = special_ids(tok), [], []
     for i, (g, (_, answer, row)) in enumerate(zip(groups, data)):
         for j, c in enumerate(g):
             if c.finished:  # the stop token that ends it is not part of the text graded
@@ -1356,6 +1356,13 @@ def reward_exact(completion_text, answer, row=None):
 
 
 REWARDS = {"digit": reward_last_digit, "math": reward_math, "exact": reward_exact}
+
+
+def special_ids(tok):
+    """The ids of the tokenizer's special tokens, the added ones marked special among them: a tokenizer can name
+    another token as its eos than the model stops at (SmolLM2's, converted from GGUF, names <|im_start|> and the model
+    ends at <|im_end|>), so that the stop token would be graded as text."""
+    return set(tok.all_special_ids) | {i for i, t in tok.added_tokens_decoder.items() if t.special}
 
 
 def grade_one(fn, text, answer, row=None):
@@ -2712,7 +2719,7 @@ def save_completions(cfg, step, tok, data, groups, correct):
         return
     path = os.path.join(cfg.out, "completions", f"step_{step:06d}" + (f".rank{rank()}" if rank() else "") + ".jsonl")
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    specials = set(tok.all_special_ids)
+    specials = special_ids(tok)
     with open(path + ".tmp", "w") as f:
         for (prompt, answer, _), g, rewards in zip(data, groups, correct):
             for c, r in zip(g, rewards):

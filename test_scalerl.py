@@ -855,6 +855,24 @@ def test_penalty_is_added_to_correct_answers_only(default_model):
     assert correct.tolist() == [[1, 1, 0, 0]] and reward.tolist() == [[1, 0.5, 0, 0]] and errors == []
 
 
+
+@pytest.mark.quick
+def test_the_stop_token_is_not_graded_when_the_tokenizer_names_another_eos():
+    """SmolLM2's tokenizer converted from GGUF names <|im_start|> as its eos; the model ends at <|im_end|>, an added
+    token marked special but not among all_special_ids. That stop token is left out of the text graded (and of the
+    completions file): "answer: 5" scores 1 with --reward exact, where "answer: 5<|im_end|>" scored 0."""
+    from tokenizers import AddedToken
+    tok = S.make_char_tokenizer()
+    tok.add_tokens([AddedToken("<|im_end|>", special=True)])
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert end not in tok.all_special_ids and end in S.special_ids(tok)
+    ids = tok("answer: 5", add_special_tokens=False).input_ids
+    C = lambda tokens, finished: S.Completion(tokens, [0.0] * len(tokens), finished, [1] * len(tokens),  # noqa
+                                              [0] * len(tokens))
+    groups = [[C(ids + [end], True), C(ids + [tok.eos_token_id], True), C(ids + [end], False)]]
+    correct, _, errors = S.score(tok, groups, [("q", "5", {})], S.Grader(S.reward_exact, 0, 1.0), S.Config())
+    assert correct.tolist() == [[1, 1, 0]] and errors == []
+
 def interrupt_cfg(engine, length_control="interrupt"):
     cfg = S.Config(engine=engine, length_control=length_control, max_new_tokens=8, think_budget=(2, 3),
                    answer_budget=3, temperature=1.0, max_lag=0)
