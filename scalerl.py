@@ -1362,7 +1362,7 @@ def special_ids(tok):
     """The ids of the tokenizer's special tokens, the added ones marked special among them: a tokenizer can name
     another token as its eos than the model stops at (SmolLM2's, converted from GGUF, names <|im_start|> and the model
     ends at <|im_end|>), so that the stop token would be graded as text."""
-    return set(tok.all_special_ids) | {i for i, t in tok.added_tokens_decoder.items() if t.special}
+    return set(tok.all_special_ids) | {i for i, t in getattr(tok, "added_tokens_decoder", {}).items() if t.special}
 
 
 def grade_one(fn, text, answer, row=None):

@@ -2668,9 +2668,9 @@ def test_resume_in_pipeline_mode_regenerates_the_groups_in_flight(tmp_path):
     state4 = torch.load(S.list_checkpoints(str(tmp_path))[-1] + "/trainer_state.pt", weights_only=False)
     (r2,), (r4,) = state2["ranks"], state4["ranks"]  # one process: one rank's loop state
     c2, c4, pending = r2["curriculum"], r4["curriculum"], r2["pending"]
-    assert len(c2["pass_rate"]) == 16 and len(c4["pass_rate"]) == 32 and set(c2["pass_rate"]) < set(c4["pass_rate"])
+    assert len(c2["history"]) == 16 and len(c4["history"]) == 32 and set(c2["history"]) < set(c4["history"])
     assert len(pending) >= 16 and c2["pos"] == 16 + len(pending)  # drawn = trained + in flight at the checkpoint
-    assert set(c4["pass_rate"]) - set(c2["pass_rate"]) <= set(pending)  # the groups in flight came first
+    assert set(c4["history"]) - set(c2["history"]) <= set(pending)  # the groups in flight came first
     assert c4["order"] == c2["order"] and r4["serial"] > r2["serial"]
     assert state4["totals"]["gen_tokens"] == rows[4]["gen_tokens"] and state4["step"] == 4
     assert state4["loop"]["version"] == rows[4]["step"] - sum(r["active_prompts"] == 0 for r in rows[1:])
@@ -3046,9 +3046,9 @@ def test_two_rank_run_agrees_on_prompts_counts_both_ranks_stops_on_a_signal_to_o
     state = torch.load(S.list_checkpoints(out)[-1] + "/trainer_state.pt", weights_only=False)
     c0, c1 = (r["curriculum"] for r in state["ranks"])
     for r, c in enumerate((c0, c1)):  # each its own shard: drawn, recorded (every prompt of n steps) and removed
-        assert {i % 2 for i in c["order"]} == {i % 2 for i in c["pass_rate"]} == {r}
-        assert len(c["pass_rate"]) == n * P // 2
-        assert c["removed"] == {i for i, x in c["pass_rate"].items() if x >= 0.1}
+        assert {i % 2 for i in c["order"]} == {i % 2 for i in c["history"]} == {r}
+        assert len(c["history"]) == n * P // 2 and all(len(h) == 1 for h in c["history"].values())  # each drawn once
+        assert c["removed"] == {i: "npr" for i, h in c["history"].items() if h[-1] >= 0.1}
     assert rows[-1]["npr_removed"] == len(c0["removed"]) + len(c1["removed"]) > 0  # both ranks' removals
     # each rank generates with its own whole copy of the model, which HFEngine.push fills from the shards: the
     # synchronous loop's log-probs are the trainer's only if every push copied the newest weights into it
