@@ -916,9 +916,9 @@ def arithmetic_problems(hi=5, seed=0):
     return rows
 
 
-def real_model_data(out, n_val=REAL_VAL):
-    """OUT/data/val.jsonl (the first n_val problems) and OUT/data/train.jsonl (the rest): disjoint prompts."""
-    rows, d = arithmetic_problems(), os.path.join(out, "data")
+def real_model_data(out):
+    """OUT/data/val.jsonl (the first REAL_VAL problems) and OUT/data/train.jsonl (the rest): disjoint prompts."""
+    rows, d, n_val = arithmetic_problems(), os.path.join(out, "data"), REAL_VAL
     os.makedirs(d, exist_ok=True)
     for name, part in (("val", rows[:n_val]), ("train", rows[n_val:])):
         with open(os.path.join(d, name + ".jsonl"), "w") as f:

@@ -301,8 +301,7 @@ def score(tok, groups, data, grader, cfg):
     for i, (g, (_, answer, row)) in enumerate(zip(groups, data)):
         for j, c in enumerate(g):
             if c.finished:  # the stop token that ends it is not part of the text graded
-                text = tok.decode(c.tokens[:-1] if c.tokens and c.tokens[-1] in specials else c.tokens)
-                items.append((text, answer, row))
+                items.append((completion_text(tok, c.tokens, specials), answer, row))
                 where.append((i, j))
     rewards, errors = grader(items)
     correct = np.zeros((len(groups), len(groups[0]) if groups else 0))
@@ -1363,6 +1362,11 @@ def special_ids(tok):
     another token as its eos than the model stops at (SmolLM2's, converted from GGUF, names <|im_start|> and the model
     ends at <|im_end|>), so that the stop token would be graded as text."""
     return set(tok.all_special_ids) | {i for i, t in getattr(tok, "added_tokens_decoder", {}).items() if t.special}
+
+
+def completion_text(tok, tokens, specials):
+    """A completion's text as graded: a final special token (the stop token that ended it) left out."""
+    return tok.decode(tokens[:-1] if tokens and tokens[-1] in specials else tokens)
 
 
 def grade_one(fn, text, answer, row=None):
@@ -2723,7 +2727,7 @@ def save_completions(cfg, step, tok, data, groups, correct):
     with open(path + ".tmp", "w") as f:
         for (prompt, answer, _), g, rewards in zip(data, groups, correct):
             for c, r in zip(g, rewards):
-                text = tok.decode(c.tokens[:-1] if c.tokens and c.tokens[-1] in specials else c.tokens)
+                text = completion_text(tok, c.tokens, specials)
                 f.write(json.dumps({"prompt": prompt, "answer": answer, "completion": text, "finished": c.finished,
                                     "interrupted": c.interrupted, "reward": float(r)}) + "\n")
     os.replace(path + ".tmp", path)

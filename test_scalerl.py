@@ -728,22 +728,10 @@ def test_live_fit_in_a_run_matches_its_rows(tmp_path, monkeypatch):
     assert rows[-1]["fit_A"] == pytest.approx(0.7, abs=1e-3)  # the curve's own A: compute is the step here
 
 
-def test_loo_runner_writes_fittable_runs_and_resumes(tmp_path, monkeypatch, capsys):
-    """bench.py --loo, its main() in this process, and each run it starts is the scalerl.py command it builds, run by
-    scalerl's main() in this process too (a process each cost 5 s of imports). The runs' compute axis is wall-clock
-    time, which the machine's load changes, and with it every fit (under load a fit to the first part once failed):
-    here the runs' clock moves one second a step, so every number in the study is the same on any machine."""
+def scalerl_runs_in_process(monkeypatch, B):
+    """bench.py's scalerl.py commands run by scalerl's main() in this process (a process each costs 5 s of imports);
+    any other command as it is."""
     import contextlib
-    import bench as B
-    clock, real_step = [0.0], S.rl_step
-    monkeypatch.setattr(S, "time", types.SimpleNamespace(time=lambda: clock[0], monotonic=time.monotonic))
-    monkeypatch.setattr(S, "rl_step", lambda *a: (clock.__setitem__(0, clock[0] + 1), real_step(*a))[1])
-    out = tmp_path / "loo"
-    study = ["--loo", "--out", str(out), "--seeds", "1", "--variants", "scalerl", "loss-dapo", "--bootstrap", "20"]
-    small = ["--", "--engine", "hf", "--task", "hidden", "--train-size", "32", "--prompts-per-step", "8",
-             "--generations-per-prompt", "4", "--val-size", "16", "--eval-every", "1", "--eval-samples", "2"]
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-
     real_run = subprocess.run
 
     def scalerl_process(cmd, **kw):
@@ -756,6 +744,24 @@ def test_loo_runner_writes_fittable_runs_and_resumes(tmp_path, monkeypatch, caps
                 return subprocess.CompletedProcess(cmd, e.code)
         return subprocess.CompletedProcess(cmd, 0)
     monkeypatch.setattr(B.subprocess, "run", scalerl_process)
+
+
+def test_loo_runner_writes_fittable_runs_and_resumes(tmp_path, monkeypatch, capsys):
+    """bench.py --loo, its main() in this process, and each run it starts is the scalerl.py command it builds, run by
+    scalerl's main() in this process too (a process each cost 5 s of imports). The runs' compute axis is wall-clock
+    time, which the machine's load changes, and with it every fit (under load a fit to the first part once failed):
+    here the runs' clock moves one second a step, so every number in the study is the same on any machine."""
+    import bench as B
+    clock, real_step = [0.0], S.rl_step
+    monkeypatch.setattr(S, "time", types.SimpleNamespace(time=lambda: clock[0], monotonic=time.monotonic))
+    monkeypatch.setattr(S, "rl_step", lambda *a: (clock.__setitem__(0, clock[0] + 1), real_step(*a))[1])
+    out = tmp_path / "loo"
+    study = ["--loo", "--out", str(out), "--seeds", "1", "--variants", "scalerl", "loss-dapo", "--bootstrap", "20"]
+    small = ["--", "--engine", "hf", "--task", "hidden", "--train-size", "32", "--prompts-per-step", "8",
+             "--generations-per-prompt", "4", "--val-size", "16", "--eval-every", "1", "--eval-samples", "2"]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+    scalerl_runs_in_process(monkeypatch, B)
 
     def bench(steps):
         monkeypatch.setattr(sys, "argv", ["bench.py", *study, "--steps", str(steps), *small])
@@ -1500,7 +1506,6 @@ def test_real_model_study_runs_resumes_and_summarises_with_a_tiny_model(tmp_path
     each evaluation's completions file holds what the run scored (its mean is the row's held-out pass rate, each
     reward the reward function's on the text), the table is real_table of those files, the fit pools the seeds, and a
     rerun skips finished seeds."""
-    import contextlib
     import bench as B
     import fit_curve
     model = S.build_tiny_model(str(tmp_path / "models"), 0, False)
@@ -1512,19 +1517,7 @@ def test_real_model_study_runs_resumes_and_summarises_with_a_tiny_model(tmp_path
                                           "1", "--eval-samples", "2", "--save-completions"])
     monkeypatch.setattr(B, "REAL_STEPS", 3)
     monkeypatch.setattr(B, "REAL_VAL", 16)
-    monkeypatch.setattr(B.real_model_data, "__defaults__", (16,))
-    real_run = subprocess.run
-
-    def scalerl_process(cmd, **kw):
-        if cmd[:2] != [sys.executable, B.SCALERL]:
-            return real_run(cmd, **kw)
-        with contextlib.redirect_stdout(kw["stdout"]):
-            try:
-                S.main(cmd[2:])
-            except SystemExit as e:
-                return subprocess.CompletedProcess(cmd, e.code)
-        return subprocess.CompletedProcess(cmd, 0)
-    monkeypatch.setattr(B.subprocess, "run", scalerl_process)
+    scalerl_runs_in_process(monkeypatch, B)
     out = tmp_path / "real"
 
     def bench():
