@@ -25,6 +25,7 @@ so rewards are meaningless (use --no-zero-variance-filter, or every all-zero gro
 is trained); the numbers to read are the times, the throughputs and the memory.
 """
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -42,6 +43,12 @@ SHAPES = {  # name: (architecture, config)
     "qwen2-0.5b": ("Qwen2", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                                  num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
                                  max_position_embeddings=32768, rope_theta=1e6)),
+    "qwen2.5-1.5b": ("Qwen2", dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                   num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
+                                   tie_word_embeddings=True, max_position_embeddings=32768, rope_theta=1e6)),
+    "qwen2.5-7b": ("Qwen2", dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                                 num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+                                 tie_word_embeddings=False, max_position_embeddings=32768, rope_theta=1e6)),
     "llama-135m": ("Llama", dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                                  num_key_value_heads=3, head_dim=64, vocab_size=49152, tie_word_embeddings=True,
                                  max_position_embeddings=2048)),
@@ -310,34 +317,144 @@ def check_sleep_reload(device):
     return engine.sleeps and diff <= 1e-6, f"sleep mode {engine.sleeps}; max |diff| {diff:.1e} (bound 1e-6)"
 
 
-def activation_memory(checkpointing, sequences=4, length=512):
-    """--activation-memory: the peak of what one trainer forward and backward allocates on the CPU, above the weights
-    and gradients (allocated by a first step), with or without activation checkpointing: torch's profiler with
-    profile_memory records each op's own allocations net of its frees, and frees outside any op ("[memory]");
-    their running sum, in time order, peaks there. The 135M shape, random weights, float32, random tokens."""
-    import torch
+def shape_config(name):
+    """The transformers config of one of SHAPES, or of a local model directory (its config.json only)."""
     import transformers
-    from torch.profiler import ProfilerActivity, profile
-    arch, conf = SHAPES["llama-135m"]
-    torch.manual_seed(0)
-    model = getattr(transformers, f"{arch}ForCausalLM")(getattr(transformers, f"{arch}Config")(**conf))
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    g = torch.Generator().manual_seed(0)
-    samples = [scalerl.Sample(prompt=torch.randint(0, conf["vocab_size"], (32,), generator=g).tolist(),
-                              tokens=torch.randint(0, conf["vocab_size"], (length - 32,), generator=g).tolist())
-               for _ in range(sequences)]
-    step = lambda: scalerl.sequence_logprobs(model, samples, scalerl.Config(), 0)["logp"].sum().backward()  # noqa
-    step()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    now = peak = 0
-    for _, b in sorted((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events() if e.self_cpu_memory_usage):
-        now += b
-        peak = max(peak, now)
-    print(f"activation memory: {conf['num_hidden_layers']} layers, {sequences} x {length} tokens, checkpointing "
-          f"{'on' if checkpointing else 'off'}: peak {peak / 2**20:,.0f} MiB", flush=True)
+    if name in SHAPES:
+        arch, conf = SHAPES[name]
+        return getattr(transformers, f"{arch}Config")(**conf, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if not os.path.isfile(os.path.join(name, "config.json")):
+        raise scalerl.ScaleRLError(f"--memory {name}: neither a shape ({', '.join(SHAPES)}) nor a directory with "
+                                   "config.json")
+    return transformers.AutoConfig.from_pretrained(name)
+
+
+def memory_cfg(argv):
+    """scalerl.py's config for its flags argv as with --model: activation checkpointing on unless turned off."""
+    cfg = scalerl.parse_args(argv)
+    cfg.activation_checkpointing = "--no-activation-checkpointing" not in argv
+    return cfg
+
+
+def simulate_memory(model_name, ranks, seq_len, argv):
+    """The trainer's update executed at a model's full size on fake tensors (torch's FakeTensorMode: every tensor has
+    its shape and dtype, none its data, so nothing is allocated), and the peak memory of one rank as torch's memory tracker
+    counts it (FSDPMemTracker under torchrun, MemTracker in one process), by category. It runs scalerl's own code:
+    the model as setup builds it (activation checkpointing, FSDP2 units over a fake process group of `ranks` ranks; 0:
+    one process, no torchrun), make_optimizer, micro_batches and compute_gradients, then AdamW's step, twice, the
+    second measured (the moments exist), each step two micro-batches of sequences of seq_len tokens (a quarter prompt).
+    argv: scalerl.py's flags (--micro-batch-tokens, --logprob-chunk, ...). Returns (categories, peak) in bytes.
+    Two things differ from scalerl.py on CUDA: AdamW takes its foreach path (on a CPU it loops over the tensors), and
+    the gradient is not clipped (on fake sharded tensors clip_grad_norm_ gathers every gradient whole, which it does
+    not on real ones: measured on the 135M shape, 0.50 GiB against none; the clipping itself allocates next to
+    nothing)."""
+    import torch
+    import torch.distributed as dist
+    import transformers
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.nn.modules.module import register_module_forward_pre_hook
+    config = shape_config(model_name)
+    cfg = memory_cfg(argv)
+    dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else torch.bfloat16  # (CUDA's compute dtype)
+    mesh = None
+    if ranks:  # a fake process group: collectives are no-ops; scalerl's launched() and world() see torchrun's variables
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+        os.environ.update(RANK="0", WORLD_SIZE=str(ranks), LOCAL_RANK="0", LOCAL_WORLD_SIZE=str(ranks))
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ranks)
+        mesh = init_device_mesh("cpu", (ranks,))  # (made outside fake mode)
+    prompt = seq_len // 4
+    samples = [scalerl.Sample(list(range(3, 3 + prompt)), [5] * (seq_len - prompt), [0.0] * (seq_len - prompt),
+                              [1] * (seq_len - prompt), None, 1.0, 1e-3) for _ in range(2)]
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, cfg.param_dtype))
+        if cfg.activation_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        policy = scalerl.fsdp_units(model, mesh) if ranks else scalerl.Policy(model)
+        opt, _ = scalerl.make_optimizer(model, cfg)
+        for group in opt.param_groups:  # AdamW's foreach step, as on CUDA (on a CPU it loops over the tensors)
+            group["foreach"] = True
+        per_batch = max(1, cfg.micro_batch_tokens // seq_len)  # sequences a micro-batch holds (one if longer)
+        batches = scalerl.micro_batches(samples * per_batch, cfg.micro_batch_tokens)
+        tracker = FSDPMemTracker(policy, opt) if ranks else MemTracker()
+
+        def update_peak(_):  # the peak over the devices only: the tracker's per-module peaks cost a pass over every
+            for dev, snap in tracker._curr_mem_snap.items():  # module at every op (4x the time in one process)
+                if tracker._peak_mem.get(dev, 0) < snap["Total"]:
+                    tracker._peak_mem[dev], tracker._peak_mem_snap[dev] = snap["Total"], dict(snap)
+        tracker._update_peak_stats = update_peak
+        # FSDPMemTracker takes a second forward of the root as a new iteration: each micro-batch starts afresh (the
+        # peak it keeps is over all of them)
+        hook = register_module_forward_pre_hook(lambda m, a: tracker.reset_mod_stats() if m is policy else None)
+        for tracked in (contextlib.nullcontext(), tracker):  # the second step measured, AdamW's moments in place (on
+            if tracked is tracker and not ranks:             # fake sharded tensors, the foreach step that makes them
+                tracker.track_external(policy, opt)          # gathers each whole; real ones do not)
+            with tracked:
+                scalerl.compute_gradients(policy, batches, cfg, 0, dtype)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        hook.remove()
+        peak = tracker.get_tracker_snapshot("peak")
+    if ranks:
+        dist.destroy_process_group()
+    (snap,) = peak.values()
+    return {str(getattr(k, "value", k)): v for k, v in snap.items() if k != "Total"}, snap["Total"]
+
+
+# --memory's grid: (model, ranks, sequence length, scalerl.py flags); ranks 0 is one process without torchrun. The
+# README's 7B command (8 ranks), the shapes one GPU takes, checkpointing on and off, a 4,096-token micro-batch, a
+# 4,096-token head chunk and a sequence longer than the micro-batch budget.
+MEMORY_GRID = [("qwen2-0.5b", 0, 1024, []), ("qwen2-0.5b", 0, 1024, ["--no-activation-checkpointing"]),
+               ("qwen2-0.5b", 1, 1024, []), ("qwen2.5-1.5b", 0, 1024, []),
+               ("qwen2.5-1.5b", 0, 1024, ["--no-activation-checkpointing"]),
+               ("qwen2.5-1.5b", 0, 1024, ["--micro-batch-tokens", "4096"]), ("qwen2.5-7b", 4, 1024, []),
+               ("qwen2.5-7b", 4, 1024, ["--no-activation-checkpointing"]), ("qwen2.5-7b", 8, 1024, []),
+               ("qwen2.5-7b", 8, 1024, ["--no-activation-checkpointing"]),
+               ("qwen2.5-7b", 8, 1024, ["--logprob-chunk", "4096"]), ("qwen2.5-7b", 8, 12288, [])]
+PLAN_BOUND = 1.15  # the plan's trainer may be up to this many times the tracker's peak, and never below it
+
+
+def memory_row(model_name, ranks, seq_len, argv, timeout=1200):
+    """One configuration: the simulation in a process of its own (a fake process group a process), the plan beside it.
+    Prints its table; returns (tracker's peak, plan's trainer) in bytes."""
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--memory-one", json.dumps(
+        [model_name, ranks, seq_len, argv])], capture_output=True, text=True, timeout=timeout)
+    if p.returncode:
+        sys.exit(f"bench.py: --memory {model_name} failed: " + (p.stderr.strip().splitlines() or ["?"])[-1])
+    cats, peak = json.loads(p.stdout.strip().splitlines()[-1])
+    cfg = memory_cfg(argv)
+    plan = scalerl.memory_plan(scalerl.model_sizes(shape_config(model_name)), cfg, max(ranks, 1), 80 * 2**30, seq_len,
+                               ranks > 0)
+    gb = lambda b: f"{b / 2**30:.2f}"  # noqa: E731
+    where = f"{ranks} rank{'s' * (ranks > 1)} (torchrun)" if ranks else "one process"
+    print(f"\n{model_name}, {where}, {seq_len}-token sequences, {' '.join(argv) or 'defaults'} "
+          f"(checkpointing {'on' if cfg.activation_checkpointing else 'off'}, micro-batch {cfg.micro_batch_tokens}, "
+          f"chunk {cfg.logprob_chunk})\n  tracker: "
+          + ", ".join(f"{k.lower()} {gb(v)}" for k, v in cats.items() if v >= 0.005 * 2**30)
+          + f"; peak {gb(peak)} GiB\n  plan:    " + ", ".join(f"{k} {gb(plan[k])}" for k in (
+              "weights", "gradients", "adam", "root", "activations") if plan[k])
+          + f", {plan['phase']} {gb(plan['transient'])}; trainer {gb(plan['trainer'])} GiB, "
+          f"{plan['trainer'] / peak:.3f} x the peak", flush=True)
+    return peak, plan["trainer"]
+
+
+def bench_memory(args, rest):
+    """--memory: one configuration (a shape or a model directory, --ranks, --seq-len, scalerl.py's flags after --), or
+    with no model the grid, ending with its summary table; fails when a plan is outside [1, PLAN_BOUND] x the peak."""
+    grid = [(args.memory, args.ranks, args.seq_len, rest)] if args.memory else MEMORY_GRID
+    t0, rows = time.time(), []
+    for model_name, ranks, seq_len, argv in grid:
+        peak, plan = memory_row(model_name, ranks, seq_len, argv)
+        rows.append((model_name, ranks, seq_len, argv, peak, plan))
+    print(f"\n| model | ranks | sequence | flags | tracker's peak (GiB) | plan's trainer (GiB) | plan / peak |\n"
+          "|---|---|---|---|---|---|---|")
+    for model_name, ranks, seq_len, argv, peak, plan in rows:
+        print(f"| {model_name} | {ranks or '1 (no torchrun)'} | {seq_len} | {' '.join(argv) or 'defaults'} | "
+              f"{peak / 2**30:.2f} | {plan / 2**30:.2f} | {plan / peak:.3f} |")
+    print(f"\n{len(rows)} configurations in {time.time() - t0:.0f} s")
+    return all(1 <= plan / peak <= PLAN_BOUND for *_, peak, plan in rows)
 
 
 def run_rows(args):
@@ -407,7 +524,7 @@ def check_shape(device):
     import torch  # the start-up memory plan of this run, against what it measured
     import transformers
     arch, conf = SHAPES["qwen2-0.5b"]
-    plan = scalerl.memory_plan(getattr(transformers, f"{arch}Config")(**conf), scalerl.fill_defaults(scalerl.Config(
+    plan = scalerl.memory_plan(scalerl.model_sizes(shape_config("qwen2-0.5b")), scalerl.fill_defaults(scalerl.Config(
         model="m")), 1, torch.cuda.get_device_properties(0).total_memory)
     low = (plan["weights"] + plan["gradients"] + plan["adam"]) / 2**30  # 16 bytes a parameter
     return low <= peak < 4 * low, (f"{n / 1e6:.0f}M params: step {step:.2f} s, generation {tok_s:.0f} tok/s, trainer "
@@ -1055,20 +1172,21 @@ def main():
                    "final compute and report how well that predicts the rest (docs/scaling-curve.md: 0.25 0.33 0.5)")
     p.add_argument("--real-model", metavar="DIR", help="SmolLM2-135M-Instruct (a directory or hub id) learning arithmetic "
                    "word problems, 3 seeds, with the table, the fit and the figure (docs/real-model.md)")
-    p.add_argument("--activation-memory", action="store_true", help="the peak memory of one trainer forward and "
-                   "backward on the 135M shape, on CPU, with and without activation checkpointing (torch's profiler)")
+    p.add_argument("--memory", nargs="?", const="", metavar="MODEL", help="the trainer's memory, executed at full size "
+                   "on fake tensors against the memory plan: MODEL (a shape or a model directory) with --ranks, "
+                   "--seq-len and scalerl.py's flags after --; without MODEL, the grid of docs/benchmarks.md")
+    p.add_argument("--ranks", type=int, default=8, help="--memory: torchrun ranks (0: one process)")
+    p.add_argument("--seq-len", type=int, default=1024, help="--memory: tokens a sequence (a quarter of it prompt)")
     p.add_argument("--gpu-check", action="store_true", help="every CUDA-only claim of the README, as a pass/fail table")
     p.add_argument("--gpu-check-one", type=int, help=argparse.SUPPRESS)  # one check, in a process of its own
-    p.add_argument("--activation-memory-one", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--memory-one", help=argparse.SUPPRESS)
     p.add_argument("--device", default="cuda", help="--gpu-check: cuda, or cpu for what a CPU can check")
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
-    if args.activation_memory:
-        for on in (False, True):  # each in a process of its own: the same start for both
-            subprocess.run([sys.executable, os.path.abspath(__file__), "--activation-memory-one", str(int(on))],
-                           check=True)
-        return
-    if args.activation_memory_one is not None:
-        return activation_memory(bool(args.activation_memory_one))
+    if args.memory_one:
+        cats, peak = simulate_memory(*json.loads(args.memory_one))
+        return print(json.dumps([cats, peak]))
+    if args.memory is not None:
+        sys.exit(not bench_memory(args, rest))
     if args.gpu_check_one is not None:
         ok, measured = list(GPU_CHECKS.values())[args.gpu_check_one](args.device)
         print("gpu-check: " + json.dumps([ok if ok in (None, "measured") else bool(ok), measured]), flush=True)

@@ -174,7 +174,7 @@ def rl_step(state, cfg):
     state.engine.sleep()  # the trainer trains now (vLLM sleep mode when idle; generators apart decode meanwhile)
     prompts, comps, idx = [g.prompt for g in groups], [g.completions for g in groups], [g.prompt_index for g in groups]
     correct, rewards, errors = score(state.tok, comps, [state.train[i] for i in idx], state.grader, cfg)  # 2. [2]
-    samples, stats = build_batch(prompts, comps, rewards, cfg)                 # 3. [Sec. 3.2] the batch
+    samples, stats = build_batch(prompts, comps, correct, rewards, cfg)        # 3. [Sec. 3.2] the batch
     update_curriculum(state.curriculum, idx, correct.mean(axis=1).tolist(), cfg)  # 4. [Sec. 3.2] NPR
     update = train_step(state.policy, state.opt, state.sched, samples, cfg, state.tok.pad_token_id, state.autocast,
                         state.frozen) if all_sum(len(samples)) else {}        # 5. [Sec. 3.2] CISPO, FP32 head
@@ -384,12 +384,14 @@ class Sample:
     versions: list = None       # weight version that sampled each token
     advantage: float = 0.0      # the completion's normalised advantage
     weight: float = 0.0         # its tokens' aggregation weight (completion_weights)
+    values: dict = field(default_factory=dict)  # completion_values: policy_loss gets each, repeated over its tokens
 
 
-def build_batch(prompt_ids, groups, rewards, cfg):
+def build_batch(prompt_ids, groups, correct, rewards, cfg):
     """From one step's rollouts to the training batch: truncated completions out (--mask-truncated), zero-variance
-    filter, advantages, aggregation weights. Returns (samples, stats): a list of Sample and the filters' counts.
-    Tokens with mask 0 (injected, not sampled) and excluded completions count in no normaliser."""
+    filter, advantages, aggregation weights, and each completion's values for the loss (Sample.values; a fork's
+    per-completion value goes there). correct, rewards: score's arrays. Returns (samples, stats): a list of Sample and
+    the filters' counts. Tokens with mask 0 (injected, not sampled) and excluded completions count in no normaliser."""
     # valid[i, j]: completion j of prompt i is in the batch (it ended, or --no-mask-truncated keeps every one)
     valid = np.array([[c.finished or not cfg.mask_truncated for c in g] for g in groups]).reshape(rewards.shape)
     varied = zero_variance_keep(rewards, valid)  # prompts whose valid completions' rewards differ
@@ -404,8 +406,14 @@ def build_batch(prompt_ids, groups, rewards, cfg):
     for a, (i, js) in enumerate(zip(trained, completions)):
         for j, w in zip(js, weights[a]):
             c = groups[i][j]
-            samples.append(Sample(prompt_ids[i], c.tokens, c.logprobs, c.mask, c.versions, float(adv[a, j]), w))
+            samples.append(Sample(prompt_ids[i], c.tokens, c.logprobs, c.mask, c.versions, float(adv[a, j]), w,
+                                  completion_values(c, correct[i, j], rewards[i, j])))
     return samples, stats
+
+def completion_values(c, correct, reward):
+    """What the loss knows of a completion besides its tokens, {name: number}: policy_loss receives each one under its
+    name, repeated over the completion's trained tokens. A fork's per-completion value goes here (docs/fork.md)."""
+    return {"correct": float(correct), "reward": float(reward), "length": sum(c.mask)}  # length: sampled tokens
 
 # --------------------------------------------------------------------------------------------------
 # 4. Curriculum [Sec. 3.2]: epochs over the training prompts, with No-Positive-Resampling
@@ -464,7 +472,66 @@ def removal_rule(history, cfg):
     return None
 
 # --------------------------------------------------------------------------------------------------
-# 5. Losses [Sec. 3.2]: log-probs with an FP32 LM head; CISPO, and DAPO and GSPO for the ablation
+# 5. The loss [Sec. 3.2, 4]: -J of a micro-batch from plain tensors, one value per trained token
+
+
+def policy_loss(logp, logp_gen, A, weight, seq, cfg, **terms):
+    """-J on a micro-batch's trained tokens, sum(weight * token_loss), and its metrics {name: (total, count)}:
+    train_step logs total / count over the batch. One value per trained token (batch_tensors): logp = log pi_train (with its
+    gradient), logp_gen = log pi_gen, A = A_i^norm of its completion, weight = its aggregation weight, seq = its
+    completion's number. terms: token_terms' others, NAME_logp for each of frozen_models', and each per-completion
+    value of Sample.values (correct, reward, length) repeated over its tokens."""
+    # rho = pi_train / pi_gen, pi_gen as the engine recorded it while sampling (not a recomputed pi_old: the engine's
+    # weights can change mid-completion, so one completion can mix versions)
+    rho = gspo_ratio(logp, logp_gen, seq) if cfg.loss == "gspo" else torch.exp(logp - logp_gen)
+    if cfg.loss == "cispo":  # ScaleRL: -sg(min(rho, eps_max)) * A * log pi_train; every token keeps its gradient
+        token_loss, clipped = cispo_loss(logp, rho, A, cfg.eps_max), rho.detach() > cfg.eps_max
+    elif cfg.loss == "dapo":  # PPO's clipped surrogate, -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A)
+        token_loss, clipped = dapo_loss(rho, A, cfg.eps_low, cfg.eps_high), ppo_clipped(rho, A, cfg)
+    else:  # gspo: the same surrogate on one ratio per completion
+        token_loss, clipped = gspo_loss(rho, A, cfg.eps_low, cfg.eps_high), ppo_clipped(rho, A, cfg)
+    metrics = {"clip_frac": (clipped.sum(), len(logp))}  # the share of tokens whose ratio was truncated or clipped
+    # A fork's loss term goes here: token_loss = token_loss + coef * term, metrics["term"] = (term.sum(), len(term))
+    return (weight * token_loss).sum(), metrics
+
+
+def cispo_loss(logp, ratio, adv, eps_max):
+    """CISPO token loss [Sec. 3.2]: -sg(min(rho, eps_max)) * A * log pi_train, rho = pi_train / pi_gen (`ratio`).
+    Only the importance weight is truncated (from above) and it carries no gradient: every token keeps the
+    REINFORCE gradient A * grad log pi, scaled by the truncated weight."""
+    return -torch.clamp(ratio.detach(), max=eps_max) * adv * logp
+
+
+def dapo_loss(ratio, adv, eps_low, eps_high):
+    """DAPO / PPO token loss with asymmetric clipping (the ablated alternative): -min(rho A, clip(rho) A), rho =
+    pi_train / pi_gen (`ratio`, with its gradient). Tokens whose clipped term is the minimum get no gradient."""
+    return -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
+
+
+def ppo_clipped(ratio, adv, cfg):
+    """The tokens whose clipped term is PPO's minimum (no gradient): above 1 + eps_high with A > 0, below 1 - eps_low
+    with A < 0."""
+    r = ratio.detach()
+    return ((r > 1 + cfg.eps_high) & (adv > 0)) | ((r < 1 - cfg.eps_low) & (adv < 0))
+
+
+def gspo_ratio(logp, logp_gen, seq):
+    """GSPO's sequence-level ratio (Zheng et al. 2025) s_i = exp(mean over completion i's tokens of log pi_train -
+    log pi_gen), one value per token (seq numbers each token's completion), in the token form sg(s_i) * pi_train(y_t) /
+    sg(pi_train(y_t)): the value s_i, the gradient s_i * grad log pi_train(y_t), so that GSPO's s_i * grad log s_i
+    is the mean over the completion's tokens."""
+    d = (logp - logp_gen).detach()
+    n = torch.zeros_like(d).index_add_(0, seq, torch.ones_like(d))  # tokens of completion k at k (seq < len(d))
+    mean = torch.zeros_like(d).index_add_(0, seq, d) / n
+    return torch.exp(mean[seq] + logp - logp.detach())
+
+
+def gspo_loss(ratio, adv, eps_low, eps_high):
+    """GSPO token loss (the third loss the paper ablated): PPO's clipped objective -min(s A, clip(s) A) on the
+    sequence-level ratio s of gspo_ratio (`ratio`), with GSPO's own narrow range (3e-4 below, 4e-4 above). A
+    completion whose clipped term is the minimum gets no gradient. GSPO averages over each sequence's tokens
+    (--loss-agg sample); with ScaleRL's prompt average each token of a prompt weighs the same."""
+    return -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
 
 
 def token_terms(logits, targets):
@@ -490,68 +557,15 @@ def token_logprobs(hidden, head, targets, temperature, fp32=True, chunk=1024, po
     """{name: tensor [N]}: token_terms of head(hidden) / T for every row of hidden [N, H], "logp" = log softmax(...)
     [target] among them [Sec. 3.2, FP32 LM head]; post: what the model does to its logits after the head, if anything
     (soft-capping, scaling: logit_transform). Rows go `chunk` at a time, each recomputed in the backward pass
-    (activation checkpointing), so peak memory grows with chunk x vocabulary, never with N x vocabulary."""
+    (activation checkpointing), so peak memory grows with chunk x vocabulary, never with N x vocabulary. (No rows:
+    one empty chunk, still part of the graph, so that a backward pass runs through the model.)"""
     from torch.utils.checkpoint import checkpoint
     parts = []
-    for s in range(0, hidden.shape[0], chunk):
+    for s in range(0, max(hidden.shape[0], 1), chunk):
         args = (hidden[s:s + chunk], head.weight, head.bias, targets[s:s + chunk], temperature, fp32, post)
         grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
         parts.append(checkpoint(_chunk_terms, *args, use_reentrant=False) if grad else _chunk_terms(*args))
-    if not parts:
-        return {k: hidden.new_zeros(0) for k in token_terms(hidden.new_zeros(0, 1), targets[:0])}
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-
-
-def cispo_loss(logp, ratio, adv, eps_max):
-    """CISPO token loss [Sec. 3.2]: -sg(min(rho, eps_max)) * A * log pi_train, rho = pi_train / pi_gen (`ratio`).
-    Only the importance weight is truncated (from above) and it carries no gradient: every token keeps the
-    REINFORCE gradient A * grad log pi, scaled by the truncated weight."""
-    return -torch.clamp(ratio.detach(), max=eps_max) * adv * logp
-
-
-def dapo_loss(ratio, adv, eps_low, eps_high):
-    """DAPO / PPO token loss with asymmetric clipping (the ablated alternative): -min(rho A, clip(rho) A), rho =
-    pi_train / pi_gen (`ratio`, with its gradient). Tokens whose clipped term is the minimum get no gradient."""
-    return -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
-
-
-def gspo_ratio(logp, logp_gen, seq):
-    """GSPO's sequence-level ratio (Zheng et al. 2025) s_i = exp(mean over completion i's tokens of log pi_train -
-    log pi_gen), one value per token (seq numbers each token's completion), in the token form sg(s_i) * pi_train(y_t) /
-    sg(pi_train(y_t)): the value s_i, the gradient s_i * grad log pi_train(y_t), so that GSPO's s_i * grad log s_i
-    is the mean over the completion's tokens."""
-    d = (logp - logp_gen).detach()
-    n = torch.zeros(int(seq.max()) + 1 if len(seq) else 0, dtype=d.dtype, device=d.device)  # (no tokens: a filler)
-    n = n.index_add_(0, seq, torch.ones_like(d))
-    mean = torch.zeros_like(n).index_add_(0, seq, d) / n
-    return torch.exp(mean[seq] + logp - logp.detach())
-
-
-def gspo_loss(ratio, adv, eps_low, eps_high):
-    """GSPO token loss (the third loss the paper ablated): PPO's clipped objective -min(s A, clip(s) A) on the
-    sequence-level ratio s of gspo_ratio (`ratio`), with GSPO's own narrow range (3e-4 below, 4e-4 above). A
-    completion whose clipped term is the minimum gets no gradient. GSPO averages over each sequence's tokens
-    (--loss-agg sample); with ScaleRL's prompt average each token of a prompt weighs the same."""
-    return -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
-
-
-def policy_loss(logp, logp_gen, adv, weight, seq, cfg, **terms):
-    """-J on these tokens, sum(weight * token_loss), and `sums`, {name: sum over these tokens} of per-token metrics.
-    Per trained token: log pi_train (logp), log pi_gen (logp_gen), its completion's advantage, aggregation weight and
-    number in the micro-batch (seq); terms: token_terms' others, and NAME_logp for each of frozen_models'."""
-    # logp_gen is the log-prob the engine recorded as it sampled the token, not one the trainer recomputes (PPO's
-    # pi_old): pi_gen is whatever weights the engine held at that token, so one completion can mix versions.
-    ratio = torch.exp(logp - logp_gen) if cfg.loss != "gspo" else gspo_ratio(logp, logp_gen, seq)  # rho, once
-    if cfg.loss == "cispo":
-        token_loss, clipped = cispo_loss(logp, ratio, adv, cfg.eps_max), ratio.detach() > cfg.eps_max
-    else:
-        token_loss = (dapo_loss if cfg.loss == "dapo" else gspo_loss)(ratio, adv, cfg.eps_low, cfg.eps_high)
-        r = ratio.detach()
-        clipped = ((r > 1 + cfg.eps_high) & (adv > 0)) | ((r < 1 - cfg.eps_low) & (adv < 0))
-    # train_step logs each sum per trained token, a column of metrics.jsonl: clip_frac, the share truncated or clipped
-    sums = {"clip_frac": clipped.sum().item()}
-    # A fork's loss term goes here: token_loss = token_loss + coef * term, and sums["term"] = term.sum().item().
-    return (weight * token_loss).sum(), sums
 
 # --------------------------------------------------------------------------------------------------
 # 6. The train step: AdamW with warm-up and clipping, gradients accumulated over micro-batches
@@ -573,46 +587,70 @@ def frozen_models(cfg, load_initial):
 
 
 def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None, frozen=None):
-    """One optimiser step on the batch: loss and backward per micro-batch, clip, AdamW step. Returns the update's
-    metrics: loss, gradient norm, learning rate, time, and each sum of policy_loss and mismatch_sums as a mean per
-    trained token under its name. metrics_row logs every one."""
-    # Gradients accumulate over the micro-batches: the aggregation weights already hold the whole batch's normalisers.
-    # Under torchrun each rank has its share of the batch. FSDP2 averages the ranks' gradients, so each rank's loss is
-    # scaled by the number of ranks. Every rank runs as many micro-batches as the rank with the most, so that FSDP's
-    # collectives run in step.
-    t0, device, peak = time.time(), next(model.parameters()).device, gpu_peak(model, opt)  # (CUDA: the memory peak)
+    """One optimiser step on the batch: -J's gradient accumulated over the micro-batches (compute_gradients), clipped,
+    then AdamW. Returns the update's metrics: loss, gradient norm, learning rate, time, and each metric of
+    policy_loss and mismatch_sums as total / count over the batch. metrics_row logs every one."""
+    t0, peak = time.time(), gpu_peak(model, opt)  # (CUDA: the memory peak)
     model.train()
-    loss_sum, n_tok, sums, ranks = 0.0, 0, {}, all_sum(1)  # (the number of ranks: 1 in one process)
-    for mb in even_out(micro_batches(samples, cfg.micro_batch_tokens), pad_id):
-        # (no cast cache: it would keep a bf16 copy of every layer's float32 weights until the backward pass)
-        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None, cache_enabled=False):
-            terms = sequence_logprobs(model, mb, cfg, pad_id)
-            with torch.no_grad():
-                terms.update({f"{k}_logp": sequence_logprobs(m, mb, cfg, pad_id)["logp"] for k, m in
-                              (frozen or {}).items()})
-        keep = torch.tensor([m == 1 for s in mb for m in s.mask], device=device)
-        terms = {k: v[keep] for k, v in terms.items()}  # injected tokens (mask 0) are context only: no loss, no count
-        logp = terms.pop("logp")
-        adv = torch.tensor([s.advantage for s in mb for _ in s.tokens], device=device)[keep]
-        weight = torch.tensor([s.weight for s in mb for _ in s.tokens], device=device)[keep]
-        logp_gen = torch.tensor([x for s in mb for x in s.gen_logprobs], device=device)[keep]
-        seq = torch.tensor([k for k, s in enumerate(mb) for _ in s.tokens], device=device)[keep]
-        loss, mb_sums = policy_loss(logp, logp_gen, adv, weight, seq, cfg, **terms)
-        (loss * ranks).backward()
-        loss_sum, n_tok = loss_sum + loss.item(), n_tok + len(logp)
-        for k, v in {**mb_sums, **mismatch_sums(logp, logp_gen, cfg.eps_max)}.items():
-            sums[k] = sums.get(k, 0.0) + v
-    loss_sum, n_tok, *totals = all_sum(loss_sum, n_tok, *sums.values())  # the whole batch's
+    batches = even_out(micro_batches(samples, cfg.micro_batch_tokens), pad_id)  # as many on every rank (FSDP)
+    loss, n_tok, metrics = compute_gradients(model, batches, cfg, pad_id, autocast_dtype, frozen)
     grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)).item()
-    skipped = not (math.isfinite(loss_sum) and math.isfinite(grad_norm))
+    loss, n_tok, *flat = all_sum(float(loss), n_tok, *(float(v) for pair in metrics.values() for v in pair))
+    skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))  # (the whole batch's: summed over the ranks)
     lr = opt.param_groups[0]["lr"]  # the rate of this update (the scheduler moves on after it)
     if not skipped:  # a non-finite loss or gradient would poison the weights and AdamW's moments: skip it
         opt.step()
         sched.step()
     opt.zero_grad(set_to_none=True)
-    return {"loss": loss_sum, "grad_norm": grad_norm, "skipped": skipped,
-            "trained_tokens": 0 if skipped else int(n_tok), "lr": lr, "train_seconds": time.time() - t0,
-            **{k: v / max(n_tok, 1) for k, v in zip(sums, totals)}, **peak()}
+    return {"loss": loss, "grad_norm": grad_norm, "skipped": skipped, "trained_tokens": 0 if skipped else int(n_tok),
+            "lr": lr, "train_seconds": time.time() - t0, **peak(),
+            **{k: flat[2 * a] / flat[2 * a + 1] for a, k in enumerate(metrics) if flat[2 * a + 1]}}
+
+
+def compute_gradients(model, batches, cfg, pad_id, autocast_dtype=None, frozen=None):
+    """The update's tensor part, nothing read back from the device (bench.py --memory runs it on fake tensors): for each
+    micro-batch its forward pass (under autocast, without its cast cache: it would keep a bf16 copy of every layer's
+    float32 weights until the backward pass), -J and its backward, the gradients accumulating. Returns -J over the
+    batch (float64), the trained tokens and {name: (total, count)} of the metrics, this rank's."""
+    policy, device, loss_sum, n_tok, metrics = as_policy(model), next(model.parameters()).device, 0.0, 0, {}
+    for mb in batches:
+        x = batch_tensors(mb, pad_id, device)
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None, cache_enabled=False):
+            terms = policy(x, cfg)  # token_terms of the trained tokens, "logp" among them
+            with torch.no_grad():
+                terms.update({f"{k}_logp": as_policy(m)(x, cfg)["logp"] for k, m in (frozen or {}).items()})
+        logp = terms.pop("logp")
+        loss, mb_metrics = policy_loss(logp, x["logp_gen"], x["A"], x["weight"], x["seq"], cfg, **x["values"], **terms)
+        (loss * world()).backward()  # FSDP2 averages the ranks' gradients: each rank's loss is its share of the sum
+        loss_sum, n_tok = loss_sum + loss.detach().double(), n_tok + len(logp)
+        for k, (total, count) in {**mb_metrics, **mismatch_sums(logp, x["logp_gen"], cfg.eps_max)}.items():
+            metrics[k] = (metrics.get(k, (0.0, 0))[0] + total.double(), metrics.get(k, (0.0, 0))[1] + count)
+    return loss_sum, n_tok, metrics
+
+
+def batch_tensors(samples, pad_id, device):
+    """A micro-batch of samples as the tensors of the forward pass and of policy_loss: ids and attn, the prompts +
+    completions right-padded; row and pos, each completion token's sequence and the position that predicts it, with
+    targets, its id; keep, which of those the loss trains: the sampled ones (mask 1; an injected phrase is context,
+    with no loss and no count). Per trained token: seq (its completion's number in the micro-batch), logp_gen, A,
+    weight, and each of its completion's Sample.values. Built on the host from lists: nothing is read back from the
+    device."""
+    seqs = [s.prompt + s.tokens for s in samples]
+    width = max(map(len, seqs))
+    tokens = [(k, t, m) for k, s in enumerate(samples) for t, m in enumerate(s.mask or [1] * len(s.tokens))]
+    trained = [(k, t) for k, t, m in tokens if m]
+    of = [samples[k] for k, _ in trained]  # each trained token's sample
+    tensor = lambda x, dtype=torch.float32: torch.tensor(list(x), dtype=dtype, device=device)  # noqa: E731
+    return {"ids": tensor([q + [pad_id] * (width - len(q)) for q in seqs], torch.long),
+            "attn": tensor([[1] * len(q) + [0] * (width - len(q)) for q in seqs], torch.long),
+            "row": tensor((k for k, _, _ in tokens), torch.long),
+            "pos": tensor((len(samples[k].prompt) - 1 + t for k, t, _ in tokens), torch.long),
+            "targets": tensor((samples[k].tokens[t] for k, t, _ in tokens), torch.long),
+            "keep": tensor((i for i, (_, _, m) in enumerate(tokens) if m), torch.long),
+            "seq": tensor((k for k, _ in trained), torch.long),
+            "logp_gen": tensor(s.gen_logprobs[t] if s.gen_logprobs else 0.0 for s, (_, t) in zip(of, trained)),
+            "A": tensor(s.advantage for s in of), "weight": tensor(s.weight for s in of),
+            "values": {name: tensor(float(s.values[name]) for s in of) for name in samples[0].values}}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1507,10 +1545,10 @@ def build_tiny_model(cache_dir, seed, tied):
     return path
 
 
-def load_model(cfg, device, path=None, empty=False):
-    """Load the model and tokenizer through from_pretrained (the embedded default too): (model, tokenizer, the path
-    or hub id the vLLM engine loads too). empty: the architecture only, on the meta device (torchrun: see shard)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+def load_tokenizer(cfg, path=None):
+    """(tokenizer, path): the tokenizer of --model (or of path), the embedded default's built first; path is what the
+    weights and the vLLM engine load too."""
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
     path = path or cfg.model
     if not path:
@@ -1519,6 +1557,19 @@ def load_model(cfg, device, path=None, empty=False):
         path = build_tiny_model(cache, cfg.seed, cfg.tie_word_embeddings)
     try:
         tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        die(f"cannot load --model {path}: {str(e).splitlines()[0]}")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok, path
+
+
+def load_model(cfg, device, path=None, empty=False):
+    """Load the model and tokenizer through from_pretrained (the embedded default too): (model, tokenizer, the path
+    or hub id the vLLM engine loads too). empty: the architecture only, on the meta device (torchrun: see shard)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    tok, path = load_tokenizer(cfg, path)
+    try:
         if empty:
             with torch.device("meta"):
                 model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path),
@@ -1527,8 +1578,6 @@ def load_model(cfg, device, path=None, empty=False):
             model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.param_dtype))
     except (OSError, ValueError) as e:
         die(f"cannot load --model {path}: {str(e).splitlines()[0]}")
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
     return model if empty else model.to(device), tok, path
 
 
@@ -2072,10 +2121,18 @@ class Policy(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, ids, attn, pred, cfg):
-        hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
-        return token_logprobs(hidden[:, :-1][pred], self.model.get_output_embeddings(), ids[:, 1:][pred],
-                              cfg.temperature, cfg.lm_head_fp32, cfg.logprob_chunk, logit_transform(self.model.config))
+    def forward(self, x, cfg):
+        """token_terms of the trained tokens of x, a micro-batch's batch_tensors (the head runs on every completion
+        token, then the trained ones are kept)."""
+        hidden = self.model.get_decoder()(input_ids=x["ids"], attention_mask=x["attn"],
+                                          use_cache=False).last_hidden_state
+        terms = token_logprobs(hidden[x["row"], x["pos"]], self.model.get_output_embeddings(), x["targets"],
+                               cfg.temperature, cfg.lm_head_fp32, cfg.logprob_chunk, logit_transform(self.model.config))
+        return {k: v[x["keep"]] for k, v in terms.items()}
+
+
+def as_policy(model):
+    return model if isinstance(model, Policy) else Policy(model)
 
 
 def logit_transform(config):
@@ -2086,20 +2143,11 @@ def logit_transform(config):
     return None if not cap and scale == 1.0 else lambda x: (torch.tanh(x / cap) * cap if cap else x) * scale
 
 
-def sequence_logprobs(policy, samples, cfg, pad_id):
-    """Trainer log-probs (and the other token_terms) of every completion token of `samples`, concatenated in sample
-    order: {"logp": tensor, ...} (policy: a Policy, or the model itself)."""
-    policy = policy if isinstance(policy, Policy) else Policy(policy)
-    device = next(policy.parameters()).device
-    seqs = [s.prompt + s.tokens for s in samples]
-    width = max(map(len, seqs))
-    ids = torch.tensor([q + [pad_id] * (width - len(q)) for q in seqs], device=device)  # right padding
-    attn = torch.tensor([[1] * len(q) + [0] * (width - len(q)) for q in seqs], device=device)
-    # position p predicts token p+1: mark the positions whose next token is a completion token
-    pred = torch.zeros(len(seqs), width - 1, dtype=torch.bool, device=device)
-    for r, s in enumerate(samples):
-        pred[r, len(s.prompt) - 1:len(s.prompt) - 1 + len(s.tokens)] = True
-    return policy(ids, attn, pred, cfg)
+def sequence_logprobs(model, samples, cfg, pad_id):
+    """Trainer log-probs (and the other token_terms) of every completion token of `samples`, injected ones too,
+    concatenated in sample order: {"logp": tensor, ...} (model: a Policy, or the model itself)."""
+    x = batch_tensors([dataclasses.replace(s, mask=None) for s in samples], pad_id, next(model.parameters()).device)
+    return as_policy(model)(x, cfg)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -2126,71 +2174,135 @@ def mismatch_sums(logp, logp_gen, eps_max):
     """Train/inference mismatch on the generator's tokens, before the update: sums of |log pi_train - log pi_gen|, of
     the k3 estimate of KL(pi_gen || pi_train) (r - 1 - log r, r = pi_train / pi_gen), and of r > eps_max (what CISPO
     truncates). ~0 with the same weights on both sides; bf16 logits or a stale engine make them grow [Sec. 3.2]."""
-    d = (logp.detach() - logp_gen).double()
-    return {"mismatch_abs_logprob": d.abs().sum().item(), "mismatch_kl_k3": (torch.exp(d) - 1 - d).sum().item(),
-            "mismatch_trunc_frac": (d > math.log(eps_max)).sum().item()}
+    d, n = (logp.detach() - logp_gen).double(), len(logp)
+    return {"mismatch_abs_logprob": (d.abs().sum(), n), "mismatch_kl_k3": ((torch.exp(d) - 1 - d).sum(), n),
+            "mismatch_trunc_frac": ((d > math.log(eps_max)).sum(), n)}
 
 
-def memory_plan(config, cfg, ranks, device_bytes):
-    """What a device will hold, in bytes, from the model's config (its parameters counted on the meta device) and the
-    flags, before any weight is loaded. The trainer: float32 weights, gradients and AdamW's two moments (param dtype,
-    sharded over the ranks by FSDP2), and the chunked head's float32 logits and their gradient. The engine (on the
-    trainer's device unless --generators): its share of the device (--vllm-gpu-memory-utilization, 0.9 on a generator's
-    own), which holds its weights (compute dtype), the float32 head copy, and a KV cache of what is left.
-    Activations of a --micro-batch-tokens micro-batch, estimated by reading what autocast keeps for backward (not
-    measured): about 30 H + 8 I bytes a token and layer (bf16 inputs of each product, the float32 residual stream,
-    the MLP's four I-wide tensors); with activation checkpointing, each layer's float32 input and one layer's whole.
-    Under torchrun FSDP2 leaves the root (embedding, head) unsharded in float32 after forward, and its gradients."""
+GiB = 2**30
+
+
+def model_sizes(config):
+    """What the memory plan needs of a model, from its config: parameters (counted on the meta device), vocabulary V,
+    hidden size H, MLP size I, decoder layers L and a layer's parameters, whether the head is the embedding, and the
+    KV cache's values a token (2 L x KV heads x head size)."""
     from transformers import AutoModelForCausalLM
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    n, (vocab, hidden) = sum(p.numel() for p in model.parameters()), model.get_output_embeddings().weight.shape
-    param, compute = getattr(torch, cfg.param_dtype).itemsize, (getattr(torch, cfg.dtype) if cfg.dtype != "auto" else
-                                                                 torch.bfloat16).itemsize
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    plan = {"params": n, "weights": n * param / ranks, "gradients": n * param / ranks, "adam": 2 * n * param / ranks,
-            "head_chunk": 2 * 4 * cfg.logprob_chunk * vocab}
-    H, I, L = config.hidden_size, getattr(config, "intermediate_size", 4 * config.hidden_size), config.num_hidden_layers
-    layer = 30 * H + 8 * I  # bytes a token keeps for backward in one layer
-    plan["activations"] = cfg.micro_batch_tokens * (L * 4 * H + layer if cfg.activation_checkpointing else L * layer)
-    embed = model.get_input_embeddings().weight.numel()
-    plan["root"] = 2 * 4 * (embed + (0 if model.get_output_embeddings().weight is model.get_input_embeddings().weight
-                                     else vocab * hidden)) * (ranks > 1)
-    plan["trainer"] = sum(plan[k] for k in ("weights", "gradients", "adam", "head_chunk", "activations", "root"))
-    share = (0.9 if cfg.generators else cfg.vllm_gpu_memory_utilization) * device_bytes
-    plan.update(engine=share, engine_weights=n * compute, fp32_head=4 * vocab * hidden * cfg.lm_head_fp32,
-                kv_token=2 * config.num_hidden_layers * getattr(config, "num_key_value_heads", heads) * head_dim * compute)
-    plan["kv"] = max(0.0, share - plan["engine_weights"] - plan["fp32_head"])
-    plan["left"] = device_bytes - plan["trainer"] - (0 if cfg.generators else share)
+    (V, H), heads = model.get_output_embeddings().weight.shape, config.num_attention_heads
+    units = [m for m in model.modules() if type(m).__name__ in (getattr(model, "_no_split_modules", None) or [])]
+    return {"params": sum(p.numel() for p in model.parameters()), "V": V, "H": H,
+            "I": getattr(config, "intermediate_size", 4 * H), "L": len(units),
+            "layer": sum(p.numel() for p in units[0].parameters()),
+            "tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight,
+            "kv": 2 * len(units) * getattr(config, "num_key_value_heads", heads) *
+            (getattr(config, "head_dim", None) or H // heads)}
+
+
+def memory_plan(sizes, cfg, ranks, device_bytes, longest=0, sharded=None):
+    """What a GPU will hold, in bytes, planned from the model's sizes (model_sizes) and the flags before any weight is
+    loaded. longest: the longest prompt + completion, in tokens; sharded: under torchrun (FSDP2, any number of ranks).
+    The trainer's part is checked against torch's memory tracker running the update at full size on fake tensors
+    (bench.py --memory; docs/benchmarks.md: on its grid, 1.00 to 1.06 times the tracker's peak).
+    Trainer: what stays, weights, gradients and AdamW's two moments (param dtype; sharded over the ranks under
+    torchrun, where FSDP2 also keeps the root, the embeddings and head, whole after forward); the activations kept for
+    backward; the largest of three transients: the head's backward (per chunk 16 bytes x chunk x V of float32 logits
+    and their gradients, a float32 V x H weight gradient, under torchrun an untied head's whole gradient, and a layer
+    being gathered), a layer's backward under activation checkpointing (its activations recomputed and their
+    gradients, about 2.25 x (37 H + 8 I) bytes a token, and FSDP2's buffers of three layers), AdamW's step (a
+    moment-sized temporary); and 64 MiB for the small tensors. Kept for backward: each layer's input with
+    checkpointing; without it, 37 H + 8 I bytes a token and layer and the layers' bf16 weight casts. A micro-batch
+    holds --micro-batch-tokens tokens, or the longest sequence where that is longer (it gets a micro-batch of its own).
+    Reserve, which no simulation sees: 2 GiB and 10% of the trainer (CUDA context, cuBLAS and NCCL buffers, the
+    allocator's fragmentation).
+    Engine (vLLM; an estimate, from reading vLLM 0.32's gpu_worker.py): its share of the device (0.9 on a generator's
+    own GPU), claimed whole; in it the weights (compute dtype), the float32 head copy, the profiling run's peak (the
+    larger of max_num_batched_tokens through a layer and the sampler on max_num_seqs rows: float32 logits and their
+    sort, 28 bytes x rows x V), CUDA graphs and vLLM's buffers (1.5 GiB), and a KV cache of the rest. --engine hf: no
+    share; under torchrun a whole replica of the model; and the KV cache and logits of the sequences it generates at
+    once (a step's, or an evaluation's)."""
+    n, V, H, I, L, layer, tied, kv_token = (sizes[k] for k in ("params", "V", "H", "I", "L", "layer", "tied", "kv"))
+    b = getattr(torch, cfg.param_dtype).itemsize
+    c = (getattr(torch, cfg.dtype) if cfg.dtype != "auto" else torch.bfloat16).itemsize
+    sharded = launched() if sharded is None else sharded
+    r, T = ranks if sharded else 1, max(cfg.micro_batch_tokens, longest)
+    plan = {"params": n, "weights": n * b / r, "gradients": n * b / r, "adam": 2 * n * b / r,
+            "root": b * V * H * (1 if tied else 2) * sharded}
+    per_token = 37 * H + 8 * I  # bytes a token and layer kept for backward, without checkpointing
+    plan["activations"] = (L + 3) * T * H * b if cfg.activation_checkpointing else \
+        L * T * per_token + L * layer * c * (c < b) + 3 * T * H * b
+    gathered = layer * b * sharded  # one decoder layer, whole (FSDP2)
+    phases = {"head backward": 16 * min(cfg.logprob_chunk, T) * V + 4 * V * H * (1 + (sharded and not tied))
+              + 4 * T * H + gathered * (r > 1),
+              "AdamW step": n * b / r - plan["activations"]}
+    if cfg.activation_checkpointing:
+        phases["layer backward"] = 2.25 * T * per_token + gathered * (1 + 2 * (r > 1))
+    plan["phase"] = max(phases, key=phases.get)
+    plan["transient"] = phases[plan["phase"]]
+    plan["trainer"] = sum(plan[k] for k in ("weights", "gradients", "adam", "root", "activations", "transient")) \
+        + 64 * 2**20  # the small tensors: inputs, masks, AdamW's step counters, norms
+    plan["reserve"] = 2 * GiB + 0.1 * plan["trainer"]
+    plan["kv_token"] = kv_token * c
+    if cfg.engine == "hf":
+        seqs = max(cfg.prompts_per_step * cfg.generations_per_prompt, (cfg.val_size or 200) * cfg.eval_samples) / ranks
+        plan.update(engine=n * b * sharded + seqs * (longest * plan["kv_token"] + 8 * V), kv=0.0)
+    else:
+        share = (0.9 if cfg.generators else cfg.vllm_gpu_memory_utilization) * device_bytes
+        big = device_bytes >= 70 * GiB  # vLLM's defaults on H100-class GPUs: 16,384 tokens and 1,024 sequences a step
+        seqs, tokens = cfg.vllm_max_num_seqs or (1024 if big else 256), 16384 if big else 8192
+        plan.update(engine=share, engine_weights=n * c, fp32_head=4 * V * H * cfg.lm_head_fp32,
+                    profile=max(tokens * c * (3 * I + 4 * H), 28 * seqs * V), graphs=1.5 * GiB)
+        plan["kv"] = share - sum(plan[k] for k in ("engine_weights", "fp32_head", "profile", "graphs"))
+    plan["left"] = device_bytes - plan["trainer"] - plan["reserve"] - plan["engine"] * (not cfg.generators)
     return plan
 
 
-def plan_line(plan, cfg, ranks, device_bytes):
-    """The start-up line of a memory plan, and an error where the trainer's state cannot fit beside the engine."""
-    gb = lambda b: f"{b / 2**30:.1f}"  # noqa: E731  (GiB, as gpu_peak_gb)
-    root = f", unsharded root {gb(plan['root'])}" if ranks > 1 else ""
-    line = (f"scalerl: memory plan per GPU ({gb(device_bytes)} GiB): trainer {gb(plan['trainer'])} GiB (weights "
-            f"{gb(plan['weights'])}, gradients {gb(plan['gradients'])}, AdamW {gb(plan['adam'])}"
-            f"{f' sharded over {ranks} ranks' if ranks > 1 else ''}, head chunk {gb(plan['head_chunk'])}, activations "
-            f"{gb(plan['activations'])}{' checkpointed' * cfg.activation_checkpointing}{root}) | engine "
-            f"{gb(plan['engine'])} GiB{' on each generator GPU' if cfg.generators else ''} (weights "
-            f"{gb(plan['engine_weights'])}, float32 head {gb(plan['fp32_head'])}, KV cache {gb(plan['kv'])} GiB = "
-            f"{plan['kv'] / plan['kv_token'] / 1e3:.0f}k tokens at most, "
-            f"{plan['kv'] / plan['kv_token'] // cfg.max_new_tokens:.0f} completions of --max-new-tokens at once) | "
-            f"{gb(plan['left'])} GiB left"
-            + ("" if plan["left"] >= 0 else ": does not fit; lower --micro-batch-tokens, turn on "
-               "--activation-checkpointing, or use more ranks"))
-    room = device_bytes - (0 if cfg.generators else plan["engine"]) - plan["head_chunk"]
-    resident = plan["weights"] + plan["gradients"] + plan["adam"]
-    if resident <= room:
-        return line, None
-    need = math.ceil(resident * ranks / room) if room > 0 else None
-    return line, (f"the trainer's weights, gradients and AdamW moments need {gb(resident)} GiB a GPU "
-                  f"({plan['params'] / 1e9:.2f}B parameters in {cfg.param_dtype}"
-                  f"{f' over {ranks} ranks' if ranks > 1 else ''}), and {gb(room)} GiB is left beside the engine's "
-                  f"share: " + (f"use at least {need} ranks (torchrun --nproc-per-node), " if need else "")
-                  + "a smaller model, or a lower --vllm-gpu-memory-utilization")
+def plan_line(plan, cfg, device_bytes):
+    """The start-up line of a memory plan."""
+    gb = lambda b: f"{b / GiB:.1f}"  # noqa: E731  (GiB, as gpu_peak_gb)
+    p = plan
+    engine = (f"engine {gb(p['engine'])} GiB{' on each generator GPU' if cfg.generators else ''} (weights "
+              f"{gb(p['engine_weights'])}, float32 head {gb(p['fp32_head'])}, profiling peak {gb(p['profile'])}, CUDA "
+              f"graphs {gb(p['graphs'])}, KV cache ~{gb(p['kv'])} GiB = ~{max(p['kv'], 0) / p['kv_token'] / 1e3:.0f}k "
+              "tokens: an estimate)") if cfg.engine != "hf" else f"HF engine {gb(p['engine'])} GiB"
+    return (f"scalerl: memory plan per GPU ({gb(device_bytes)} GiB): trainer {gb(p['trainer'])} GiB (weights "
+            f"{gb(p['weights'])}, gradients {gb(p['gradients'])}, AdamW {gb(p['adam'])}"
+            + (f", unsharded root {gb(p['root'])}" if p["root"] else "") + f", activations {gb(p['activations'])}"
+            f"{' checkpointed' * cfg.activation_checkpointing}, {p['phase']} {gb(p['transient'])}) + reserve "
+            f"{gb(p['reserve'])} | {engine} | {gb(p['left'])} GiB left")
+
+
+def plan_error(sizes, cfg, ranks, device_bytes, longest, sharded=None):
+    """Why the run cannot fit its GPUs by the memory plan, in one line with the figures and what would fit; None when it
+    fits. In order: the resident state (weights, gradients, moments, the unsharded root), the whole plan, the KV cache
+    (one longest prompt + completion)."""
+    plan = memory_plan(sizes, cfg, ranks, device_bytes, longest, sharded)
+    gb = lambda b: f"{b / GiB:.1f} GiB"  # noqa: E731
+    engine = 0 if cfg.generators else plan["engine"]
+    room = device_bytes - engine - plan["reserve"]
+    need = next((k for k in range(1, 4097) if memory_plan(sizes, cfg, k, device_bytes, longest, True)["left"] >= 0),
+                None)
+    ranks_hint = f"at least {need} ranks (torchrun --nproc-per-node {need}, by the whole plan)" if need else \
+        "a smaller model"
+    resident = sum(plan[k] for k in ("weights", "gradients", "adam", "root"))
+    if resident > room:
+        return (f"memory plan: the trainer's weights, gradients and AdamW moments"
+                f"{' and its unsharded root' * bool(plan['root'])} need {gb(resident)} a GPU ({plan['params'] / 1e9:.2f}B parameters in {cfg.param_dtype}"
+                f"{f' over {ranks} ranks' if ranks > 1 else ''}), and {gb(room)} is left beside the engine's "
+                f"{gb(engine)} and the reserve: use {ranks_hint}, or a lower --vllm-gpu-memory-utilization")
+    if plan["left"] < 0:
+        return (f"memory plan: the trainer needs {gb(plan['trainer'])} a GPU at its peak (resident {gb(resident)}, "
+                f"activations {gb(plan['activations'])}, {plan['phase']} {gb(plan['transient'])}) and {gb(room)} is "
+                f"left beside the engine's {gb(engine)} and the reserve: use {ranks_hint}, or lower "
+                "--micro-batch-tokens or --logprob-chunk" + (", or turn on --activation-checkpointing"
+                                                              if not cfg.activation_checkpointing else ""))
+    if cfg.engine != "hf" and plan["kv"] < longest * plan["kv_token"]:
+        share = cfg.vllm_gpu_memory_utilization + (longest * plan["kv_token"] - plan["kv"]) / device_bytes
+        return (f"memory plan: vLLM's KV cache would hold ~{gb(max(plan['kv'], 0))} (an estimate: its share, less its "
+                f"weights, the float32 head, the profiling peak and CUDA graphs), less than one longest prompt + "
+                f"completion ({longest} tokens, {gb(longest * plan['kv_token'])}): raise --vllm-gpu-memory-utilization "
+                f"to {share:.2f} or more, lower --vllm-max-num-seqs, or give the engine GPUs of its own (--generators)")
+    return None
 
 
 def gpu_peak(model, opt):
@@ -2260,7 +2372,8 @@ def full_tensor(t):
 def even_out(batches, pad_id):
     """Micro-batches as many as on the rank with the most: the others get empty ones (one padding token with loss
     mask 0: no loss, no count), so that FSDP's collectives in forward and backward line up across ranks."""
-    filler = [Sample([pad_id], [pad_id], [0.0], [0], [0], 0.0, 0.0)]
+    empty = Completion([pad_id], [0.0], False, [0], [0])
+    filler = [Sample([pad_id], [pad_id], [0.0], [0], [0], 0.0, 0.0, completion_values(empty, 0.0, 0.0))]
     return batches + [filler] * (int(all_max(len(batches))) - len(batches))
 
 
@@ -2293,26 +2406,32 @@ def broadcast(obj):
 
 
 def shard(model, device):
-    """FSDP2 under torchrun: each decoder layer (the classes of _no_split_modules) is one unit, and the Policy around
-    the model the root, which holds the rest (embeddings, final norm, LM head). Only rank 0 has loaded the weights:
-    each rank gets memory for its shards, then rank 0 sends every weight, one at a time, and each keeps its shard;
-    buffers (rotary tables) go whole. Host memory holds the model once, on rank 0, for any number of ranks."""
-    policy = Policy(model)
-    if launched():
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-        from torch.distributed.fsdp import fully_shard
-        empty = next(model.parameters()).is_meta
-        whole = model.state_dict() if rank() == 0 else {}  # the loaded tensors, kept while fully_shard copies shards
-        for m in model.modules():
-            if type(m).__name__ in (getattr(model, "_no_split_modules", None) or []):
-                fully_shard(m)
-        fully_shard(policy)
-        if empty:
-            policy.to_empty(device=device)
-        set_model_state_dict(model, whole, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-        for b in model.buffers():
-            dist.broadcast(b, src=0)
+    """FSDP2 under torchrun (fsdp_units). Only rank 0 has loaded the weights: each rank gets memory for its shards, then
+    rank 0 sends every weight, one at a time, and each keeps its shard; buffers (rotary tables) go whole. Host memory
+    holds the model once, on rank 0, for any number of ranks. In one process: the Policy around the model."""
+    if not launched():
+        return Policy(model)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    empty = next(model.parameters()).is_meta
+    whole = model.state_dict() if rank() == 0 else {}  # the loaded tensors, kept while fully_shard copies shards
+    policy = fsdp_units(model)
+    if empty:
+        policy.to_empty(device=device)
+    set_model_state_dict(model, whole, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    for b in model.buffers():
+        dist.broadcast(b, src=0)
     return policy
+
+
+def fsdp_units(model, mesh=None):
+    """The Policy around the model, sharded by FSDP2: each decoder layer (the classes of _no_split_modules) is one unit,
+    and the Policy the root, which holds the rest (embeddings, final norm, LM head). mesh: the ranks' device mesh
+    (default: every rank's device; bench.py --memory passes one made outside fake mode)."""
+    from torch.distributed.fsdp import fully_shard
+    for m in model.modules():
+        if type(m).__name__ in (getattr(model, "_no_split_modules", None) or []):
+            fully_shard(m, mesh=mesh)
+    return fully_shard(Policy(model), mesh=mesh)
 
 
 def replica(model, device):
@@ -2378,41 +2497,41 @@ def setup(cfg):
     if launched() and device.type == "cuda":  # each rank its own GPU
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
-    if device.type == "cuda" and (cfg.resume or cfg.model):  # what each GPU will hold, before any weight is loaded
-        from transformers import AutoConfig
-        total = torch.cuda.get_device_properties(device).total_memory
-        line, error = plan_line(memory_plan(AutoConfig.from_pretrained(cfg.resume or cfg.model), cfg, world(), total),
-                                cfg, world(), total)
-        print(line, flush=True)
-        if error:
-            die(error)
     dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else \
         torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(cfg.seed)
     per_rank = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))  # CPUs per rank
     workers = cfg.reward_workers if cfg.reward_workers >= 0 else 0 if cfg.reward == "digit" else \
         min(16, per_rank)  # the built-in task's reward is one regex: not worth a process
-    grader = Grader(REWARDS[cfg.reward], workers, cfg.reward_timeout)
-    # under torchrun rank 0 loads the model in CPU memory, the others make it empty; shard() gives each rank its shards
-    load = lambda path: load_model(cfg, torch.device("cpu") if launched() else device, path,  # noqa: E731
-                                   empty=launched() and rank() > 0)
-    model, tok, path = load(cfg.resume or None)
-    if cfg.activation_checkpointing:  # each decoder layer recomputed in backward (before FSDP2 wraps the layers)
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    init_distributed(cfg, device)  # torchrun: the process group
+    tok, path = load_tokenizer(cfg, cfg.resume or None)  # (the embedded model is built here, before a process group)
     train_ids, val_ids = ([encode_prompt(tok, p, cfg) for p, _, _ in items] for items in (train, val))
     longest = max(map(len, train_ids + val_ids)) + cfg.max_new_tokens
     if cfg.length_control == "interrupt":
         phrase_len = len(tok(cfg.interruption_phrase, add_special_tokens=False).input_ids)
         longest = max(longest, longest - cfg.max_new_tokens + cfg.think_budget[1] + phrase_len + cfg.answer_budget)
-    if longest > getattr(model.config, "max_position_embeddings", longest):
-        die(f"prompts + completions need {longest} positions; the model has {model.config.max_position_embeddings}")
+    from transformers import AutoConfig
+    config = AutoConfig.from_pretrained(path)
+    if longest > getattr(config, "max_position_embeddings", longest):
+        die(f"prompts + completions need {longest} positions; the model has {config.max_position_embeddings}")
     if 0 < cfg.vllm_max_model_len < longest and cfg.engine == "vllm":
         die(f"--vllm-max-model-len {cfg.vllm_max_model_len} is shorter than the longest prompt + completion "
             f"({longest})")
+    if device.type == "cuda" and (cfg.resume or cfg.model):  # what each GPU will hold, before any weight is loaded
+        sizes, total = model_sizes(config), torch.cuda.get_device_properties(device).total_memory
+        print(plan_line(memory_plan(sizes, cfg, world(), total, longest), cfg, total), flush=True)
+        if error := plan_error(sizes, cfg, world(), total, longest):
+            die(error)
+    grader = Grader(REWARDS[cfg.reward], workers, cfg.reward_timeout)
+    # under torchrun rank 0 loads the model in CPU memory, the others make it empty; shard() gives each rank its shards
+    load = lambda path: load_model(cfg, torch.device("cpu") if launched() else device, path,  # noqa: E731
+                                   empty=launched() and rank() > 0)[0]
+    model = load(path)
+    if cfg.activation_checkpointing:  # each decoder layer recomputed in backward (before FSDP2 wraps the layers)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    init_distributed(cfg, device)  # torchrun: the process group
     autocast = None if dtype == getattr(torch, cfg.param_dtype) else dtype
     policy = shard(model, device)  # FSDP2 under torchrun; before the engine starts (it sizes itself to the memory left)
-    frozen = frozen_models(cfg, lambda: shard(load(None)[0].requires_grad_(False), device))  # (None: initial weights)
+    frozen = frozen_models(cfg, lambda: shard(load(None).requires_grad_(False), device))  # (None: initial weights)
     generator = replica(model, device) if launched() and cfg.engine == "hf" else model
     L = cfg.vllm_max_model_len or longest
     engine = SplitEngine(cfg, path, device, dtype, L, model) if cfg.generators else \
