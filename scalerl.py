@@ -1026,7 +1026,7 @@ def find_subsequence(seq, sub):
 
 def check_hub(cfg):
     """A hub name given to --model, --data or --val-data needs the hub or the local cache. Without a network the
-    libraries retry for up to a minute (22 lines for a model) before they fail: so when the hub cannot be reached
+    libraries retry for up to a minute (22 lines for a model) before they fail: so when the hub's API does not answer
     (or HF_HUB_OFFLINE is set), a name missing from the cache stops the run in one line, and a cached one is loaded
     with the libraries told to stay offline."""
     home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
@@ -1037,8 +1037,9 @@ def check_hub(cfg):
                                              ("--val-data", cfg.val_data.partition(":")[0]))
              if name and not os.path.exists(name) and (flag == "--model" and is_hub_id(name) or flag != "--model"
                                                         and not name.endswith((".jsonl", ".json", ".csv", ".parquet")))]
-    url = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    if not names or os.environ.get("HF_HUB_OFFLINE", "0") in ("0", "") and reachable(url.hostname, url.port or 443):
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    url = urllib.parse.urlsplit(endpoint)
+    if not names or os.environ.get("HF_HUB_OFFLINE", "0") in ("0", "") and hub_answers(endpoint):
         return
     for flag, name in names:
         kind, flat = "models" if flag == "--model" else "datasets", name.replace("/", "--")
@@ -1049,12 +1050,15 @@ def check_hub(cfg):
     os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
 
 
-def reachable(host, port, timeout=3.0):
-    """Whether a TCP connection to host:port opens within the timeout."""
+def hub_answers(endpoint, timeout=3.0):
+    """Whether the hub's API answers at endpoint within the timeout: a JSON list from /api/models?limit=1. A host that
+    takes the connection but is not the hub (a proxy, a captive portal) answers something else, or nothing."""
+    import http.client
+    import urllib.request
     try:
-        socket.create_connection((host, port), timeout=timeout).close()
-        return True
-    except OSError:
+        with urllib.request.urlopen(endpoint.rstrip("/") + "/api/models?limit=1", timeout=timeout) as answer:
+            return isinstance(json.loads(answer.read(1 << 20)), list)
+    except (OSError, ValueError, http.client.HTTPException):  # no network, an HTTP error, not JSON, not HTTP
         return False
 
 
@@ -1214,12 +1218,15 @@ def load_rows(path, cfg):
     are dropped and counted with --skip-bad-rows."""
     records = read_records(path)
     keys = set().union(*(r for _, r in records if isinstance(r, dict)))
+    if records and not keys:  # no row is an object with a field (broken JSON, say): what the first row is
+        where, row = records[0]
+        die(f"{path}: no row has a field; {where}: {row_problem(row, PROMPT_KEYS[0], ANSWER_KEYS[0])}")
     pk = cfg.prompt_key or next((k for k in PROMPT_KEYS if k in keys), PROMPT_KEYS[0])
     ak = cfg.answer_key or next((k for k in ANSWER_KEYS if k in keys), ANSWER_KEYS[0])
     for key, flag, known in ((pk, "--prompt-key", PROMPT_KEYS), (ak, "--answer-key", ANSWER_KEYS)):
         if records and key not in keys:
             die(f"{path}: no field '{key}' (looked for {', '.join(known) if key in known else key}; found: "
-                f"{', '.join(sorted(keys)) or 'no objects'}); name the field with {flag}")
+                f"{', '.join(sorted(keys))}); name the field with {flag}")
     rows, bad = [], []
     for where, r in records:
         problem = row_problem(r, pk, ak)
@@ -1261,20 +1268,32 @@ def load_data(cfg):
     return train, val
 
 
-def encode_prompt(tok, prompt, cfg):
+def encode_prompt(tok, prompt, cfg, chars=None):
     """Token ids of one prompt. A --data prompt (a string or chat messages) gets --instruction appended to its
     last message and --system-prompt in front, and goes through the model's chat template when it has one
-    (plain text joined by blank lines otherwise). The built-in task's prompts are encoded as they are."""
-    if not cfg.data:
-        return tok(prompt).input_ids
-    msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
-    msgs[-1]["content"] += cfg.instruction
-    if cfg.system_prompt and msgs[0]["role"] != "system":
-        msgs.insert(0, {"role": "system", "content": cfg.system_prompt})
-    if cfg.chat_template and tok.chat_template:
-        text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-        return tok(text, add_special_tokens=False).input_ids
-    return tok("\n\n".join(m["content"] for m in msgs)).input_ids
+    (plain text joined by blank lines otherwise). The built-in task's prompts are encoded as they are. A text of more
+    than `chars` characters is refused before it is tokenised (prompt_chars)."""
+    text, templated = prompt, False
+    if cfg.data:
+        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+        msgs[-1]["content"] += cfg.instruction
+        if cfg.system_prompt and msgs[0]["role"] != "system":
+            msgs.insert(0, {"role": "system", "content": cfg.system_prompt})
+        templated = bool(cfg.chat_template and tok.chat_template)
+        text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) if templated else \
+            "\n\n".join(m["content"] for m in msgs)
+    if chars is not None and len(text) > chars:
+        die(f"a prompt of {len(text)} characters ({text[:40]!r}...) cannot fit the model's context: at most {chars} "
+            "characters can (its positions less --max-new-tokens, times the longest token's characters)")
+    return tok(text, add_special_tokens=not templated).input_ids  # (a template writes its own special tokens)
+
+
+def prompt_chars(tok, config, cfg):
+    """The most characters a prompt that fits the model's context can have, or None: a token covers at most as many
+    characters as the longest entry of the vocabulary, so a longer text has more tokens than the positions left beside
+    --max-new-tokens (a 50 MB line would take gigabytes to tokenise before the exact check, in setup)."""
+    positions = getattr(config, "max_position_embeddings", None)
+    return None if positions is None else max(0, positions - cfg.max_new_tokens) * max(map(len, tok.get_vocab()))
 
 
 def best_constant_pass_rate(answers):
@@ -1517,16 +1536,18 @@ def load_model(cfg, device, path=None, empty=False):
         hf_logging.disable_progress_bar()
         cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "scalerl")
         path = build_tiny_model(cache, cfg.seed, cfg.tie_word_embeddings)
+    from safetensors import SafetensorError
     try:
+        config = AutoConfig.from_pretrained(path)  # (first: a config.json it cannot read is named as such)
         tok = AutoTokenizer.from_pretrained(path)
         if empty:
             with torch.device("meta"):
-                model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path),
-                                                         dtype=getattr(torch, cfg.param_dtype))
+                model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, cfg.param_dtype))
         else:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.param_dtype))
-    except (OSError, ValueError) as e:
-        die(f"cannot load --model {path}: {str(e).splitlines()[0]}")
+    except (OSError, ValueError, SafetensorError) as e:  # the whole message, on one line
+        die(f"cannot load {'the checkpoint --resume' if path == cfg.resume else '--model'} {path}: "
+            f"{' '.join(str(e).split())}")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return model if empty else model.to(device), tok, path
@@ -2400,7 +2421,8 @@ def setup(cfg):
     if cfg.activation_checkpointing:  # each decoder layer recomputed in backward (before FSDP2 wraps the layers)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     init_distributed(cfg, device)  # torchrun: the process group
-    train_ids, val_ids = ([encode_prompt(tok, p, cfg) for p, _, _ in items] for items in (train, val))
+    chars = prompt_chars(tok, model.config, cfg)
+    train_ids, val_ids = ([encode_prompt(tok, p, cfg, chars) for p, _, _ in items] for items in (train, val))
     longest = max(map(len, train_ids + val_ids)) + cfg.max_new_tokens
     if cfg.length_control == "interrupt":
         phrase_len = len(tok(cfg.interruption_phrase, add_special_tokens=False).input_ids)

@@ -2479,6 +2479,48 @@ def test_a_hub_name_without_network_fails_in_one_line_unless_it_is_cached(tmp_pa
     assert os.environ["HF_HUB_OFFLINE"] == os.environ["HF_DATASETS_OFFLINE"] == "1"
 
 
+def test_the_hub_check_asks_the_hubs_api(tmp_path, monkeypatch, capfd):
+    """A host that takes the connection but is not the hub (a captive portal's page) is no network: a hub name not in
+    the cache is refused in the same one line as without one. An answer of the hub's API (its JSON list of models,
+    asked for under /api/) lets the name through to the libraries, not told to stay offline."""
+    import http.server
+    import threading
+    answer, asked = [], []
+
+    class Host(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            asked.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", answer[0][0])
+            self.end_headers()
+            self.wfile.write(answer[0][1])
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Host)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    for k in ("no_proxy", "NO_PROXY"):  # (this host directly, where a proxy is set)
+        monkeypatch.setenv(k, "127.0.0.1")
+    for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE"):
+        monkeypatch.setenv(k, "")  # (set, so that what check_hub sets is undone after the test)
+    try:
+        answer.append(("text/html", b"<html>Sign in to use this network</html>"))
+        status, out, err = main_in_process(["--engine", "hf", "--model", "no-such-org/no-such-model", "--out",
+                                            str(tmp_path / "run")], capfd)
+        assert status == 2 and err.splitlines() == [
+            f"scalerl.py: error: --model no-such-org/no-such-model: not in the local cache ({tmp_path / 'hf' / 'hub'}) "
+            "and the hub (127.0.0.1) cannot be reached: download it where there is a network, or give a local path"]
+        answer[0] = ("application/json", b'[{"id": "org/model"}]')
+        S.check_hub(S.Config(model="org/name"))
+        assert os.environ["HF_HUB_OFFLINE"] == "" and asked and all(p.startswith("/api/") for p in asked)
+    finally:
+        server.shutdown()
+    assert not (tmp_path / "run").exists()
+
+
 def test_resume_refuses_a_trainer_state_that_would_run_code(tmp_path, capfd):
     """trainer_state.pt is loaded with weights_only: a pickle that would run code (here: create a file) is refused in
     one line, and nothing runs."""
@@ -3345,7 +3387,7 @@ def test_the_readme_fork_example_dataset_runs_as_written(tmp_path, monkeypatch):
     subprocess.run([sys.executable, "-"], input=script, text=True, cwd=tmp_path, check=True)
     flags = shlex.split([ln for ln in code.split("\n") if ln.startswith("python scalerl.py")][0])[2:]
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(S, "reachable", lambda host, port: True)  # as where the README's hub model can be fetched
+    monkeypatch.setattr(S, "hub_answers", lambda endpoint: True)  # as where the README's hub model can be fetched
     cfg = S.parse_args(flags)
     assert cfg.reward == "math" and cfg.model == "Qwen/Qwen2.5-0.5B-Instruct"
     train, val = S.load_data(cfg)
