@@ -737,7 +737,7 @@ def scalerl_runs_in_process(monkeypatch, B):
     def scalerl_process(cmd, **kw):
         if cmd[:2] != [sys.executable, B.SCALERL]:
             return real_run(cmd, **kw)
-        with contextlib.redirect_stdout(kw["stdout"]):
+        with contextlib.redirect_stdout(kw["stdout"]), contextlib.redirect_stderr(kw["stdout"]):
             try:
                 S.main(cmd[2:])
             except SystemExit as e:
@@ -2737,6 +2737,41 @@ def test_outputs_that_cannot_be_written_are_refused_before_anything_is_written(t
                         (_ for _ in ()).throw(PermissionError(13, "Permission denied")))
     assert refused(resume, capfd, status=1) == f"{run / 'metrics.jsonl'}: cannot write it (Permission denied)"
     assert snapshot(run) == before  # (the lock file names this process, which made the run too)
+
+
+def test_bench_refuses_in_one_line_before_writing_and_names_a_failed_seeds_error(tmp_path, monkeypatch, capfd):
+    """bench.py --real-model and --loo: a model that is not there, --seeds below 1 (-1 was an IndexError, 0 became
+    the default), --summary-only on a missing or an empty directory: one line each, exit 2, nothing written. A seed
+    whose run fails (here: too few prompts for its --prompts-per-step) stops the study with the run's own error."""
+    import bench as B
+    out, empty = tmp_path / "study", tmp_path / "empty"
+    empty.mkdir()
+    model = S.build_tiny_model(str(tmp_path / "models"), 0, False)
+
+    def bench(*argv):
+        monkeypatch.setattr(sys, "argv", ["bench.py", *map(str, argv)])
+        capfd.readouterr()
+        with pytest.raises(SystemExit) as e:
+            B.main()
+        return e.value.code, capfd.readouterr().err.strip().splitlines()
+    for argv, message in [
+            (["--real-model", "/no/such/model"], "--model /no/such/model: no such model directory"),
+            (["--real-model", model, "--seeds", "-1"], "--seeds must be >= 1 (got -1)"),
+            (["--loo", "--seeds", "0"], "--seeds must be >= 1 (got 0)"),
+            (["--real-model", model, "--summary-only"], f"--summary-only: no run to summarise in {out / 'seed0'} "
+                                                        "(metrics.jsonl missing or empty)"),
+            (["--loo", "--summary-only"], f"--summary-only: no run to summarise in {out / 'scalerl' / 'seed0'}")]:
+        for where in (out, empty):
+            code, lines = bench(*argv, "--out", where)
+            where_msg = message.replace(str(out), str(where))
+            assert code == 2 and len(lines) == 1 and lines[0].startswith(f"bench.py: error: {where_msg}"), lines
+    assert not out.exists() and os.listdir(empty) == []
+    scalerl_runs_in_process(monkeypatch, B)
+    monkeypatch.setattr(B, "REAL_FLAGS", ["--engine", "hf", "--reward", "exact", "--reward-workers", "0",
+                                          "--prompts-per-step", "5000"])
+    code, _ = bench("--real-model", model, "--out", out, "--seeds", "1")
+    assert code.startswith("real-model: seed 0 failed (exit 2): scalerl.py: error: --prompts-per-step 5000 exceeds the "
+                           "1400 training prompts left in") and code.endswith(f"; its output is in {out / 'seed0'}.log")
 
 
 def test_closing_an_engine_asleep_wakes_it_first():
