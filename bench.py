@@ -701,28 +701,53 @@ def run_finished(d, steps):
     return bool(ckpts) and int(ckpts[-1].rsplit("_", 1)[1]) >= steps
 
 
+def check_command(cmd):
+    """scalerl.py's own checks of a run's command line (they write nothing), before the study writes anything: a bad
+    flag or a model that is not there is one line now, not a failed run later."""
+    scalerl.parse_args(cmd[2:])
+
+
+def need_runs(dirs, *parts):
+    """--summary-only: every run it reads, with its metrics.jsonl (and the parts named, not empty), or one line."""
+    for d in dirs:
+        for part in ("metrics.jsonl", *parts):
+            path = os.path.join(d, part)
+            if not os.path.exists(path) or os.path.isdir(path) and not os.listdir(path):
+                scalerl.die(f"--summary-only: no run to summarise in {d} ({part} missing or empty); run the study "
+                            "first, without --summary-only")
+
+
+def failed(what, returncode, log):
+    """A run that failed: the study stops with one line, the run's own last line (its error) and where the rest is."""
+    with open(log, errors="replace") as f:
+        last = ([line.strip() for line in f if line.strip()] or ["(no output)"])[-1]
+    sys.exit(f"{what} failed (exit {returncode}): {last}; its output is in {log}")
+
+
 def bench_loo(args, rest):
     """Run every variant with every seed into OUT/VARIANT/seedS (each a scalerl.py process), skipping finished runs
     and resuming interrupted ones from their last checkpoint, then fit them all (loo_summary)."""
     runs = loo_run_dirs(args.out, args.variants, args.seeds)
+    new = lambda v, seed, d: [sys.executable, SCALERL, "--steps", str(args.steps), "--out", d,  # noqa: E731
+                              "--save-every", "25", "--seed", str(seed), *VARIANTS[v], *rest]
+    check_command(new(*runs[0]))
     t_start, ran = time.time(), 0
     for k, (v, seed, d) in enumerate(runs, 1):
         if run_finished(d, args.steps):
             print(f"loo: [{k}/{len(runs)}] {v} seed {seed}: finished before, skipped", flush=True)
             continue
-        cmd = [sys.executable, SCALERL,
-               "--steps", str(args.steps), "--out", d, "--save-every", "25"]
         if scalerl.list_checkpoints(d):  # interrupted: go on from its last checkpoint (its flags are saved there)
-            cmd += ["--resume", "auto"]
+            cmd = [sys.executable, SCALERL, "--steps", str(args.steps), "--out", d, "--save-every", "25",
+                   "--resume", "auto"]
         else:
             shutil.rmtree(d, ignore_errors=True)
-            cmd += ["--seed", str(seed), *VARIANTS[v], *rest]
+            cmd = new(v, seed, d)
         os.makedirs(os.path.dirname(d), exist_ok=True)
         t0 = time.time()
         with open(d + ".log", "a") as log:
             p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
         if p.returncode != 0:
-            sys.exit(f"loo: {v} seed {seed} failed (exit {p.returncode}); its output is in {d}.log")
+            failed(f"loo: {v} seed {seed}", p.returncode, d + ".log")
         rows = read_metrics(d)
         ran += 1
         left = (time.time() - t_start) / ran * (len(runs) - k)  # from the runs this invocation ran
@@ -1053,6 +1078,7 @@ def real_command(model, out, seed, script=SCALERL):
 def bench_real(args):
     """Write the problems, run seeds 0..S-1 one after the other (a finished run is skipped, an interrupted one
     resumed from its last checkpoint), then summarise them (real_summary)."""
+    check_command(real_command(args.real_model, args.out, 0))
     real_model_data(args.out)
     t_start, ran = time.time(), 0
     for seed in range(args.seeds):
@@ -1069,7 +1095,7 @@ def bench_real(args):
         with open(d + ".log", "a") as log:
             p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
         if p.returncode != 0:
-            sys.exit(f"real-model: seed {seed} failed (exit {p.returncode}); its output is in {d}.log")
+            failed(f"real-model: seed {seed}", p.returncode, d + ".log")
         ran += 1
         left = (time.time() - t_start) / ran * (args.seeds - seed - 1)
         print(f"real-model: seed {seed}: {(time.time() - t0) / 60:.0f} min, held-out pass rate "
@@ -1139,11 +1165,20 @@ def real_summary(args):
 
 
 def main():
-    argv = sys.argv[1:]
+    """The command line: bad input ends in one line, `bench.py: error: ...`, exit 2, before anything is written."""
+    try:
+        return run_bench(sys.argv[1:])
+    except scalerl.ScaleRLError as e:  # a bad flag for scalerl.py (its own one-line message), or for a study
+        print(f"bench.py: error: {e}", file=sys.stderr)
+        sys.exit(e.status)
+
+
+def run_bench(argv):
     if argv[:1] == ["--traced-run"]:  # (bench_long_tail's runs)
         return traced_run(argv[1], argv[2:])
     rest = argv[argv.index("--") + 1:] if "--" in argv else []
     p = argparse.ArgumentParser(description="time scalerl.py on a random-weight model of a real shape")
+    p.error = scalerl.die  # (its errors in one line too)
     p.add_argument("--shape", choices=sorted(SHAPES))
     p.add_argument("--grading", type=int, metavar="N", help="time the math grader on N synthetic completions")
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="--grading: process counts to try")
@@ -1196,13 +1231,21 @@ def main():
         rows = gpu_check(args.device)
         sys.exit(any(r[1] == "FAIL" for r in rows))
     args.out = args.out or ("runs/learn" if args.learn else "runs/real-model" if args.real_model else "runs/loo")
+    if args.seeds is not None and args.seeds < 1:
+        scalerl.die(f"--seeds must be >= 1 (got {args.seeds})")
     args.seeds = args.seeds or (8 if args.learn else 3)
     if args.learn:
         sys.exit(not bench_learn(args))
+    if args.real_model and args.summary_only:
+        need_runs([os.path.join(args.out, f"seed{seed}") for seed in range(args.seeds)], "completions")
+        return real_summary(args)
     if args.real_model:
-        return real_summary(args) if args.summary_only else bench_real(args)
+        return bench_real(args)
+    if args.loo and args.summary_only:
+        need_runs([d for _, _, d in loo_run_dirs(args.out, args.variants, args.seeds)])
+        return loo_summary(args)
     if args.loo:
-        return loo_summary(args) if args.summary_only else bench_loo(args, rest)
+        return bench_loo(args, rest)
     if args.long_tail is not None:
         return bench_long_tail(rest, args.long_tail or list(LONG_TAIL_ARMS), os.path.abspath(args.script))
     if args.grading:
@@ -1231,7 +1274,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except scalerl.ScaleRLError as e:  # a bad flag for scalerl.py: its one-line message
-        sys.exit(f"bench.py: error: {e}")
+    main()

@@ -74,7 +74,6 @@ import queue
 import re
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -795,7 +794,8 @@ class Config(Recipe):
     generator_timeout: float = flag(0.0, "--generators: stop the run when no generator has sent anything for this many "
                                          "seconds (0: 900, or 0.5 s per --max-new-tokens token where that is more: a "
                                          "long completion on a large model can rightly take that long)", at_least=0)
-    out: str = flag("", "run directory (default runs/<timestamp>)")
+    out: str = flag("", "run directory, this run's alone: new or empty, or the run --resume continues (default "
+                      "runs/<time>-<pid>)")
     seed: int = flag(0, "random seed (data order, sampling, the embedded model's initial weights)", at_least=0)
     device: str = flag("auto", "auto | cpu | cuda | cuda:N")
     dtype: str = flag("auto", "compute dtype (auto: bfloat16 on CUDA, float32 on CPU)",
@@ -849,8 +849,9 @@ class Config(Recipe):
                            at_least=0)
     keep_last: int = flag(2, "keep the newest K checkpoints", above=0)
     resume: str = flag("", "continue a run from a checkpoint directory, or 'auto': the newest in --out. Every setting "
-                         "comes from the checkpoint except --steps (to extend a run), --save-every and --keep-last; "
-                         "another flag given with a value other than the run's is refused")
+                         "comes from the checkpoint but those typed now of --steps (to extend a run), --save-every, "
+                         "--keep-last and the outputs' --verbose, --save-completions, --wandb, --wandb-name; another "
+                         "flag typed with a value other than the run's is refused")
     max_skipped_updates: int = flag(3, "stop after this many non-finite updates (loss or gradient) in a row", above=0)
     live_fit: bool = flag(True, "at each evaluation, fit the scaling curve to the run so far (fit_curve.py) and log "
                                 "the predicted asymptote: fit_A, fit_B, fit_C_mid, fit_A_ci")
@@ -886,11 +887,12 @@ def die(msg, status=2):
 
 def parse_args(argv=None):
     """Turn every Config field into a flag: --name-with-dashes; booleans get --x / --no-x. Returns a checked Config
-    with its derived defaults filled in."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    with its derived defaults filled in, and in cfg.typed the names of the flags typed (a resumed run changes those)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
+                                argument_default=argparse.SUPPRESS)  # (a flag not typed is not in the namespace)
     p.error = die  # argparse's own errors end in one line, status 2, too
     for f in dataclasses.fields(Config):
-        flag, kw = "--" + f.name.replace("_", "-"), {"default": f.default, "help": f.metadata["help"]}
+        flag, kw = "--" + f.name.replace("_", "-"), {"help": f.metadata["help"]}
         if f.type is bool:
             p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
         elif f.metadata["nargs"]:
@@ -898,15 +900,17 @@ def parse_args(argv=None):
         else:
             choices = f.metadata["choices"]  # (a function: the names of a table in Part II)
             p.add_argument(flag, type=f.type, choices=choices() if callable(choices) else choices, **kw)
-    return validate(fill_defaults(Config(**vars(p.parse_args(argv)))))
-
-
-DERIVED = ("mask_truncated", "activation_checkpointing", "eps_low", "eps_high", "answer_budget", "think_budget", "max_len", "cache_len",
-           "train_size", "val_size", "reward", "engine")  # the settings fill_defaults derives from the others
+    typed = vars(p.parse_args(argv))
+    cfg = Config(**typed)
+    cfg.typed = set(typed)
+    return validate(fill_defaults(cfg))
 
 
 def fill_defaults(cfg):
-    """Fill in the settings whose default depends on others (0, '' or 'auto' means 'derive it')."""
+    """Fill in the settings whose default depends on others (0, '' or 'auto' means 'derive it'). A Config made in
+    Python, not by parse_args, counts the settings it gives other than their defaults as typed."""
+    if not hasattr(cfg, "typed"):
+        cfg.typed = {f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != f.default}
     if cfg.mask_truncated is None:
         cfg.mask_truncated = bool(cfg.model)
     if cfg.activation_checkpointing is None:
@@ -933,10 +937,11 @@ def fill_defaults(cfg):
         cfg.resume = found[-1]
     if cfg.steps is None and not cfg.resume:  # (resumed: the run's own, resumed_config)
         cfg.steps = 150
-    # the run directory: --out, else a resumed checkpoint's run (RUN/checkpoints/step_N), else runs/<timestamp>; it and
-    # every local path are kept absolute, so that the run resumes from any working directory
-    cfg.out = cfg.out or (run_of(cfg.resume) if cfg.resume else
-                          os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")))
+    # the run directory: --out, else a resumed checkpoint's run (RUN/checkpoints/step_N), else runs/<time>-<pid> (under
+    # torchrun the launcher's pid, which every rank shares); it and every local path are kept absolute, so that the run
+    # resumes from any working directory
+    cfg.out = cfg.out or (run_of(cfg.resume) if cfg.resume else os.path.join(
+        "runs", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getppid() if launched() else os.getpid()}"))
     for name in ("out", "resume", "model", "data", "val_data"):  # (a hub name stays as it is)
         if getattr(cfg, name) and (name == "out" or os.path.exists(getattr(cfg, name))):
             setattr(cfg, name, os.path.abspath(getattr(cfg, name)))
@@ -1030,6 +1035,9 @@ def validate(cfg):
             "and --max-lag > 0")
     if cfg.resume and not os.path.isfile(os.path.join(cfg.resume, "trainer_state.pt")):
         die(f"--resume {cfg.resume}: not a checkpoint directory (no trainer_state.pt)")
+    if cfg.resume and "out" not in cfg.typed and os.path.basename(os.path.dirname(cfg.resume)) != "checkpoints":
+        die(f"--resume {cfg.resume}: not in a run's checkpoints directory (RUN/checkpoints/step_N), so there is no run "
+            "to continue: pass --out DIR, a new directory for the run")
     if cfg.out:  # the run directory: a directory this process can write, or one it can make
         there = os.path.abspath(cfg.out)
         while not os.path.exists(there):
@@ -1038,11 +1046,6 @@ def validate(cfg):
             die(f"--out {cfg.out}: {there} {'exists and ' * (there == cfg.out)}is not a directory")
         if not os.access(there, os.W_OK | os.X_OK):
             die(f"--out {cfg.out}: {there} is not writable")
-    if not cfg.resume and cfg.out and os.path.exists(os.path.join(cfg.out, "metrics.jsonl")):
-        die(f"--out {cfg.out} already holds a run: " + ("continue it with --resume auto, or choose another directory"
-                                                       if list_checkpoints(cfg.out) else
-                                                       "it has no checkpoint to continue from; remove it, or choose "
-                                                       "another directory"))
     check_hub(cfg)  # (last: it may wait a few seconds for the network)
     return cfg
 
@@ -1064,7 +1067,7 @@ def find_subsequence(seq, sub):
 
 def check_hub(cfg):
     """A hub name given to --model, --data or --val-data needs the hub or the local cache. Without a network the
-    libraries retry for up to a minute (22 lines for a model) before they fail: so when the hub cannot be reached
+    libraries retry for up to a minute (22 lines for a model) before they fail: so when the hub's API does not answer
     (or HF_HUB_OFFLINE is set), a name missing from the cache stops the run in one line, and a cached one is loaded
     with the libraries told to stay offline."""
     home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
@@ -1075,8 +1078,9 @@ def check_hub(cfg):
                                              ("--val-data", cfg.val_data.partition(":")[0]))
              if name and not os.path.exists(name) and (flag == "--model" and is_hub_id(name) or flag != "--model"
                                                         and not name.endswith((".jsonl", ".json", ".csv", ".parquet")))]
-    url = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    if not names or os.environ.get("HF_HUB_OFFLINE", "0") in ("0", "") and reachable(url.hostname, url.port or 443):
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    url = urllib.parse.urlsplit(endpoint)
+    if not names or os.environ.get("HF_HUB_OFFLINE", "0") in ("0", "") and hub_answers(endpoint):
         return
     for flag, name in names:
         kind, flat = "models" if flag == "--model" else "datasets", name.replace("/", "--")
@@ -1087,12 +1091,15 @@ def check_hub(cfg):
     os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
 
 
-def reachable(host, port, timeout=3.0):
-    """Whether a TCP connection to host:port opens within the timeout."""
+def hub_answers(endpoint, timeout=3.0):
+    """Whether the hub's API answers at endpoint within the timeout: a JSON list from /api/models?limit=1. A host that
+    takes the connection but is not the hub (a proxy, a captive portal) answers something else, or nothing."""
+    import http.client
+    import urllib.request
     try:
-        socket.create_connection((host, port), timeout=timeout).close()
-        return True
-    except OSError:
+        with urllib.request.urlopen(endpoint.rstrip("/") + "/api/models?limit=1", timeout=timeout) as answer:
+            return isinstance(json.loads(answer.read(1 << 20)), list)
+    except (OSError, ValueError, http.client.HTTPException):  # no network, an HTTP error, not JSON, not HTTP
         return False
 
 
@@ -1252,12 +1259,15 @@ def load_rows(path, cfg):
     are dropped and counted with --skip-bad-rows."""
     records = read_records(path)
     keys = set().union(*(r for _, r in records if isinstance(r, dict)))
+    if records and not keys:  # no row is an object with a field (broken JSON, say): what the first row is
+        where, row = records[0]
+        die(f"{path}: no row has a field; {where}: {row_problem(row, PROMPT_KEYS[0], ANSWER_KEYS[0])}")
     pk = cfg.prompt_key or next((k for k in PROMPT_KEYS if k in keys), PROMPT_KEYS[0])
     ak = cfg.answer_key or next((k for k in ANSWER_KEYS if k in keys), ANSWER_KEYS[0])
     for key, flag, known in ((pk, "--prompt-key", PROMPT_KEYS), (ak, "--answer-key", ANSWER_KEYS)):
         if records and key not in keys:
             die(f"{path}: no field '{key}' (looked for {', '.join(known) if key in known else key}; found: "
-                f"{', '.join(sorted(keys)) or 'no objects'}); name the field with {flag}")
+                f"{', '.join(sorted(keys))}); name the field with {flag}")
     rows, bad = [], []
     for where, r in records:
         problem = row_problem(r, pk, ak)
@@ -1299,20 +1309,32 @@ def load_data(cfg):
     return train, val
 
 
-def encode_prompt(tok, prompt, cfg):
+def encode_prompt(tok, prompt, cfg, chars=None):
     """Token ids of one prompt. A --data prompt (a string or chat messages) gets --instruction appended to its
     last message and --system-prompt in front, and goes through the model's chat template when it has one
-    (plain text joined by blank lines otherwise). The built-in task's prompts are encoded as they are."""
-    if not cfg.data:
-        return tok(prompt).input_ids
-    msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
-    msgs[-1]["content"] += cfg.instruction
-    if cfg.system_prompt and msgs[0]["role"] != "system":
-        msgs.insert(0, {"role": "system", "content": cfg.system_prompt})
-    if cfg.chat_template and tok.chat_template:
-        text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-        return tok(text, add_special_tokens=False).input_ids
-    return tok("\n\n".join(m["content"] for m in msgs)).input_ids
+    (plain text joined by blank lines otherwise). The built-in task's prompts are encoded as they are. A text of more
+    than `chars` characters is refused before it is tokenised (prompt_chars)."""
+    text, templated = prompt, False
+    if cfg.data:
+        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+        msgs[-1]["content"] += cfg.instruction
+        if cfg.system_prompt and msgs[0]["role"] != "system":
+            msgs.insert(0, {"role": "system", "content": cfg.system_prompt})
+        templated = bool(cfg.chat_template and tok.chat_template)
+        text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) if templated else \
+            "\n\n".join(m["content"] for m in msgs)
+    if chars is not None and len(text) > chars:
+        die(f"a prompt of {len(text)} characters ({text[:40]!r}...) cannot fit the model's context: at most {chars} "
+            "characters can (its positions less --max-new-tokens, times the longest token's characters)")
+    return tok(text, add_special_tokens=not templated).input_ids  # (a template writes its own special tokens)
+
+
+def prompt_chars(tok, config, cfg):
+    """The most characters a prompt that fits the model's context can have, or None: a token covers at most as many
+    characters as the longest entry of the vocabulary, so a longer text has more tokens than the positions left beside
+    --max-new-tokens (a 50 MB line would take gigabytes to tokenise before the exact check, in setup)."""
+    positions = getattr(config, "max_position_embeddings", None)
+    return None if positions is None else max(0, positions - cfg.max_new_tokens) * max(map(len, tok.get_vocab()))
 
 
 def best_constant_pass_rate(answers):
@@ -1546,9 +1568,9 @@ def build_tiny_model(cache_dir, seed, tied):
 
 
 def load_tokenizer(cfg, path=None):
-    """(tokenizer, path): the tokenizer of --model (or of path), the embedded default's built first; path is what the
-    weights and the vLLM engine load too."""
-    from transformers import AutoTokenizer
+    """(tokenizer, config, path): the tokenizer and config of --model (or of path: a checkpoint), the embedded default
+    built first; path is what the weights and the vLLM engine load too."""
+    from transformers import AutoConfig, AutoTokenizer
     from transformers.utils import logging as hf_logging
     path = path or cfg.model
     if not path:
@@ -1556,29 +1578,35 @@ def load_tokenizer(cfg, path=None):
         cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "scalerl")
         path = build_tiny_model(cache, cfg.seed, cfg.tie_word_embeddings)
     try:
+        config = AutoConfig.from_pretrained(path)  # (first: a config.json it cannot read is named as such)
         tok = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
-        die(f"cannot load --model {path}: {str(e).splitlines()[0]}")
+        cannot_load(cfg, path, e)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    return tok, path
+    return tok, config, path
 
 
 def load_model(cfg, device, path=None, empty=False):
     """Load the model and tokenizer through from_pretrained (the embedded default too): (model, tokenizer, the path
     or hub id the vLLM engine loads too). empty: the architecture only, on the meta device (torchrun: see shard)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    tok, path = load_tokenizer(cfg, path)
+    from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM
+    tok, config, path = load_tokenizer(cfg, path)
     try:
         if empty:
             with torch.device("meta"):
-                model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path),
-                                                         dtype=getattr(torch, cfg.param_dtype))
+                model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, cfg.param_dtype))
         else:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.param_dtype))
-    except (OSError, ValueError) as e:
-        die(f"cannot load --model {path}: {str(e).splitlines()[0]}")
+    except (OSError, ValueError, SafetensorError) as e:
+        cannot_load(cfg, path, e)
     return model if empty else model.to(device), tok, path
+
+
+def cannot_load(cfg, path, e):
+    die(f"cannot load {'the checkpoint --resume' if path == cfg.resume else '--model'} {path}: "
+        f"{' '.join(str(e).split())}")  # (the whole message, on one line)
 
 
 def fp32_head_hook(module, inputs, output):
@@ -2478,12 +2506,23 @@ class State:
 def setup(cfg):
     """Everything the loop needs, in an order that spends nothing on bad input: the checks, the data (bad data stops
     the run before a model is loaded), the grading pool, the model, the optimiser, the engine (from exactly the
-    trainer's weights), a resumed run's state. Returns (State, the config in force, its Recorder)."""
+    trainer's weights), a resumed run's state. Returns (State, the config in force, its Recorder). From claim() on the
+    run directory is this run's: a failure before its Recorder holds it releases it (release(undo=True))."""
     validate(fill_defaults(cfg))
-    quiet_libraries(cfg.verbose)
     if rank():  # under torchrun only rank 0 prints (errors still show)
         sys.stdout = open(os.devnull, "w")
     cfg, saved = resumed_config(cfg, cfg.resume) if cfg.resume else (cfg, None)
+    quiet_libraries(cfg.verbose)
+    release = claim(cfg, saved["step"] if saved else None)
+    try:
+        return build(cfg, saved, release)
+    except BaseException:
+        release(undo=True)
+        raise
+
+
+def build(cfg, saved, release):
+    """setup() once the run directory is claimed."""
     if cfg.engine == "hf" and cfg.off_policy == "pipeline" and cfg.max_lag > 0:
         print("scalerl: --engine hf cannot stream; running the synchronous loop (--max-lag 0)", flush=True)
         cfg.max_lag = 0
@@ -2500,17 +2539,13 @@ def setup(cfg):
     dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else \
         torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(cfg.seed)
-    per_rank = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))  # CPUs per rank
-    workers = cfg.reward_workers if cfg.reward_workers >= 0 else 0 if cfg.reward == "digit" else \
-        min(16, per_rank)  # the built-in task's reward is one regex: not worth a process
-    tok, path = load_tokenizer(cfg, cfg.resume or None)  # (the embedded model is built here, before a process group)
-    train_ids, val_ids = ([encode_prompt(tok, p, cfg) for p, _, _ in items] for items in (train, val))
+    tok, config, path = load_tokenizer(cfg, cfg.resume or None)  # (the embedded model built before a process group)
+    chars = prompt_chars(tok, config, cfg)
+    train_ids, val_ids = ([encode_prompt(tok, p, cfg, chars) for p, _, _ in items] for items in (train, val))
     longest = max(map(len, train_ids + val_ids)) + cfg.max_new_tokens
     if cfg.length_control == "interrupt":
         phrase_len = len(tok(cfg.interruption_phrase, add_special_tokens=False).input_ids)
         longest = max(longest, longest - cfg.max_new_tokens + cfg.think_budget[1] + phrase_len + cfg.answer_budget)
-    from transformers import AutoConfig
-    config = AutoConfig.from_pretrained(path)
     if longest > getattr(config, "max_position_embeddings", longest):
         die(f"prompts + completions need {longest} positions; the model has {config.max_position_embeddings}")
     if 0 < cfg.vllm_max_model_len < longest and cfg.engine == "vllm":
@@ -2521,6 +2556,9 @@ def setup(cfg):
         print(plan_line(memory_plan(sizes, cfg, world(), total, longest), cfg, total), flush=True)
         if error := plan_error(sizes, cfg, world(), total, longest):
             die(error)
+    per_rank = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))  # CPUs per rank
+    workers = cfg.reward_workers if cfg.reward_workers >= 0 else 0 if cfg.reward == "digit" else \
+        min(16, per_rank)  # the built-in task's reward is one regex: not worth a process
     grader = Grader(REWARDS[cfg.reward], workers, cfg.reward_timeout)
     # under torchrun rank 0 loads the model in CPU memory, the others make it empty; shard() gives each rank its shards
     load = lambda path: load_model(cfg, torch.device("cpu") if launched() else device, path,  # noqa: E731
@@ -2541,10 +2579,10 @@ def setup(cfg):
                   val, val_ids, Curriculum(len(train), cfg.seed, rank(), world()),
                   {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0, "skipped_updates": 0},
                   serial=rank(), policy=policy, frozen=frozen)
-    rows = restore(saved, state, cfg.resume) if saved else []
+    rows = restore(saved, state) if saved else []
     engine.push(model, state.version)  # the engine starts from exactly the trainer's weights
     ceiling = hidden_task_ceiling([p for p, _, _ in val]) if not cfg.data and cfg.task == "hidden" else None
-    return state, cfg, Recorder(cfg, state, rows, saved["step"] + 1 if saved else 1, device, ceiling)
+    return state, cfg, Recorder(cfg, state, rows, saved["step"] + 1 if saved else 1, device, ceiling, release)
 
 
 def live_fit(rows, bootstrap=100):
@@ -2629,33 +2667,30 @@ def metrics_row(state, cfg, step, r, seconds):
 class Recorder:
     """The run's records and its ways out: config.json, metrics.jsonl (and W&B), the progress line, checkpoints (every
     --save-every steps, at the end, on SIGINT/SIGTERM once the step is done; a second signal abandons it), the stop
-    after --max-skipped-updates, and clean-up. A run that fails before its first row leaves no directory. Under
-    torchrun every rank keeps the records (checkpoints and stops are collective); only rank 0 writes them."""
+    after --max-skipped-updates, and clean-up: the run directory's lock (claim) is released at the end, and a run that
+    fails before its first row leaves no directory. Under torchrun every rank keeps the records (checkpoints and stops
+    are collective); only rank 0 writes them."""
 
-    def __init__(self, cfg, state, rows, first, device, ceiling=None):
+    def __init__(self, cfg, state, rows, first, device, ceiling=None, release=lambda undo=False: None):
         self.cfg, self.state, self.rows, self.first, self.out = cfg, state, rows, first, cfg.out
         self.done, self.saved = first - 1, first - 1 if cfg.resume else -1  # (a new run: step 0 not saved yet)
         self.stop, self.in_a_row, self.handlers, self.unlogged, self.warned = [], 0, {}, None, set()
-        self.fresh, self.writer, self.restored = not os.path.isdir(self.out), rank() == 0, len(rows)
+        self.release, self.writer, self.restored = release, rank() == 0, len(rows)
         n_params = sum(p.numel() for p in state.model.parameters())
         const, const_rate = best_constant_pass_rate([a for _, a, _ in state.val])
         on = f"{device} x {world()} ranks" if launched() else device
-        if self.writer:
-            os.makedirs(self.out, exist_ok=True)
-            with open(os.path.join(self.out, "config.json"), "w") as f:
-                json.dump({**dataclasses.asdict(cfg), "n_params": n_params, "device": str(on), "world_size": world(),
-                           "best_constant_answer": const, "best_constant_pass_rate": const_rate,
-                           "best_possible_pass_rate": ceiling}, f, indent=2)
+        path = os.path.join(self.out, "metrics.jsonl")
+        if self.writer:  # the rows up to a resumed checkpoint (or none), then the config in force, each whole at once
+            write_atomically(path, "".join(json.dumps(r) + "\n" for r in rows))
+            write_atomically(os.path.join(self.out, "config.json"), json.dumps(
+                {**dataclasses.asdict(cfg), "n_params": n_params, "device": str(on), "world_size": world(),
+                 "best_constant_answer": const, "best_constant_pass_rate": const_rate,
+                 "best_possible_pass_rate": ceiling}, indent=2))
         print(f"scalerl: {n_params / 1e6:.2f}M parameters on {on} | {len(state.train)} train / {len(state.val_ids)} val"
               f" prompts | best constant answer '{const}' scores {const_rate:.3f}"
               + (f" | best possible pass rate {ceiling:.3f}" if ceiling else "") + f" | writing {self.out}"
               + (f" | resuming after step {first - 1}" if cfg.resume else ""), flush=True)
-        path = os.path.join(self.out, "metrics.jsonl")
-        if self.writer:  # the rows up to a resumed checkpoint (or none), in place at once; then each row in one write
-            with open(path + ".tmp", "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in rows)
-            os.replace(path + ".tmp", path)
-        self.metrics = open(path if self.writer else os.devnull, "a")
+        self.metrics = open(path if self.writer else os.devnull, "a")  # then each row in one write
         self.tracker = start_wandb(cfg, self.out) if cfg.wandb and self.writer else None
 
     def __enter__(self):
@@ -2689,8 +2724,7 @@ class Recorder:
         """The way out on a signal, after a complete step: its checkpoint, and how to continue."""
         ckpt = self.save() if self.done > self.saved else last_checkpoint(self.out)
         print(f"{self.stop[0]}: stopped after step {self.done}; checkpoint {ckpt}; continue with: "
-              f"{f'torchrun --nproc-per-node {world()}' if launched() else 'python'} scalerl.py --resume auto "
-              f"--out {self.out}", flush=True)
+              f"{resume_command(self.out)}", flush=True)
 
     def log(self, row, errors):
         """Record a row: metrics.jsonl, W&B, the progress line, warnings; a checkpoint every --save-every steps; the
@@ -2736,8 +2770,7 @@ class Recorder:
                 if self.unlogged:  # it failed in an evaluation: the step itself is complete
                     self.log(self.unlogged, [])
                 ckpt = self.save() if self.done > self.saved else last_checkpoint(self.out)
-                exc.args = (f"{exc}; checkpoint {ckpt}; continue with: python scalerl.py --resume auto --out "
-                            f"{self.out}",)
+                exc.args = (f"{exc}; checkpoint {ckpt}; continue with: {resume_command(self.out)}",)
             elif kind is KeyboardInterrupt:
                 print(f"\nstep {self.done + 1} abandoned; {self.done} steps are in {self.out}/metrics.jsonl; last "
                       f"checkpoint: {last_checkpoint(self.out)}", file=sys.stderr)
@@ -2750,8 +2783,7 @@ class Recorder:
             self.state.engine.close()  # after the last collective; no generator left, nor (CUDA) an allocator held
             if self.tracker:
                 self.tracker.finish()
-            if kind is not None and self.fresh and len(self.rows) == self.restored and self.writer:
-                shutil.rmtree(self.out, ignore_errors=True)
+            self.release(undo=kind is not None and len(self.rows) == self.restored)
         return False
 
 
@@ -2882,6 +2914,108 @@ def last_checkpoint(out):
     return (list_checkpoints(out) or ["none"])[-1]
 
 
+LOCK = ".lock"  # in a run directory: the PID of the process whose run it is, which holds a flock on it while it runs
+
+
+def in_place(cfg):
+    """Whether --resume continues the run in --out (OUT/checkpoints/step_N), rather than branching into it."""
+    return bool(cfg.resume) and os.path.realpath(os.path.dirname(cfg.resume)) == \
+        os.path.realpath(os.path.join(cfg.out, "checkpoints"))
+
+
+def check_out(cfg, step=None):
+    """A run directory holds one run. Refuse, before anything is written: an --out inside a checkpoint; a new run or a
+    branch into a directory that is neither new nor empty (another run, checkpoints without metrics.jsonl, files that
+    are not a run); a run resumed in place from a checkpoint (of `step`) that it went past; outputs it cannot write."""
+    out, there = cfg.out, cfg.out
+    while there != os.path.dirname(there):  # --out and every directory above it
+        if os.path.isfile(os.path.join(there, "trainer_state.pt")):
+            die(f"--out {out} is inside the checkpoint {there}: a run writes beside its checkpoints, never in one; "
+                "choose another directory")
+        there = os.path.dirname(there)
+    held = sorted(set(os.listdir(out)) - {LOCK}) if os.path.isdir(out) else []
+    if in_place(cfg):
+        later = [c for c in list_checkpoints(out) if int(c.rsplit("_", 1)[1]) > step]
+        if later:
+            die(f"--resume {cfg.resume}: {out} goes on past it (checkpoint {later[-1]}); resuming it there would mix "
+                "two runs: branch it into a new directory with --out NEW, or --resume auto")
+    elif "metrics.jsonl" in held:
+        die(f"--out {out} already holds a run: " + (
+            f"branch {cfg.resume} into a new directory, or continue {out} with --resume auto" if cfg.resume else
+            "continue it with --resume auto, or choose another directory" if list_checkpoints(out) else
+            "it has no checkpoint to continue from; remove it, or choose another directory"))
+    elif held:
+        die(f"--out {out} holds " + ("checkpoints but no metrics.jsonl" if "checkpoints" in held else
+                                     ", ".join(held[:3]) + ", ..." * (len(held) > 3)) +
+            ", which is not a run of this script: a run starts in a new or empty directory")
+    metrics, completions = os.path.join(out, "metrics.jsonl"), os.path.join(out, "completions")
+    if os.path.exists(metrics) and not (os.path.isfile(metrics) and os.access(metrics, os.W_OK)):
+        die(f"--out {out}: {metrics} is not a writable file; the run cannot write its rows there")
+    if cfg.save_completions and os.path.exists(completions) and not (
+            os.path.isdir(completions) and os.access(completions, os.W_OK | os.X_OK)):
+        die(f"--save-completions: {completions} is not a writable directory")
+
+
+def claim(cfg, step=None):
+    """Take the run directory for this run, from its first write to the end of the process: check_out, then an
+    exclusive flock on OUT/.lock, which holds the PID of the process that has it (another process is refused in one
+    line naming it), then check_out again, under the lock (a run may have written there in between). Under torchrun
+    rank 0 holds it. Returns release(undo), which unlocks; with undo (the run failed before its first row), a new run
+    or a branch also removes what it wrote, and the directory where it made it."""
+    import fcntl
+    check_out(cfg, step)
+    if rank():
+        return lambda undo=False: None
+    out, made = cfg.out, not os.path.isdir(cfg.out)
+    os.makedirs(out, exist_ok=True)
+    fd = os.open(os.path.join(out, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        die(f"--out {out} is in use by process {holder}, whose run it is: one run per directory; wait for it to end, "
+            "or choose another --out")
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    try:
+        check_out(cfg, step)
+    except ScaleRLError:
+        os.close(fd)
+        raise
+    fresh = not in_place(cfg)  # (check_out: then the directory was new or empty)
+
+    def release(undo=False):
+        if undo and fresh and made:
+            shutil.rmtree(out, ignore_errors=True)
+        elif undo and fresh:  # a directory the user made stays, empty again
+            for path in (os.path.join(out, name) for name in os.listdir(out)):
+                with contextlib.suppress(OSError):
+                    shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+        os.close(fd)
+    return release
+
+
+def resume_command(out):
+    """The command that continues the run in out with every setting of its own (its checkpoint's), paths quoted."""
+    import shlex
+    launcher = f"torchrun --nproc-per-node {world()}" if launched() else shlex.quote(sys.executable)
+    return f"{launcher} {shlex.quote(os.path.abspath(__file__))} --resume auto --out {shlex.quote(out)}"
+
+
+def write_atomically(path, text):
+    """Write a file whole, through a temporary file renamed into place; one that cannot be written stops the run in one
+    line (status 1) and leaves the file as it was, and no temporary file."""
+    try:
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(path + ".tmp")
+        die(f"{path}: cannot write it ({e.strerror or e})", 1)
+
+
 def pending_prompts(state):
     """The prompts of the training groups started but not trained yet (still to regenerate after a resume, in
     flight, or complete), in the order they were started: a resumed run generates them again first."""
@@ -2951,53 +3085,91 @@ def checkpoint_group(model, cfg):
     return CHECKPOINT_GROUP[0]
 
 
+MAY_CHANGE = ("steps", "save_every", "keep_last", "verbose", "save_completions", "wandb", "wandb_name", "resume", "out")
+# what a resumed run takes from the flags typed now: its length, its checkpoints, its display and outputs, its place
+RANK_STATE = {"curriculum", "serial", "pending", "torch_rng", "cuda_rng"}  # each rank's entry in trainer_state.pt
+
+
 def resumed_config(cfg, ckpt):
-    """The checkpoint's config, except what may change between the parts of one run: --steps, --save-every,
-    --keep-last, and the run directory, --out. A checkpoint continues the run it is in (RUN/checkpoints/step_N),
-    from its newest checkpoint; with another --out it branches there, and the run it came from is only read."""
+    """The checkpoint's config, every setting of the run kept but those of MAY_CHANGE typed now (cfg.typed); a flag
+    typed with another value than the run's is refused. Returns it and the checkpoint's state, checked, with the rows
+    of its run up to its step (run_rows) under "rows". It reads only: what is wrong stops the run in one line."""
     try:  # tensors and plain data only: a pickle that would run code is refused, not run
         state = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=True, mmap=True)
     except pickle.UnpicklingError as e:
         what = (re.findall(r"GLOBAL (\S+)", str(e)) or ["an object"])[0]
         die(f"--resume {ckpt}: trainer_state.pt holds more than tensors and plain data ({what}), which this script's "
             "checkpoints never do: refused, not loaded")
+    except Exception as e:  # noqa: BLE001  (truncated, empty, a plain pickle, the legacy format: RuntimeError, ...)
+        die(f"--resume {ckpt}: trainer_state.pt is damaged or not this script's: torch.load cannot read it "
+            f"({type(e).__name__}: {' '.join(str(e).split())[:120]})")
+    shape = {"step": int, "totals": dict, "loop": dict, "ranks": list, "optimizer": (dict, type(None)),
+             "scheduler": dict, "config": dict}  # (what save_checkpoint writes, and restore reads)
+    wrong = [k for k, kind in shape.items() if not isinstance(state, dict) or not isinstance(state.get(k, ...), kind)]
+    wrong = wrong or ["loop"] * ("version" not in state["loop"]) + ["ranks"] * any(
+        not isinstance(r, dict) or RANK_STATE - set(r) for r in state["ranks"])
+    if wrong:
+        die(f"--resume {ckpt}: trainer_state.pt is damaged or not this script's: {', '.join(wrong)} missing or not "
+            "as this script writes it")
+    from safetensors import SafetensorError, safe_open
+    for name in sorted(n for n in os.listdir(ckpt) if n.endswith(".safetensors")) or ["model.safetensors"]:
+        try:  # (the header only, and that it covers the file)
+            with safe_open(os.path.join(ckpt, name), "pt"):
+                pass
+        except (OSError, SafetensorError) as e:
+            die(f"--resume {ckpt}: {name} is damaged ({e}): the checkpoint cannot be loaded")
     if len(state["ranks"]) != world():
         die(f"--resume {ckpt}: the run had {len(state['ranks'])} ranks; resume it with as many (this has {world()})")
-    saved = {**state["config"], "think_budget": tuple(state["config"]["think_budget"])}
-    # a flag given now with another value than the run's is refused, not ignored: what fill_defaults derives counts as
-    # given only where it differs from what it derives from the flags given now
-    derived = fill_defaults(dataclasses.replace(cfg, resume="", **{k: getattr(Config, k) for k in DERIVED}))
-    changed = [f.name for f in dataclasses.fields(Config) if f.name not in ("steps", "save_every", "keep_last",
-                                                                             "resume", "out")
-               and getattr(cfg, f.name) != saved.get(f.name, f.default)  # (a field newer than the checkpoint)
-               and getattr(cfg, f.name) != getattr(derived if f.name in DERIVED else Config, f.name)]
-    was = {k: saved[k] if k in saved else f"{getattr(Config, k)}, the default: the checkpoint predates the flag"
-           for k in changed}  # a flag newer than the checkpoint had its default in the run
+    saved = {**state["config"], "think_budget": tuple(state["config"].get("think_budget", (0, 0)))}
+    default = {f.name: f.default for f in dataclasses.fields(Config)}  # (a flag newer than the checkpoint: its default)
+    changed = [k for k in default if k in cfg.typed and k not in MAY_CHANGE
+               and getattr(cfg, k) != saved.get(k, default[k])]
+    was = {k: saved[k] if k in saved else f"{default[k]}, the default: the checkpoint predates the flag"
+           for k in changed}
     if changed:
-        die(f"--resume {ckpt}: a resumed run keeps the settings of its checkpoint (all but --steps, --save-every and "
-            "--keep-last); given now with other values: " + ", ".join(
-                f"--{k.replace('_', '-')} {getattr(cfg, k)} (the run's: {was[k]})" for k in changed))
-    step, steps = state["step"], state["config"]["steps"] if cfg.steps is None else cfg.steps
+        die(f"--resume {ckpt}: a resumed run keeps the settings of its checkpoint (all but --steps, --save-every, "
+            "--keep-last and the outputs' --verbose, --save-completions, --wandb, --wandb-name); typed now with other "
+            "values: " + ", ".join(f"--{k.replace('_', '-')} {getattr(cfg, k)} (the run's: {was[k]})" for k in changed))
+    step, steps = state["step"], saved.get("steps") if cfg.steps is None else cfg.steps
     if steps < step:
         die(f"--steps {steps}: the checkpoint is of step {step}; a resumed run goes on from there")
     if steps == step:
         raise ScaleRLError(f"{ckpt} is step {step} of {steps}: nothing to do (--steps N, N > {step}, goes on)", 0)
-    run_dir = run_of(ckpt)
-    if os.path.realpath(cfg.out) == os.path.realpath(run_dir):
-        later = [c for c in list_checkpoints(run_dir) if int(c.rsplit("_", 1)[1]) > step]
-        if later:
-            die(f"--resume {ckpt}: {run_dir} goes on past it (checkpoint {later[-1]}); resuming it there would mix two "
-                "runs: branch it into a new directory with --out NEW, or --resume auto")
-    elif os.path.exists(os.path.join(cfg.out, "metrics.jsonl")):
-        die(f"--out {cfg.out} already holds a run: branch {ckpt} into a new directory, or continue {cfg.out} with "
-            "--resume auto")
-    return Config(**{**saved, "steps": steps, "save_every": cfg.save_every, "keep_last": cfg.keep_last,
-                     "resume": ckpt, "out": cfg.out}), state
+    return Config(**{**saved, **{k: getattr(cfg, k) for k in MAY_CHANGE if k in cfg.typed}, "steps": steps,
+                     "resume": ckpt, "out": cfg.out}), {**state, "rows": run_rows(ckpt, step)}
 
 
-def restore(saved, state, ckpt):
-    """Put a checkpoint's state back. Returns the rows of its run's metrics.jsonl up to its step (rows logged after the
-    checkpoint are written again by the resumed run: no step is duplicated or missing; the Recorder writes them)."""
+def run_rows(ckpt, step):
+    """The rows of a checkpoint's run (its metrics.jsonl) up to its step: the resumed run writes them again, then its
+    own, so that no step is duplicated or missing. A row cut off at the end (a crash mid-write) is dropped; any other
+    line that is not a metrics row (JSON, an object, an integer step) is refused, naming it."""
+    path = os.path.join(run_of(ckpt), "metrics.jsonl")
+    if not os.path.isfile(path):
+        print(f"scalerl: no metrics.jsonl beside {ckpt}: the rows start after step {step}", flush=True)
+        return []
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        die(f"{path}: cannot read it ({e})")
+    rows = []
+    for k, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # rows are written one write each: a crash cuts off the last one at most
+            if k < len(lines):
+                die(f"{path}: line {k} is not a metrics row (not JSON); the run cannot be resumed from this file")
+            print(f"scalerl: {path}: its last row was cut off (the run stopped while writing it); dropped", flush=True)
+            continue
+        if not isinstance(row, dict) or type(row.get("step")) is not int:
+            die(f"{path}: line {k} is not a metrics row (JSON, but not an object with an integer step); the run cannot "
+                "be resumed from this file")
+        rows.append(row)
+    return [r for r in rows if r["step"] <= step]
+
+
+def restore(saved, state):
+    """Put a checkpoint's state back. Returns the rows of its run up to its step (the Recorder writes them)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
     if saved["optimizer"] is not None:
         set_optimizer_state_dict(state.model, state.opt, saved["optimizer"],
@@ -3015,21 +3187,7 @@ def restore(saved, state, ckpt):
     torch.set_rng_state(mine["torch_rng"])
     if mine["cuda_rng"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(mine["cuda_rng"])
-    path = os.path.join(run_of(ckpt), "metrics.jsonl")
-    if not os.path.isfile(path):
-        print(f"scalerl: no metrics.jsonl beside {ckpt}: the rows start after step {saved['step']}", flush=True)
-        return []
-    with open(path) as f:
-        lines = f.read().splitlines()
-    rows = []
-    for k, line in enumerate(lines, 1):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # rows are written one write each: a crash cuts off the last one at most
-            if k < len(lines):
-                die(f"{path}: line {k} is not a metrics row (not JSON); the run cannot be resumed from this file")
-            print(f"scalerl: {path}: its last row was cut off (the run stopped while writing it); dropped", flush=True)
-    return [r for r in rows if r["step"] <= saved["step"]]
+    return saved["rows"]
 
 
 def main(argv=None):

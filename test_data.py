@@ -287,6 +287,7 @@ def test_each_kind_of_bad_row_is_named_with_its_line(line, message, tmp_path, ca
     ("d.jsonl", '{"query": "q", "answer": 1}\n', "no field 'prompt' (looked for prompt, problem, question; found: "
                                                   "answer, query); name the field with --prompt-key"),
     ("d.jsonl", '{"problem": "q", "label": 1}\n', "no field 'answer'"),
+    ("d.jsonl", '{"problem": "q", "answer": 1\n{"problem": "r"', "no row has a field; line 1: invalid JSON (Expecting"),
     ("empty_dir", "dir", "cannot load with datasets"),
 ])
 def test_unreadable_data_gives_one_clear_error(name, content, message, tmp_path):
@@ -324,6 +325,43 @@ def test_bad_data_stops_before_the_model_is_loaded(tmp_path):
     r = cli("--model", broken_model(tmp_path), "--data", data, "--out", tmp_path / "run")
     assert r.returncode == 2 and f"{data}: 1 of 2 rows are unusable; line 2: no 'answer' field" in r.stderr
     assert not (tmp_path / "run").exists()
+
+
+def main_lines(argv, capfd):
+    """(exit status, stderr's lines) of scalerl's main(argv), the command line, run in this process."""
+    capfd.readouterr()
+    with pytest.raises(SystemExit) as e:
+        S.main([str(a) for a in argv])
+    return e.value.code, capfd.readouterr().err.strip().splitlines()
+
+
+def test_a_model_config_no_class_reads_is_named_whole_in_one_line(tmp_path, capfd):
+    """A `{}` config.json: its error whole on one line (it was cut at "from one of: ", the tokenizer's), and the run
+    directory made for it is gone."""
+    model = broken_model(tmp_path)
+    code, lines = main_lines(["--model", model, "--engine", "hf", "--out", tmp_path / "run"], capfd)
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"scalerl.py: error: cannot load --model {model}: ")
+    assert "Should have a `model_type` key in its config.json" in lines[0] and not (tmp_path / "run").exists()
+
+
+def test_a_prompt_longer_than_the_context_is_refused_before_it_is_tokenised(tmp_path, capfd, monkeypatch):
+    """A prompt of 100,000 characters for a model of 256 positions is refused by its length in characters (no token
+    covers more than 8 of them here), in one line, before the tokenizer sees it: a 50 MB line would take gigabytes."""
+    import transformers
+    model, seen = S.build_tiny_model(str(tmp_path / "models"), 0, False), []
+    call = transformers.PreTrainedTokenizerBase.__call__
+    monkeypatch.setattr(transformers.PreTrainedTokenizerBase, "__call__",
+                        lambda self, text, *a, **kw: seen.append(len(text)) or call(self, text, *a, **kw))
+    data = write_jsonl(tmp_path / "d.jsonl", [json.dumps({"problem": f"{k} + 1 =", "answer": k + 1}) for k in range(12)]
+                       + [json.dumps({"problem": "7" * 100_000, "answer": 7})])
+    code, lines = main_lines(["--model", model, "--data", data, "--engine", "hf", "--reward", "exact",
+                              "--reward-workers", "0", "--val-size", "4", "--prompts-per-step", "2",
+                              "--max-new-tokens", "8", "--out", tmp_path / "run"], capfd)
+    assert code == 2 and lines == [f"scalerl.py: error: a prompt of {100_000 + len(S.Config.instruction)} characters "
+                                   f"('{'7' * 40}'...) cannot fit the model's context: at most {(256 - 8) * 8} "
+                                   "characters can (its positions less --max-new-tokens, times the longest token's "
+                                   "characters)"]
+    assert all(n < 1000 for n in seen) and not (tmp_path / "run").exists()
 
 
 def test_hub_name_without_network_is_a_clear_error(tmp_path):

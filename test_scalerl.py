@@ -739,7 +739,7 @@ def scalerl_runs_in_process(monkeypatch, B):
     def scalerl_process(cmd, **kw):
         if cmd[:2] != [sys.executable, B.SCALERL]:
             return real_run(cmd, **kw)
-        with contextlib.redirect_stdout(kw["stdout"]):
+        with contextlib.redirect_stdout(kw["stdout"]), contextlib.redirect_stderr(kw["stdout"]):
             try:
                 S.main(cmd[2:])
             except SystemExit as e:
@@ -2296,7 +2296,7 @@ def test_resume_is_exact(tmp_path):
 
 
 def test_resume_refuses_changed_flags_and_names_them(tmp_path):
-    """A resumed run takes its settings from the checkpoint: a flag given with another value is refused (status 2,
+    """A resumed run takes its settings from the checkpoint: a flag typed with another value is refused (status 2,
     before any compute) with its name and both values, never silently ignored. A derived setting (--answer-budget
     follows --max-new-tokens) is not named; --steps, --save-every, --keep-last and values equal to the run's pass."""
     tiny = dict(steps=1, prompts_per_step=4, generations_per_prompt=2, val_size=8, eval_samples=2, eval_every=100,
@@ -2307,7 +2307,7 @@ def test_resume_refuses_changed_flags_and_names_them(tmp_path):
         S.run(ckpt_cfg(tmp_path, **{**tiny, "steps": 2, "max_new_tokens": 16, "lr": 0.1, "resume": "auto"}))
     msg = str(e.value)
     assert e.value.status == 2 and "--max-new-tokens 16 (the run's: 6)" in msg and "--lr 0.1 (the run's: 0.002)" in msg
-    named = msg.split("given now with other values: ")[1]
+    named = msg.split("typed now with other values: ")[1]
     assert "--answer-budget" not in named and "--steps" not in named
     assert read_metrics(str(tmp_path)) == before  # nothing ran
     with pytest.raises(S.ScaleRLError, match=r"--seed 3 \(the run's: 0\)"):
@@ -2482,6 +2482,48 @@ def test_a_hub_name_without_network_fails_in_one_line_unless_it_is_cached(tmp_pa
     assert os.environ["HF_HUB_OFFLINE"] == os.environ["HF_DATASETS_OFFLINE"] == "1"
 
 
+def test_the_hub_check_asks_the_hubs_api(tmp_path, monkeypatch, capfd):
+    """A host that takes the connection but is not the hub (a captive portal's page) is no network: a hub name not in
+    the cache is refused in the same one line as without one. An answer of the hub's API (its JSON list of models,
+    asked for under /api/) lets the name through to the libraries, not told to stay offline."""
+    import http.server
+    import threading
+    answer, asked = [], []
+
+    class Host(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            asked.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", answer[0][0])
+            self.end_headers()
+            self.wfile.write(answer[0][1])
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Host)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    for k in ("no_proxy", "NO_PROXY"):  # (this host directly, where a proxy is set)
+        monkeypatch.setenv(k, "127.0.0.1")
+    for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE"):
+        monkeypatch.setenv(k, "")  # (set, so that what check_hub sets is undone after the test)
+    try:
+        answer.append(("text/html", b"<html>Sign in to use this network</html>"))
+        status, out, err = main_in_process(["--engine", "hf", "--model", "no-such-org/no-such-model", "--out",
+                                            str(tmp_path / "run")], capfd)
+        assert status == 2 and err.splitlines() == [
+            f"scalerl.py: error: --model no-such-org/no-such-model: not in the local cache ({tmp_path / 'hf' / 'hub'}) "
+            "and the hub (127.0.0.1) cannot be reached: download it where there is a network, or give a local path"]
+        answer[0] = ("application/json", b'[{"id": "org/model"}]')
+        S.check_hub(S.Config(model="org/name"))
+        assert os.environ["HF_HUB_OFFLINE"] == "" and asked and all(p.startswith("/api/") for p in asked)
+    finally:
+        server.shutdown()
+    assert not (tmp_path / "run").exists()
+
+
 def test_resume_refuses_a_trainer_state_that_would_run_code(tmp_path, capfd):
     """trainer_state.pt is loaded with weights_only: a pickle that would run code (here: create a file) is refused in
     one line, and nothing runs."""
@@ -2501,6 +2543,238 @@ class Pwn:
 
     def __reduce__(self):
         return os.system, (f"touch {self.path}",)
+
+
+# ---------------------------------------------------------------------------------------------- one run per directory
+TINY = ["--engine", "hf", "--prompts-per-step", "2", "--generations-per-prompt", "2", "--max-new-tokens", "8",
+        "--eval-samples", "1", "--val-size", "4", "--train-size", "32", "--no-live-fit"]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A run of 3 tiny steps with a checkpoint each (--save-every 1 --keep-last 10), made once: each test copies it."""
+    out = tmp_path_factory.mktemp("tiny") / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "cache"))
+        S.run(S.parse_args([*TINY, "--steps", "3", "--save-every", "1", "--keep-last", "10", "--out", str(out)]))
+    return out
+
+
+def run_copy(run, tmp_path, name="run"):
+    import shutil
+    return shutil.copytree(run, tmp_path / name)
+
+
+def refused(argv, capfd, status=2):
+    """The one line (less its prefix) with which scalerl's main() refuses argv, with that exit status."""
+    code, out, err = main_in_process([str(a) for a in argv], capfd)
+    lines = err.strip().splitlines()
+    assert code == status and len(lines) == 1 and lines[0].startswith("scalerl.py: error: "), (code, err)
+    return lines[0][len("scalerl.py: error: "):]
+
+
+def test_resume_keeps_every_setting_and_the_continue_with_line_reproduces_the_run(tiny_run, tmp_path, monkeypatch,
+                                                                                   capsys):
+    """A run of --save-every 1 --keep-last 10 stopped by SIGTERM (here: as step 4 ends) says how to go on: that
+    command, its paths quoted (the directory's name has a space), with --steps 6 added, keeps the run's --save-every
+    and --keep-last: every checkpoint stays (the older ones byte for byte), one is written at each step, and
+    config.json still says so."""
+    run = run_copy(tiny_run, tmp_path, "my run")
+    older = {k: v for k, v in snapshot(run).items() if k.startswith("checkpoints")}
+    signalled = S.Recorder.signalled
+    monkeypatch.setattr(S.Recorder, "signalled", lambda self: self.done == 4 and not self.stop.append("SIGTERM"))
+    S.run(S.parse_args(["--resume", "auto", "--out", str(run), "--steps", "30"]))
+    monkeypatch.setattr(S.Recorder, "signalled", signalled)
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("SIGTERM: stopped after step 4")]
+    cmd = shlex.split(line.split("continue with: ")[1])
+    assert cmd == [sys.executable, os.path.join(HERE, "scalerl.py"), "--resume", "auto", "--out", str(run)]
+    S.main(cmd[2:] + ["--steps", "6"])
+    assert [os.path.basename(c) for c in S.list_checkpoints(str(run))] == [f"step_{k:06d}" for k in range(1, 7)]
+    assert {k: v for k, v in snapshot(run).items() if k in older} == older
+    config = json.load(open(run / "config.json"))
+    assert (config["save_every"], config["keep_last"], config["steps"]) == (1, 10, 6)
+    assert [r["step"] for r in read_metrics(str(run))] == list(range(7))
+
+
+LOCK_HOLDER = """
+import fcntl, os, sys, time
+for path in sys.argv[1:]:  # as a run holds its directory's lock
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\\n".encode())
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_run_directory_is_locked_by_its_run(tiny_run, tmp_path, capfd):
+    """A run holds an exclusive flock on OUT/.lock from its first write to its exit: another process into the same
+    directory (here one that holds the lock as a run does) is refused in one line naming its PID, before anything is
+    written: a resume of the run, and a new run into an empty directory. The default --out names the process, so two
+    runs started in the same second write apart."""
+    run, empty = run_copy(tiny_run, tmp_path), tmp_path / "empty"
+    empty.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, run / ".lock", empty / ".lock"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        before = snapshot(tmp_path)
+        for argv, out in ((["--resume", "auto", "--steps", "5"], run), (TINY, empty)):
+            assert refused([*argv, "--out", out], capfd) == f"--out {out} is in use by process {holder.pid}, whose " \
+                "run it is: one run per directory; wait for it to end, or choose another --out"
+        assert snapshot(tmp_path) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    assert re.fullmatch(rf".*/runs/\d{{8}}-\d{{6}}-{os.getpid()}", S.parse_args(["--engine", "hf"]).out)
+
+
+def test_a_run_writes_nothing_into_what_is_not_its_own(tiny_run, tmp_path, capfd):
+    """Refused in one line before anything is written, every file left byte for byte: a new run or a branch into a
+    directory with checkpoints but no metrics.jsonl, or with files that are not a run; an --out inside a checkpoint
+    (a new run, and a branch); a checkpoint outside RUN/checkpoints/ resumed without --out (its grandparent is no run
+    of it)."""
+    import shutil
+    run, ckpts, proj = run_copy(tiny_run, tmp_path), tmp_path / "ckpts", tmp_path / "proj"
+    shutil.copytree(run / "checkpoints", ckpts / "checkpoints")
+    (proj / "downloads").mkdir(parents=True)
+    (proj / "config.json").write_text('{"the user\'s": "own"}')
+    shutil.copytree(run / "checkpoints" / "step_000003", proj / "downloads" / "step_000003")
+    step2, step3 = run / "checkpoints" / "step_000002", run / "checkpoints" / "step_000003"
+    before = snapshot(tmp_path)
+    for argv, message in [
+            ([*TINY, "--out", ckpts], f"--out {ckpts} holds checkpoints but no metrics.jsonl, which is not a run of "
+                                      "this script: a run starts in a new or empty directory"),
+            (["--resume", step2, "--out", ckpts], f"--out {ckpts} holds checkpoints but no metrics.jsonl"),
+            ([*TINY, "--out", proj], f"--out {proj} holds config.json, downloads, which is not a run of this script"),
+            ([*TINY, "--out", step3], f"--out {step3} is inside the checkpoint {step3}: a run writes beside its "
+                                      "checkpoints, never in one"),
+            (["--resume", step2, "--out", step3 / "sub"], f"--out {step3 / 'sub'} is inside the checkpoint {step3}"),
+            (["--resume", proj / "downloads" / "step_000003", "--steps", "5"],
+             f"--resume {proj / 'downloads' / 'step_000003'}: not in a run's checkpoints directory "
+             "(RUN/checkpoints/step_N), so there is no run to continue: pass --out DIR, a new directory for the run")]:
+        assert refused(argv, capfd).startswith(message)
+    assert snapshot(tmp_path) == before
+
+
+def test_a_flag_typed_on_resume_is_refused_unless_it_changes_only_the_outputs(tiny_run, tmp_path, capfd):
+    """What a resumed run changes is what was typed: --prompts-per-step 32 --generations-per-prompt 16 (their
+    defaults) on a 2 x 2 run are refused, so is --engine vllm on an hf run, naming the run's values, and nothing is
+    written; --verbose and --save-completions, which change only the display and the outputs, are taken."""
+    run = run_copy(tiny_run, tmp_path)
+    before, resume = snapshot(run), ["--resume", "auto", "--out", run, "--steps", "4"]
+    assert refused([*resume, "--prompts-per-step", "32", "--generations-per-prompt", "16"], capfd).endswith(
+        "typed now with other values: --prompts-per-step 32 (the run's: 2), --generations-per-prompt 16 (the run's: 2)")
+    if importlib.util.find_spec("vllm"):
+        assert refused([*resume, "--engine", "vllm"], capfd).endswith("--engine vllm (the run's: hf)")
+    assert snapshot(run) == before
+    S.run(S.parse_args([*map(str, resume), "--verbose", "--save-completions"]))
+    assert os.listdir(run / "completions") == ["step_000004.jsonl"]
+    assert json.load(open(run / "config.json"))["save_completions"] is True
+
+
+def test_every_damaged_file_of_a_run_is_one_line_naming_it(tiny_run, tmp_path, capfd):
+    """Resuming a run with a damaged file stops in one line (exit 2) naming the file and what is wrong, and writes
+    nothing: a metrics row that is JSON but not a step ({}, [1, 2]); a trainer_state.pt truncated, empty, a plain
+    pickle, in torch's legacy format, or without a key the run needs; a model.safetensors whose header is broken; a
+    checkpoint's config.json that no model class reads (named as the checkpoint, not as --model)."""
+    import io
+    import pickle
+    run = run_copy(tiny_run, tmp_path)
+    ckpt = run / "checkpoints" / "step_000003"
+    metrics, trainer, weights = run / "metrics.jsonl", ckpt / "trainer_state.pt", ckpt / "model.safetensors"
+    rows, state, good = metrics.read_text().splitlines(), torch.load(trainer, weights_only=True), trainer.read_bytes()
+    legacy, partial = io.BytesIO(), io.BytesIO()
+    torch.save(state, legacy, _use_new_zipfile_serialization=False)
+    torch.save({k: v for k, v in state.items() if k != "ranks"}, partial)
+    unreadable = f"--resume {ckpt}: trainer_state.pt is damaged or not this script's: torch.load cannot read it ("
+    for path, damage, message in [
+            (metrics, "\n".join([rows[0], "{}", *rows[2:]]), f"{metrics}: line 2 is not a metrics row (JSON, but not "
+                                                             "an object with an integer step)"),
+            (metrics, "\n".join([*rows[:3], "[1, 2]", rows[3]]), f"{metrics}: line 4 is not a metrics row (JSON"),
+            (trainer, good[:len(good) // 2], unreadable),
+            (trainer, b"", unreadable),
+            (trainer, pickle.dumps(state), unreadable),
+            (trainer, legacy.getvalue(), unreadable),
+            (trainer, partial.getvalue(), f"--resume {ckpt}: trainer_state.pt is damaged or not this script's: ranks "
+                                          "missing or not as this script writes it"),
+            (weights, b"\xff" * 8 + weights.read_bytes()[8:], f"--resume {ckpt}: model.safetensors is damaged "
+                                                              "(Error while deserializing header"),
+            (ckpt / "config.json", "{}", f"cannot load the checkpoint --resume {ckpt}: Unrecognized model")]:
+        kept = path.read_bytes()
+        path.write_bytes(damage if isinstance(damage, bytes) else damage.encode())
+        before = snapshot(run)
+        assert refused(["--resume", "auto", "--out", run, "--steps", "4"], capfd).startswith(message)
+        assert snapshot(run) == before
+        path.write_bytes(kept)
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_anything_is_written(tiny_run, tmp_path, monkeypatch,
+                                                                               capfd):
+    """A metrics.jsonl that cannot be written, and --save-completions where completions is a file or cannot be
+    written (this process is root here: not writable is what os.access says): refused in one line before anything is
+    written, so no metrics.jsonl.tmp, config.json as it was, and no empty metrics.jsonl to block a rerun. A
+    metrics.jsonl that fails all the same (here its rename) stops the run in one line, exit 1, with no temporary file
+    and config.json not rewritten."""
+    run, other = run_copy(tiny_run, tmp_path), tmp_path / "other"
+    before, resume, access, unwritable = snapshot(run), ["--resume", "auto", "--out", run, "--steps", "4"], os.access, []
+    monkeypatch.setattr(S.os, "access", lambda path, mode: access(path, mode) and os.path.basename(path) not in unwritable)
+    unwritable.append("metrics.jsonl")
+    assert refused(resume, capfd) == f"--out {run}: {run / 'metrics.jsonl'} is not a writable file; the run cannot " \
+                                     "write its rows there"
+    unwritable[:] = ["completions"]
+    (run / "completions").mkdir()
+    assert refused([*resume, "--save-completions"], capfd) == f"--save-completions: {run / 'completions'} is not a " \
+                                                               "writable directory"
+    (run / "completions").rmdir()
+    (run / "completions").write_text("a file")
+    assert refused([*resume, "--save-completions"], capfd).startswith("--save-completions: ")
+    other.mkdir()
+    (other / "completions").write_text("a file")
+    assert refused([*TINY, "--save-completions", "--out", other], capfd).startswith(f"--out {other} holds completions")
+    (run / "completions").unlink()
+    assert snapshot(run) == before and os.listdir(other) == ["completions"]
+    replace = os.replace
+    monkeypatch.setattr(S.os, "replace", lambda a, b: replace(a, b) if not str(b).endswith("metrics.jsonl") else
+                        (_ for _ in ()).throw(PermissionError(13, "Permission denied")))
+    assert refused(resume, capfd, status=1) == f"{run / 'metrics.jsonl'}: cannot write it (Permission denied)"
+    assert snapshot(run) == before  # (the lock file names this process, which made the run too)
+
+
+def test_bench_refuses_in_one_line_before_writing_and_names_a_failed_seeds_error(tmp_path, monkeypatch, capfd):
+    """bench.py --real-model and --loo: a model that is not there, --seeds below 1 (-1 was an IndexError, 0 became
+    the default), --summary-only on a missing or an empty directory: one line each, exit 2, nothing written. A seed
+    whose run fails (here: too few prompts for its --prompts-per-step) stops the study with the run's own error."""
+    import bench as B
+    out, empty = tmp_path / "study", tmp_path / "empty"
+    empty.mkdir()
+    model = S.build_tiny_model(str(tmp_path / "models"), 0, False)
+
+    def bench(*argv):
+        monkeypatch.setattr(sys, "argv", ["bench.py", *map(str, argv)])
+        capfd.readouterr()
+        with pytest.raises(SystemExit) as e:
+            B.main()
+        return e.value.code, capfd.readouterr().err.strip().splitlines()
+    for argv, message in [
+            (["--real-model", "/no/such/model"], "--model /no/such/model: no such model directory"),
+            (["--real-model", model, "--seeds", "-1"], "--seeds must be >= 1 (got -1)"),
+            (["--loo", "--seeds", "0"], "--seeds must be >= 1 (got 0)"),
+            (["--real-model", model, "--summary-only"], f"--summary-only: no run to summarise in {out / 'seed0'} "
+                                                        "(metrics.jsonl missing or empty)"),
+            (["--loo", "--summary-only"], f"--summary-only: no run to summarise in {out / 'scalerl' / 'seed0'}")]:
+        for where in (out, empty):
+            code, lines = bench(*argv, "--out", where)
+            where_msg = message.replace(str(out), str(where))
+            assert code == 2 and len(lines) == 1 and lines[0].startswith(f"bench.py: error: {where_msg}"), lines
+    assert not out.exists() and os.listdir(empty) == []
+    scalerl_runs_in_process(monkeypatch, B)
+    monkeypatch.setattr(B, "REAL_FLAGS", ["--engine", "hf", "--reward", "exact", "--reward-workers", "0",
+                                          "--prompts-per-step", "5000"])
+    code, _ = bench("--real-model", model, "--out", out, "--seeds", "1")
+    assert code.startswith("real-model: seed 0 failed (exit 2): scalerl.py: error: --prompts-per-step 5000 exceeds the "
+                           "1400 training prompts left in") and code.endswith(f"; its output is in {out / 'seed0'}.log")
 
 
 def test_closing_an_engine_asleep_wakes_it_first():
@@ -3085,7 +3359,7 @@ def test_two_rank_run_agrees_on_prompts_counts_both_ranks_stops_on_a_signal_to_o
     last = read_metrics(out)[-1]["step"]
     assert last == 3 and f"a signal to another rank: stopped after step {last}" in stdout
     assert [os.path.basename(c) for c in S.list_checkpoints(out)] == [f"step_{last:06d}"]
-    assert "torchrun --nproc-per-node 2 scalerl.py --resume auto" in stdout
+    assert f"torchrun --nproc-per-node 2 {os.path.join(HERE, 'scalerl.py')} --resume auto --out {out}" in stdout
     assert stdout.count("cannot stream") == stdout.count("parameters on cpu x 2 ranks") == 1  # rank 0 alone prints
     n = last + 2
     p = torchrun(*common, "--steps", str(n), "--resume", "auto")
@@ -3407,7 +3681,7 @@ def test_the_readme_fork_example_dataset_runs_as_written(tmp_path, monkeypatch):
     subprocess.run([sys.executable, "-"], input=script, text=True, cwd=tmp_path, check=True)
     flags = shlex.split([ln for ln in code.split("\n") if ln.startswith("python scalerl.py")][0])[2:]
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(S, "reachable", lambda host, port: True)  # as where the README's hub model can be fetched
+    monkeypatch.setattr(S, "hub_answers", lambda endpoint: True)  # as where the README's hub model can be fetched
     cfg = S.parse_args(flags)
     assert cfg.reward == "math" and cfg.model == "Qwen/Qwen2.5-0.5B-Instruct"
     train, val = S.load_data(cfg)
