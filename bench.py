@@ -507,29 +507,34 @@ def check_learning(device):
 
 
 def check_shape(device):
-    """The 0.5B shape (random weights): step time, generation speed, the trainer's peak memory, which holds at least
-    the float32 weights, gradients and AdamW moments (16 bytes a parameter)."""
+    """The 0.5B shape (random weights): step time, generation speed, and the trainer's peak memory (gpu_peak_gb) against
+    the memory plan's trainer for this run (memory_plan: 1.00-1.06 times torch's memory tracker on fake tensors,
+    docs/benchmarks.md). It must fall within PEAK_FACTOR of the plan: the plan is an upper bound of the tracker's
+    count, and a GPU's allocator rounds each block up (by at most a few percent)."""
     if not device.startswith("cuda"):
         return None, "needs CUDA (too slow on a CPU)"
+    import torch
+    flags = ["--engine", "vllm", "--device", device, "--steps", "4", "--prompts-per-step", "16",
+             "--generations-per-prompt", "8", "--max-new-tokens", "512", "--length-control", "truncate",
+             "--no-zero-variance-filter", "--eval-every", "100", "--val-size", "8", "--eval-samples", "1",
+             "--no-live-fit", "--no-mask-truncated"]
     with tempfile.TemporaryDirectory() as tmp:
         n = build("qwen2-0.5b", os.path.join(tmp, "m"))
-        rows = run_rows(["--model", os.path.join(tmp, "m"), "--engine", "vllm", "--device", device, "--steps", "4",
-                         "--prompts-per-step", "16", "--generations-per-prompt", "8", "--max-new-tokens", "512",
-                         "--length-control", "truncate", "--no-zero-variance-filter", "--eval-every", "100",
-                         "--val-size", "8", "--eval-samples", "1", "--no-live-fit", "--no-mask-truncated"])[2:]
+        rows = run_rows(["--model", os.path.join(tmp, "m"), *flags])[2:]
+        cfg = scalerl.parse_args(["--model", os.path.join(tmp, "m"), *flags])
     # (a random 151,936-token model almost never ends: masked, its truncated completions would leave nothing to train)
     peak, step = max(r.get("gpu_peak_gb", 0.0) for r in rows), sum(r["step_seconds"] for r in rows) / len(rows)
     tok_s = sum(r["gen_tokens"] - a["gen_tokens"] for a, r in zip(rows, rows[1:])) / sum(
         r["gen_seconds"] for r in rows[1:]) if len(rows) > 1 else float("nan")
-    import torch  # the start-up memory plan of this run, against what it measured
-    import transformers
-    arch, conf = SHAPES["qwen2-0.5b"]
-    plan = scalerl.memory_plan(scalerl.model_sizes(shape_config("qwen2-0.5b")), scalerl.fill_defaults(scalerl.Config(
-        model="m")), 1, torch.cuda.get_device_properties(0).total_memory)
-    low = (plan["weights"] + plan["gradients"] + plan["adam"]) / 2**30  # 16 bytes a parameter
-    return low <= peak < 4 * low, (f"{n / 1e6:.0f}M params: step {step:.2f} s, generation {tok_s:.0f} tok/s, trainer "
-                                   f"peak {peak:.1f} GiB; the plan: resident {low:.1f} GiB, with the head chunk "
-                                   f"{plan['trainer'] / 2**30:.1f} GiB (activations not planned: the rest of the peak)")
+    plan = scalerl.memory_plan(scalerl.model_sizes(shape_config("qwen2-0.5b")), cfg, 1,
+                               torch.cuda.get_device_properties(0).total_memory, 9 + 512)["trainer"] / 2**30
+    lo, hi = PEAK_FACTOR
+    return lo <= peak / plan <= hi, (f"{n / 1e6:.0f}M params: step {step:.2f} s, generation {tok_s:.0f} tok/s, "
+                                     f"trainer peak {peak:.1f} GiB against the plan's {plan:.1f} GiB: "
+                                     f"{peak / plan:.2f} (bound [{lo}, {hi}])")
+
+
+PEAK_FACTOR = (0.8, 1.1)  # the 0.5B row's measured trainer peak, over the memory plan's trainer
 
 
 def check_head_cost(device):
@@ -590,8 +595,8 @@ cuda = sys.argv[2] == "cuda"
 device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
 if cuda:
     torch.cuda.set_device(device)
-scalerl.init_distributed(cfg, device)
-model, tok, path = scalerl.load_model(cfg, device)
+model, tok, path = scalerl.load_model(cfg, device)  # as setup: the model before the process group
+scalerl.init_distributed(cfg, device, model)
 engine = scalerl.VLLMEngine(cfg, path, device, torch.bfloat16 if cuda else torch.float32, 64)
 where = engine.llm.apply_model(lambda m: str(next(m.parameters()).device))[0]
 print(f"rank {os.environ['LOCAL_RANK']}: engine on {where}", flush=True)
@@ -600,27 +605,50 @@ engine.close()
 
 
 def check_torchrun(device):
-    """torchrun on 2 GPUs: each rank's engine holds its weights on that rank's GPU, and the synchronous loop's
-    mismatch stays under the bound on both ranks (it sums both ranks' tokens)."""
+    """torchrun on 2 GPUs (on a CPU: 2 gloo ranks, the tiny model): each rank's engine holds its weights on that rank's
+    device (RANK_ENGINE loads the model before the process group, as setup does); then a --model run (activation
+    checkpointing under FSDP2), the synchronous loop, saving at step 2 and ending at step 4, and the same run resumed
+    from step 2 into a branch: the branch trains steps 3 and 4, each engine holding its trainer's weights (mismatch
+    under the bound, both ranks' tokens), and with seeded requests (a CPU) it writes the unbroken run's rows."""
     import torch
-    if not device.startswith("cuda") or torch.cuda.device_count() < 2:
+    cuda = device.startswith("cuda")
+    if cuda and torch.cuda.device_count() < 2:
         return None, "needs 2 GPUs"
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    p = subprocess.run([*launch, "--no-python", sys.executable, "-c", RANK_ENGINE, os.path.dirname(SCALERL), "cuda"],
-                       capture_output=True, text=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([*launch, "--no-python", sys.executable, "-c", RANK_ENGINE, os.path.dirname(SCALERL),
+                        "cuda" if cuda else "cpu"], capture_output=True, text=True, env=env)
     where = sorted(ln for ln in p.stdout.splitlines() if ln.startswith("rank "))
-    if where != ["rank 0: engine on cuda:0", "rank 1: engine on cuda:1"]:
+    if where != [f"rank {r}: engine on {f'cuda:{r}' if cuda else 'cpu'}" for r in (0, 1)]:
         return False, f"engines: {where or p.stderr.strip().splitlines()[-1:]}"
     with tempfile.TemporaryDirectory() as tmp:
-        p = subprocess.run([*launch, SCALERL, "--engine", "vllm",
-                            "--max-lag", "0", "--steps", "4", "--prompts-per-step", "16", "--eval-every", "4",
-                            "--no-live-fit", "--out", os.path.join(tmp, "run")], capture_output=True, text=True)
-        if p.returncode:
-            return False, "exit " + str(p.returncode) + ": " + p.stderr.strip().splitlines()[-1][:200]
-        rows = read_metrics(os.path.join(tmp, "run"))[1:]
-    worst = max(r["mismatch_abs_logprob"] for r in rows if r["train_tokens"])
-    return worst < MISMATCH_BOUND, (f"engines on cuda:0 and cuda:1; 2 ranks, 4 steps; worst mean |dlogp| "
-                                    f"{worst:.2e}; val {rows[-1]['val_pass_rate']:.2f}")
+        model = os.path.join(tmp, "m")
+        if cuda:
+            build("qwen2-0.5b", model)
+        else:
+            shutil.copytree(scalerl.load_tokenizer(scalerl.parse_args([]))[2], model)
+        flags = ["--model", model, "--engine", "vllm", "--max-lag", "0", "--prompts-per-step", "16",
+                 "--generations-per-prompt", "4", "--max-new-tokens", "16", "--length-control", "truncate",
+                 "--no-mask-truncated", "--eval-every", "100", "--val-size", "8", "--eval-samples", "1",
+                 "--no-live-fit", "--save-every", "2", "--keep-last", "4"]
+        runs = {}
+        for name, more in (("run", ["--steps", "4"]), ("branch", ["--resume", os.path.join(
+                tmp, "run", "checkpoints", "step_000002"), "--steps", "4"])):
+            p = subprocess.run([*launch, SCALERL, *flags, *more, "--out", os.path.join(tmp, name)],
+                               capture_output=True, text=True, env=env)
+            if p.returncode:
+                return False, f"{name}: exit {p.returncode}: " + (p.stderr.strip().splitlines() or ["?"])[-1][:200]
+            runs[name] = read_metrics(os.path.join(tmp, name))
+        config = json.load(open(os.path.join(tmp, "branch", "config.json")))
+    run, branch = runs["run"], runs["branch"]
+    same = lambda r: {k: v for k, v in r.items() if "seconds" not in k and k != "device_hours"}  # noqa: E731
+    exact = [same(r) for r in branch] == [same(r) for r in run]
+    worst = max(r["mismatch_abs_logprob"] for r in branch[3:] if r["train_tokens"])
+    ok = config["activation_checkpointing"] and [r["step"] for r in branch] == [0, 1, 2, 3, 4] and \
+        all(r["train_tokens"] for r in branch[3:]) and worst < MISMATCH_BOUND and (exact or cuda)
+    return ok, (f"engines on {'cuda:0 and cuda:1' if cuda else 'cpu'}; 2 ranks, --model with activation "
+                f"checkpointing {config['activation_checkpointing']}, 4 steps, resumed from step 2: worst mean |dlogp| "
+                f"{worst:.2e}; the branch's rows {'equal' if exact else 'differ from'} the unbroken run's")
 
 
 def check_split(device):

@@ -718,9 +718,9 @@ def next_batch(state, cfg):
 
 def push_weights(state, cfg):
     """The engine gets each update at once (pipeline: sequences in flight go on with the new weights), except in
-    PPO-off-policy-k, where it waits until the round's K batches are trained: none still decoding or waiting.
-    Returns the seconds it took."""
-    t0, waiting = time.time(), cfg.off_policy == "ppo" and (state.rollouts.open or state.rollouts.done)
+    PPO-off-policy-k, where it waits until the round's K batches are trained: none still decoding or waiting, on any
+    rank (the push is collective under torchrun). Returns the seconds it took."""
+    t0, waiting = time.time(), cfg.off_policy == "ppo" and all_max(bool(state.rollouts.open or state.rollouts.done))
     if state.engine.version != state.version and not waiting:
         state.engine.push(state.model, state.version)
     return time.time() - t0
@@ -1777,7 +1777,10 @@ class VLLMEngine:
         kw, env = vllm_args(cfg, path, device, dtype, max_model_len, place)
         os.environ.update(env)
         self.sleeps = kw.get("enable_sleep_mode", False)
-        with quiet_stderr(cfg.verbose):  # its start-up warnings come from C++ too (NUMA binding, Triton)
+        log = os.path.join(cfg.out, f"vllm-start.{place}.log") if cfg.out else None
+        if log and not cfg.verbose:  # (a hard crash in vLLM's start, a signal, leaves this line last on the screen)
+            print(f"scalerl: starting vLLM; what it prints goes to {log}", flush=True)
+        with quiet_stderr(cfg.verbose, log):  # its start-up warnings come from C++ too (NUMA binding, Triton)
             gc.freeze()  # vLLM freezes the heap once started; until then its import and start collect garbage over
             import vllm  # all of it (twice in full loading the model): frozen now, they skip what we hold
             self.llm = vllm.LLM(**kw)
@@ -1793,13 +1796,23 @@ class VLLMEngine:
             lambda r: not r.getMessage().startswith("RotaryEmbedding: Failed to load weights"))
         self.core, self.cfg, self.asleep, self.serial, self.live = self.llm.llm_engine, cfg, False, 0, {}
         self.queue = []  # submitted, not yet sent to the engine
-        # sequences decoded at once: --vllm-max-num-seqs, and no more than the KV cache holds at the longest prompt +
-        # completion (vLLM would otherwise keep preempting and recomputing what admission let in)
-        fit = getattr(self.core.vllm_config.cache_config, "kv_cache_max_concurrency", None)
-        self.capacity = min(self.core.vllm_config.scheduler_config.max_num_seqs, max(1, int(fit or math.inf)))
+        cache = self.core.vllm_config.cache_config
+        self.blocks, self.block = cache.num_gpu_blocks, cache.block_size  # the KV cache, in blocks of `block` tokens
+        self.max_seqs = self.core.vllm_config.scheduler_config.max_num_seqs
+        self.mean_len, self.seen = max_model_len / 2, 0  # sequences' mean length, a guess until some have ended
         self.version = 0
         self.core.set_weight_version("0")
         self.seeded = device.type == "cpu" if cfg.vllm_request_seeds is None else cfg.vllm_request_seeds
+
+    @property
+    def capacity(self):
+        """Sequences to decode at once: as many as the KV cache holds at the running mean of the finished sequences'
+        lengths (prompt + completion, in whole blocks; until some have ended, at half the context), at least one group
+        (G), at most --vllm-max-num-seqs. vLLM allocates a sequence's blocks as it decodes and preempts (recomputes)
+        one when they run out, which covers a mean that turns out short; the worst case, every sequence at the whole
+        context (vLLM's kv_cache_max_concurrency), would admit one group at a time at the paper's lengths."""
+        fit = self.blocks // max(1, math.ceil(self.mean_len / self.block)) if self.blocks else self.max_seqs
+        return max(self.cfg.generations_per_prompt, min(self.max_seqs, fit))
 
     def head_dtypes(self):
         """The dtypes of the engine's LM-head logits, read off its LogitsProcessor modules (where vLLM applies the
@@ -1840,7 +1853,7 @@ class VLLMEngine:
                                     detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
             # the cache salt keeps prefix-cache blocks computed with older weights from being reused by new requests
             self.core.add_request(rid, tokens_input(list(ids), cache_salt=f"v{self.version}"), params)
-            self.live[rid] = keys
+            self.live[rid] = keys, len(ids)
         self.queue = []
 
     def step(self):
@@ -1851,13 +1864,15 @@ class VLLMEngine:
         for out in self.core.step():
             if not out.finished:  # (final outputs only: none come before the end)
                 continue
-            keys = self.live.pop(out.request_id)
+            keys, prompt = self.live.pop(out.request_id)
             for c in out.outputs:
                 versions = [int(s.version) for s in c.weight_versions for _ in range(s.start, s.end)]
                 tokens = list(c.token_ids)
                 done.append((keys[c.index], Completion(tokens, [lp[t].logprob for t, lp in zip(tokens, c.logprobs)],
                                                        c.finish_reason == "stop", [1] * len(tokens), versions)))
                 decoded += len(tokens)
+                self.seen += 1  # the running mean of sequence lengths (the last 256 or so weigh most)
+                self.mean_len += (prompt + len(tokens) - self.mean_len) / min(self.seen, 256)
         return done, decoded, 1
 
     def push(self, model, version):
@@ -1991,7 +2006,7 @@ def generator_main(i, place, cfg, path, device, dtype, max_model_len, weights, r
                 steps, decoded = steps + k, decoded + n
                 if done:  # with how many requests it has taken so far, and what it has left
                     results.put(("out", i, [(key, dataclasses.astuple(c)) for key, c in done], decoded, steps, taken,
-                                 engine.unfinished()))
+                                 engine.unfinished(), engine.capacity))
                     steps, decoded = 0, 0
     except Exception:  # noqa: BLE001  (whatever it is, the trainer reports it and stops)
         results.put(("error", i, traceback.format_exc()))
@@ -2042,7 +2057,7 @@ class SplitEngine:
                     os.environ.clear()
                     os.environ.update(saved)
             # twice what each engine decodes at once: work to go on with while the trainer trains
-            self.capacity = sum(2 * self.receive()[2] for _ in self.procs)
+            self.caps = dict(self.receive()[1:3] for _ in list(self.procs))  # ("ready", i, its capacity)
         except BaseException:
             self.close()
             raise
@@ -2095,10 +2110,16 @@ class SplitEngine:
             while True:
                 msgs.append(self.results.get_nowait())
         done = [(key, Completion(*c)) for m in msgs for key, c in m[2] if self.live.pop(key, None) is not None]
-        for _, i, _, _, _, self.taken[i], self.left[i] in msgs:
+        for _, i, _, _, _, self.taken[i], self.left[i], self.caps[i] in msgs:
             if not self.load(i):  # nothing to do until the next submit: idle from now
                 self.idle_since.setdefault(i, time.time())
         return done, sum(m[3] for m in msgs), sum(m[4] for m in msgs)
+
+    @property
+    def capacity(self):
+        """Twice what the generators' engines decode at once, as each last said: work to go on with while the trainer
+        trains."""
+        return 2 * sum(self.caps.values())
 
     def take_idle(self):
         """(Seconds this rank's generators had nothing to decode, seconds elapsed), since the last call."""
@@ -2415,13 +2436,15 @@ def full_weights(model, dtype):
             yield name, full_tensor(t).detach().to(dtype)
 
 
-def init_distributed(cfg, device):
-    """Under torchrun: join the process group (gloo on CPU; NCCL and gloo on CUDA) and take rank 0's run directory;
-    after the model is loaded (with a group, save_pretrained writes on rank 0 only: each node builds its own)."""
+def init_distributed(cfg, device, model):
+    """Under torchrun: join the process group (gloo on CPU; NCCL and gloo on CUDA: a 30-minute timeout) and the
+    checkpoints' (checkpoint_group), and take rank 0's run directory; after the model is loaded (with a group,
+    save_pretrained writes on rank 0 only: each node builds its own)."""
     if not launched():
         return
     if not dist.is_initialized():
         dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
+    checkpoint_group(model, cfg)
     cfg.out = broadcast(cfg.out)  # each rank timed its own default name; rank 0's is the run's
 
 
@@ -2566,7 +2589,7 @@ def build(cfg, saved, release):
     model = load(path)
     if cfg.activation_checkpointing:  # each decoder layer recomputed in backward (before FSDP2 wraps the layers)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    init_distributed(cfg, device)  # torchrun: the process group
+    init_distributed(cfg, device, model)  # torchrun: the process group
     autocast = None if dtype == getattr(torch, cfg.param_dtype) else dtype
     policy = shard(model, device)  # FSDP2 under torchrun; before the engine starts (it sizes itself to the memory left)
     frozen = frozen_models(cfg, lambda: shard(load(None).requires_grad_(False), device))  # (None: initial weights)
@@ -2624,7 +2647,7 @@ def metrics_row(state, cfg, step, r, seconds):
         "flat": round(stats["zero_variance_frac"] * len(groups)), "active": stats["active_prompts"],
         "excluded": stats["truncated_excluded"], "lag_sum": sum(lags), "lags": len(lags), "stale": r["stale"],
         "in_flight": len(rollouts.open), "decoded": rollouts.decoded, "engine_steps": rollouts.steps,
-        "ahead": rollouts.ahead}
+        "ahead": rollouts.ahead, "capacity": state.engine.capacity if math.isfinite(state.engine.capacity) else 0}
     n = dict(zip(local, all_sum(*local.values())))
     t = state.totals
     # every device, trainers' and generators', for the step and for the training generation during the last evaluation
@@ -2649,7 +2672,8 @@ def metrics_row(state, cfg, step, r, seconds):
            "grad_norm": 0.0, "clip_frac": 0.0, "lr": state.sched.get_last_lr()[0],
            "lag_mean": n["lag_sum"] / n["lags"] if n["lags"] else 0.0, "lag_max": int(all_max(max(lags, default=0))),
            "stale_dropped": int(n["stale"]), "inflight_groups": int(n["in_flight"]),
-           "engine_batch_mean": n["decoded"] / max(n["engine_steps"], 1), "step_seconds": seconds,
+           "engine_batch_mean": n["decoded"] / max(n["engine_steps"], 1),
+           **({"engine_capacity": int(n["capacity"])} if n["capacity"] else {}), "step_seconds": seconds,
            "gen_seconds": rollouts.seconds, "train_seconds": 0.0, "sync_seconds": r["push_seconds"],
            # every other metric of the update under its own name (a fork's new ones too), but the two that the
            # cumulative counters above count and the memory peak, the largest over the ranks (below)
@@ -2843,27 +2867,35 @@ def quiet_libraries(verbose):
 
 
 @contextlib.contextmanager
-def quiet_stderr(verbose):
-    """Hold back what C++ and Python write to stderr (file descriptor 2) inside the block, unless --verbose; if the
-    block raises, what was held back is written out first, so that a real error keeps its context."""
+def quiet_stderr(verbose, log=None):
+    """Hold back what C++ and Python write to stderr (file descriptor 2) inside the block, unless --verbose: it goes to
+    the file `log`, kept (default: a temporary scalerl-stderr-*.log, removed unless the process dies in the block), so
+    that a process killed there by a signal (an NCCL or cuMem abort) leaves what was printed. If the block raises,
+    what was held back is written out first, so that a real error keeps its context."""
     if verbose:
         yield
         return
+    if log:
+        os.makedirs(os.path.dirname(log), exist_ok=True)
+    fd, path = (os.open(log, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644), log) if log else \
+        tempfile.mkstemp(prefix="scalerl-stderr-", suffix=".log")
     sys.stderr.flush()
     saved = os.dup(2)
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
-        try:
-            yield
-        except BaseException:
-            os.dup2(saved, 2)
-            held.seek(0)
-            sys.stderr.write(held.read().decode(errors="replace"))
-            raise
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
+    os.dup2(fd, 2)
+    try:
+        yield
+    except BaseException:
+        os.dup2(saved, 2)
+        with open(path, errors="replace") as held:
+            sys.stderr.write(held.read())
+        raise
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
+        if not log:
+            os.remove(path)
 
 
 def save_completions(cfg, step, tok, data, groups, correct):
@@ -3076,9 +3108,10 @@ CHECKPOINT_GROUP = []  # under torchrun: the gloo group the ranks wait in while 
 
 
 def checkpoint_group(model, cfg):
-    """The group for the barrier after a checkpoint, made once (every rank saves together): gloo, its timeout four
-    times the write's expected time and at least 30 minutes, where the default group's (NCCL: 10 minutes) would
-    end a run whose 7B checkpoint (91 GB) takes 15 minutes to write."""
+    """The group for the barrier after a checkpoint, made once, with the process group (init_distributed; every rank
+    makes it together): gloo, its timeout four times the write's expected time and at least 30 minutes, where the
+    default group's 30 minutes (torch's default for the backend string 'cpu:gloo,cuda:nccl', which is not
+    Backend.NCCL and its 10) would end a run whose checkpoint takes longer to write (a 7B one, 91 GB, at 50 MB/s)."""
     if not CHECKPOINT_GROUP:
         seconds = max(1800.0, 4 * checkpoint_cost(model, cfg)[1])
         CHECKPOINT_GROUP.append(dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=seconds)))

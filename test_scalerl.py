@@ -12,6 +12,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 import types
 
@@ -1199,18 +1200,35 @@ def test_each_engine_samples_its_own_random_stream_without_request_seeds(tmp_pat
         cfg.seed, S.RNG_ENGINE, 3)
 
 
-def test_the_engine_admits_no_more_sequences_than_its_kv_cache_holds(tmp_path):
-    """The engine's capacity (what admission fills) is --vllm-max-num-seqs and no more sequences of the longest
-    prompt + completion than vLLM's KV cache holds: with 1 MiB of KV cache, 4 of 64 tokens here, where
-    --vllm-max-num-seqs allows 256 (vLLM would otherwise preempt and recompute what admission let in)."""
+def test_the_engine_admits_what_its_kv_cache_holds_at_the_mean_length(tmp_path):
+    """Admission from what the KV cache holds: on --long-tail's policy (most completions end after about 10 tokens, 5%
+    run to the 256-token limit) with 4 MiB of KV cache, 16 blocks of 128 tokens, vLLM's worst case (every sequence at
+    the whole context, 3 blocks) admits 5 sequences, one group of 4 at a time. The engine's capacity, at the running
+    mean of the finished sequences' lengths (one block), lets the pipeline's admission keep several groups decoding
+    at once; and it never drops below one group, however long the mean."""
     need_vllm()
+    import bench
     os.environ["XDG_CACHE_HOME"] = str(tmp_path / "cache")
-    cfg = S.Config(engine="vllm", length_control="truncate", max_new_tokens=6, vllm_kv_cache_mb=1)
-    _, _, path = S.load_model(cfg, torch.device("cpu"))
-    engine = S.VLLMEngine(cfg, path, torch.device("cpu"), torch.float32, 64)
+    bench.long_tail_model(str(tmp_path / "m"))
+    cfg = S.fill_defaults(S.Config(model=str(tmp_path / "m"), engine="vllm", length_control="truncate",
+                                   max_new_tokens=256, vllm_kv_cache_mb=4, generations_per_prompt=4,
+                                   prompts_per_step=4, max_lag=8))
+    model, tok, path = S.load_model(cfg, torch.device("cpu"))
+    engine = S.VLLMEngine(cfg, path, torch.device("cpu"), torch.float32, 262)
     try:
-        tokens = engine.core.vllm_config.cache_config.kv_cache_size_tokens
-        assert engine.capacity * 64 <= tokens < (engine.capacity + 1) * 64 and engine.capacity < 256
+        worst = engine.core.vllm_config.cache_config.kv_cache_max_concurrency
+        assert (engine.blocks, engine.block, int(worst)) == (16, 128, 5)  # (5 - 4) // 4 = 0 while one decodes
+        assert engine.capacity == 8  # the guess before any has ended: half the context, 131 tokens, 2 blocks
+        rollouts, prompt, most = S.Rollouts(cfg, engine, tok), tok("3941:").input_ids, 0
+        for k in range(80):  # admission as next_batch makes it, then an engine step
+            n = S.admission(cfg, len(rollouts.open), len(rollouts.done), engine.unfinished(), engine.capacity)
+            for _ in range(n):
+                rollouts.add(("train", k, _), prompt, 4, k * 100 + _)
+            rollouts.poll()
+            most = max(most, len(rollouts.open))
+        assert engine.seen and engine.mean_len < 128 and engine.capacity == 16 and most >= 3
+        engine.mean_len = 10**6  # a mean beyond the cache: still one group
+        assert engine.capacity == 4
     finally:
         engine.close()
 
@@ -1579,6 +1597,19 @@ def test_gpu_check_runs_on_a_cpu_what_a_cpu_can(capsys, monkeypatch):
     assert ok is True and "off / on" in measured and "paired: same prompts and request seeds" in measured, measured
 
 
+def test_the_gpu_checks_torchrun_row_runs_on_a_cpu(tmp_path, monkeypatch):
+    """bench.py --gpu-check's torchrun row, on 2 gloo ranks with a fresh cache: each rank's engine on its device, the
+    model loaded before the process group (RANK_ENGINE, as setup: the embedded model is built by every rank before
+    save_pretrained would write on rank 0 only); a --model run, activation checkpointing under FSDP2, saved at step 2,
+    resumed from there into a branch that writes the unbroken run's rows."""
+    need_vllm()
+    import bench
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    ok, measured = bench.check_torchrun("cpu")
+    assert ok is True and measured.startswith("engines on cpu; 2 ranks, --model with activation checkpointing True"
+                                              ", 4 steps, resumed from step 2") and "rows equal" in measured, measured
+
+
 class FakeLLM:
     """Records the calls a VLLMEngine makes to vllm.LLM in sleep mode, and the weights each reload receives."""
 
@@ -1635,10 +1666,22 @@ def test_sleep_discards_the_weights_and_the_steps_push_reloads_them(default_mode
     assert len(engine.llm.calls) == 4
 
 
-def test_quiet_stderr_holds_back_noise_but_not_errors(capfd):
+def test_quiet_stderr_holds_back_noise_but_not_errors(capfd, tmp_path, monkeypatch):
+    """What is held back goes to a file; an error shows it; a process killed inside the block (as by an NCCL abort in
+    vLLM's start) leaves it in the named log, which stays after a normal exit too; the default file goes."""
+    made, real = [], tempfile.mkstemp
+    monkeypatch.setattr(tempfile, "mkstemp", lambda **kw: made.append(real(**kw)) or made[-1])
     with S.quiet_stderr(verbose=False):
         os.write(2, b"library chatter\n")
-    assert capfd.readouterr().err == ""
+    assert capfd.readouterr().err == "" and len(made) == 1 and not os.path.exists(made[0][1])
+    log = str(tmp_path / "run" / "vllm-start.0.log")
+    p = subprocess.run([sys.executable, "-c", "import os, sys, scalerl\nwith scalerl.quiet_stderr(False, sys.argv[1]):"
+                        "\n    os.write(2, b'cuMem: out of memory\\n')\n    os.abort()", log], cwd=HERE,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == -6 and p.stderr == "" and open(log).read() == "cuMem: out of memory\n"
+    with S.quiet_stderr(False, log):
+        os.write(2, b"started\n")
+    assert capfd.readouterr().err == "" and open(log).read() == "started\n"
     with pytest.raises(ValueError), S.quiet_stderr(verbose=False):
         os.write(2, b"context of the error\n")
         raise ValueError("real error")
@@ -1843,6 +1886,15 @@ def test_ppo_holds_the_push_while_a_group_of_the_round_is_untrained():
                     version=1)
         S.push_weights(s, dataclasses.replace(cfg, off_policy=mode))
         assert (engine.version == 1) == pushed, (open_, done, mode)
+    # under torchrun the decision is every rank's: a rank whose round is over waits for a rank still decoding (the
+    # push gathers the weights on all ranks at once), as all_max tells it
+    s.rollouts.open, s.rollouts.done, engine.version = {}, [], 0
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(S, "all_max", lambda *v: 1.0)  # another rank has a group of the round left
+        S.push_weights(s, cfg)
+        assert engine.version == 0
+    S.push_weights(s, cfg)
+    assert engine.version == 1
 
 
 @pytest.mark.quick
