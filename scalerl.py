@@ -39,12 +39,13 @@ pi_gen (the engine's weights, at most K updates old) with binary rewards r_i:
   A_i^norm                  compute_advantages: rewards - group mean, then `adv / (std + eps)` (norm "batch")
   log pi_train(y_it)        token_terms: "logp", from the float32 logits of _chunk_terms
   pi_gen(y_it)              Completion.logprobs: the engine's log-prob of each token, recorded as it sampled it
-  rho_it                    policy_loss: `ratio = torch.exp(logp - logp_gen)`
-  sg(min(rho, eps_max))     cispo_loss: `torch.clamp(ratio.detach(), max=eps_max)`
+  rho_it                    policy_loss: `rho = torch.exp(logp - logp_gen)`
+  sg(min(rho, eps_max))     cispo_loss: `torch.clamp(ratio.detach(), max=eps_max)`, called by policy_loss
   1 / sum_g |y_g|, mean x   completion_weights: `1 / (n_prompts * sum(g))` per token (agg "prompt")
   0 < mean r < 1            zero_variance_keep, in build_batch: a prompt whose G rewards are equal is dropped
   pass_rate(x) < 0.9        removal_rule, in update_curriculum: a prompt that reached it is not drawn again
-The code minimises -J: train_step backpropagates policy_loss's sum(weight * token_loss) over the batch's tokens.
+The code minimises -J: policy_loss is -J of a micro-batch, `(weight * token_loss).sum()`, from plain tensors, one value
+per trained token (logp, logp_gen, A, weight: batch_tensors); train_step's compute_gradients backpropagates it.
 
 `python scalerl.py` trains an embedded tiny Llama (random weights, character tokenizer) on a built-in task on the
 CPU; `python scalerl.py --model DIR_OR_HUB_ID --data FILE` trains a real model on a math dataset;
@@ -91,6 +92,12 @@ import torch.nn.functional as F
 # ==================================================================================================
 # PART I -- THE RECIPE
 # ==================================================================================================
+# Part II names that Part I uses: State, what the loop carries (model; policy, the model as trained; opt, sched; engine;
+# rollouts; grader; train, val and their token ids; curriculum; version, updates so far; serial, groups started;
+# requeue; totals; frozen); the engines' contract (submit, step, push, capacity, unfinished, sleep); special_ids,
+# completion_text, find_subsequence, step_seed and RNG_*; Policy, as_policy, batch_tensors, micro_batches, even_out,
+# mismatch_sums, gpu_peak; all_sum, all_max, world, full_tensor (torchrun's sums over ranks; in one process, the
+# identity); setup, Recorder, live_fit, save_completions (run).
 
 
 def flag(default, help, choices=None, nargs=None, above=None, at_least=None, below=None):
@@ -145,8 +152,9 @@ class Recipe:
     eps_high: float = flag(0.0, "DAPO/GSPO: upper clip, ratio <= 1 + eps_high (0: dapo 0.28, gspo 4e-4)", at_least=0)
     lm_head_fp32: bool = flag(True, "compute the LM head (hidden -> logits) in float32, trainer and generator")
     # sampling, optimiser and evaluation
-    steps: int = flag(None, "number of training steps (optimiser updates); default 150, with --resume the run's own; 0: "
-                          "evaluate the initial weights and save them as checkpoint step 0, which --resume continues",
+    steps: int = flag(None, "number of training steps (optimiser updates); default 150, with --resume the run's "
+                          "own; 0: evaluate the initial weights and save them as checkpoint step 0, which --resume "
+                          "continues",
                       at_least=0)
     prompts_per_step: int = flag(32, "prompts per step, P (the paper: 48)", above=0)
     generations_per_prompt: int = flag(16, "completions sampled per prompt, G (the paper: 16); at least 2: advantages "
@@ -166,7 +174,10 @@ class Recipe:
 
 
 def rl_step(state, cfg):
-    """One update. Returns what happened, for the metrics row (run() times it), or None when no prompt is left."""
+    """One update. Returns what happened, for the metrics row (run() times it), or None when no prompt is left.
+    Where each call is: next_batch, section 7 (it streams section 1's rollouts across updates and waits where the lag
+    bound needs it); score, 2; build_batch, 3; update_curriculum, 4; train_step, 6 (its loss, policy_loss, is 5);
+    push_weights, 7."""
     groups, stale = next_batch(state, cfg)                                     # 1. [Sec. 3.1, 4] P complete groups
     if all_max(groups is None):  # no prompt left (under torchrun: on some rank; every rank stops)
         return None
@@ -187,8 +198,6 @@ def rl_step(state, cfg):
 # --------------------------------------------------------------------------------------------------
 # 1. Rollouts with forced length interruptions [Sec. 2, 4]: a group is one prompt's G completions, streamed
 #    through an engine (Part II); every token keeps the generator's log-prob and the weight version that sampled it.
-#    rl_step's first call, next_batch, is in section 7: it streams these rollouts across updates and picks the groups
-#    each update trains, which reads best once the batch, the curriculum and the losses are known.
 
 
 @dataclass
@@ -223,8 +232,8 @@ def next_request(c, budget, cfg, think_end):
         return "done"  # ended by itself, answered after an interruption, or the rest of a closed reasoning
     if find_subsequence(c.tokens, think_end) is not None:
         return "continue"  # it closed its reasoning within the budget: it goes on to --max-new-tokens in all
-    # It did not: the phrase is appended, and it gets --answer-budget more tokens to answer.
-    # A model without a thinking format never closes its reasoning, so each completion that reaches the budget is.
+    # It did not: the phrase is appended, and it gets --answer-budget more tokens to answer. (A model without a
+    # thinking format never closes its reasoning, so every completion of it that reaches the budget is interrupted.)
     return "interrupt"
 
 
@@ -476,20 +485,23 @@ def removal_rule(history, cfg):
 
 def policy_loss(logp, logp_gen, A, weight, seq, cfg, **terms):
     """-J on a micro-batch's trained tokens, sum(weight * token_loss), and its metrics {name: (total, count)}:
-    train_step logs total / count over the batch. One value per trained token (batch_tensors): logp = log pi_train (with its
-    gradient), logp_gen = log pi_gen, A = A_i^norm of its completion, weight = its aggregation weight, seq = its
-    completion's number. terms: token_terms' others, NAME_logp for each of frozen_models', and each per-completion
-    value of Sample.values (correct, reward, length) repeated over its tokens."""
+    train_step logs total / count over the batch. One value per trained token (batch_tensors): logp = log pi_train
+    (with its gradient), logp_gen = log pi_gen, A = A_i^norm of its completion, weight = its aggregation weight, seq =
+    its completion's number. terms: token_terms' others, NAME_logp for each of frozen_models', and each value of
+    completion_values (correct, reward, length) repeated over the completion's tokens."""
     # rho = pi_train / pi_gen, pi_gen as the engine recorded it while sampling (not a recomputed pi_old: the engine's
     # weights can change mid-completion, so one completion can mix versions)
     rho = gspo_ratio(logp, logp_gen, seq) if cfg.loss == "gspo" else torch.exp(logp - logp_gen)
     if cfg.loss == "cispo":  # ScaleRL: -sg(min(rho, eps_max)) * A * log pi_train; every token keeps its gradient
-        token_loss, clipped = cispo_loss(logp, rho, A, cfg.eps_max), rho.detach() > cfg.eps_max
+        token_loss = cispo_loss(logp, rho, A, cfg.eps_max)
     elif cfg.loss == "dapo":  # PPO's clipped surrogate, -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A)
-        token_loss, clipped = dapo_loss(rho, A, cfg.eps_low, cfg.eps_high), ppo_clipped(rho, A, cfg)
+        token_loss = dapo_loss(rho, A, cfg.eps_low, cfg.eps_high)
     else:  # gspo: the same surrogate on one ratio per completion
-        token_loss, clipped = gspo_loss(rho, A, cfg.eps_low, cfg.eps_high), ppo_clipped(rho, A, cfg)
-    metrics = {"clip_frac": (clipped.sum(), len(logp))}  # the share of tokens whose ratio was truncated or clipped
+        token_loss = gspo_loss(rho, A, cfg.eps_low, cfg.eps_high)
+    r = rho.detach()  # clip_frac: the share of tokens whose weight CISPO truncated, or whose gradient PPO's min clipped
+    clipped = r > cfg.eps_max if cfg.loss == "cispo" else ((r > 1 + cfg.eps_high) & (A > 0)) | \
+        ((r < 1 - cfg.eps_low) & (A < 0))
+    metrics = {"clip_frac": (clipped.sum(), len(logp))}
     # A fork's loss term goes here: token_loss = token_loss + coef * term, metrics["term"] = (term.sum(), len(term))
     return (weight * token_loss).sum(), metrics
 
@@ -505,13 +517,6 @@ def dapo_loss(ratio, adv, eps_low, eps_high):
     """DAPO / PPO token loss with asymmetric clipping (the ablated alternative): -min(rho A, clip(rho) A), rho =
     pi_train / pi_gen (`ratio`, with its gradient). Tokens whose clipped term is the minimum get no gradient."""
     return -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
-
-
-def ppo_clipped(ratio, adv, cfg):
-    """The tokens whose clipped term is PPO's minimum (no gradient): above 1 + eps_high with A > 0, below 1 - eps_low
-    with A < 0."""
-    r = ratio.detach()
-    return ((r > 1 + cfg.eps_high) & (adv > 0)) | ((r < 1 - cfg.eps_low) & (adv < 0))
 
 
 def gspo_ratio(logp, logp_gen, seq):
@@ -627,31 +632,6 @@ def compute_gradients(model, batches, cfg, pad_id, autocast_dtype=None, frozen=N
     return loss_sum, n_tok, metrics
 
 
-def batch_tensors(samples, pad_id, device):
-    """A micro-batch of samples as the tensors of the forward pass and of policy_loss: ids and attn, the prompts +
-    completions right-padded; row and pos, each completion token's sequence and the position that predicts it, with
-    targets, its id; keep, which of those the loss trains: the sampled ones (mask 1; an injected phrase is context,
-    with no loss and no count). Per trained token: seq (its completion's number in the micro-batch), logp_gen, A,
-    weight, and each of its completion's Sample.values. Built on the host from lists: nothing is read back from the
-    device."""
-    seqs = [s.prompt + s.tokens for s in samples]
-    width = max(map(len, seqs))
-    tokens = [(k, t, m) for k, s in enumerate(samples) for t, m in enumerate(s.mask or [1] * len(s.tokens))]
-    trained = [(k, t) for k, t, m in tokens if m]
-    of = [samples[k] for k, _ in trained]  # each trained token's sample
-    tensor = lambda x, dtype=torch.float32: torch.tensor(list(x), dtype=dtype, device=device)  # noqa: E731
-    return {"ids": tensor([q + [pad_id] * (width - len(q)) for q in seqs], torch.long),
-            "attn": tensor([[1] * len(q) + [0] * (width - len(q)) for q in seqs], torch.long),
-            "row": tensor((k for k, _, _ in tokens), torch.long),
-            "pos": tensor((len(samples[k].prompt) - 1 + t for k, t, _ in tokens), torch.long),
-            "targets": tensor((samples[k].tokens[t] for k, t, _ in tokens), torch.long),
-            "keep": tensor((i for i, (_, _, m) in enumerate(tokens) if m), torch.long),
-            "seq": tensor((k for k, _ in trained), torch.long),
-            "logp_gen": tensor(s.gen_logprobs[t] if s.gen_logprobs else 0.0 for s, (_, t) in zip(of, trained)),
-            "A": tensor(s.advantage for s in of), "weight": tensor(s.weight for s in of),
-            "values": {name: tensor(float(s.values[name]) for s in of) for name in samples[0].values}}
-
-
 # --------------------------------------------------------------------------------------------------
 # 7. The off-policy loop [Sec. 3.1]: which groups generate while the trainer updates, which are trained when
 
@@ -700,14 +680,17 @@ def next_batch(state, cfg):
         share = cfg.prompts_per_step // state.curriculum.world  # under torchrun: this rank's share of the P groups
         admit(state, cfg, admission(cfg, len(rollouts.open), len(rollouts.done), engine.unfinished(), engine.capacity,
                                     state.curriculum.world))
-        # Each group left after this batch must be trained by the update to version oldest + K (in flight: started +
-        # K). The updates to come take P groups each, oldest first: the k-th group to fall due needs k + 1 slots.
-        # Example: four slow groups started together, P = 2, fall due at the same update, which has room for two:
-        # waiting only for the groups due at this very update would let the other two pass the bound.
-        oldest = sorted([g.oldest for g in fresh[share:]] + [g.started for g in rollouts.open.values()])
-        updates_left = [o + cfg.max_lag - state.version for o in oldest]  # updates after this one, each group's last
-        slots = [u * share for u in updates_left]  # groups those updates can train
-        wait = any(k + 1 > n for k, n in enumerate(slots))  # one would miss its last update: decode on instead
+        # The wait rule. A group not in this batch must be trained at a version no later than its deadline, its
+        # oldest token's version + K (in flight: its start's + K). The updates after this one take P groups each,
+        # earliest deadline first, so the k-th group to fall due (k = 0, 1, ...) needs k + 1 slots up to its deadline;
+        # where one would not get them, this update waits and the engine decodes on. Check it: K = 2, P = 2, trainer
+        # at v, four slow groups started at v - 1 still decoding, two others complete. Train the two now, and the four
+        # (deadline v + 1) have one update, 2 slots, left: the third needs 3, so the trainer waits (a rule waiting only
+        # for groups due at this very update would let two of them pass the bound).
+        deadlines = sorted([g.oldest + cfg.max_lag for g in fresh[share:]] +
+                           [g.started + cfg.max_lag for g in rollouts.open.values()])
+        slots = [(d - state.version) * share for d in deadlines]  # what the updates after this one, to d, can train
+        wait = any(slots_to_deadline < k + 1 for k, slots_to_deadline in enumerate(slots))
         if len(fresh) >= share and not wait:  # (the groups just admitted decode meanwhile, where generators are apart)
             batch, rollouts.done = fresh[:share], fresh[share:]
             return batch, stale
@@ -812,10 +795,10 @@ class Config(Recipe):
     vllm_max_model_len: int = flag(0, "vLLM: context length (0: the longest prompt + completion)", at_least=0)
     vllm_sleep: bool = flag(None, "vLLM on CUDA: free the KV cache while training, wake before the next generation "
                                 "(default: on with CUDA when nothing is in flight during training; refused on CPU)")
-    vllm_request_seeds: bool = flag(None, "vLLM: a seed for every request, so that a prompt and its seed sample the same "
-                                        "tokens in any batch (default: on with CPU; off with CUDA, where vLLM samples "
-                                        "each seeded sequence with a generator of its own, one kernel each per decode "
-                                        "step; unseeded, each engine samples from its own stream)")
+    vllm_request_seeds: bool = flag(None, "vLLM: a seed for every request, so that a prompt and its seed sample the "
+                                        "same tokens in any batch (default: on with CPU; off with CUDA, where vLLM "
+                                        "samples each seeded sequence with a generator of its own, one kernel each "
+                                        "per decode step; unseeded, each engine samples from its own stream)")
     vllm_kv_cache_mb: int = flag(256, "vLLM on CPU: KV cache size in MiB", above=0)
     vllm_max_num_seqs: int = flag(0, "vLLM: sequences decoded at once, at most (0: vLLM's default, 256 on CPU and "
                                    "1024 on H100-class GPUs); more is faster per token and takes more groups in flight",
@@ -858,8 +841,8 @@ class Config(Recipe):
     wandb: str = flag("", "also log every metrics row to this Weights & Biases project (needs `pip install wandb`; "
                         "WANDB_MODE=offline works without network); metrics.jsonl stays the record")
     wandb_name: str = flag("", "--wandb: the run's name (default: the --out directory's name)")
-    save_completions: bool = flag(False, "write each evaluation's held-out completions, with their answers and rewards, "
-                                         "to OUT/completions/step_N.jsonl")
+    save_completions: bool = flag(False, "write each evaluation's held-out completions, with their answers and "
+                                         "rewards, to OUT/completions/step_N.jsonl")
     verbose: bool = flag(False, "show vLLM's and the libraries' own log lines and warnings (default: ours and errors)")
 
 
@@ -1737,7 +1720,7 @@ def vllm_args(cfg, path, device, dtype, max_model_len, place=0, device_bytes=Non
         kw["distributed_executor_backend"] = "external_launcher"
     if device.type == "cpu":  # eager: compiling took 49 s for a 10% faster 135M model on 2 cores
         kw.update(enforce_eager=True, kv_cache_memory_bytes=cfg.vllm_kv_cache_mb * 2**20, enable_chunked_prefill=False)
-    else:  # the float32 head copy (engine_fp32_head) is made after vLLM sizes its KV cache: its bytes come off the share
+    else:  # the float32 head copy (engine_fp32_head) is made after vLLM sizes its KV cache: its bytes are the share's
         from transformers import AutoConfig
         conf = AutoConfig.from_pretrained(path)
         head = 4 * conf.vocab_size * conf.hidden_size * cfg.lm_head_fp32
@@ -2021,8 +2004,8 @@ def generator_main(i, place, cfg, path, device, dtype, max_model_len, weights, r
 class SplitEngine:
     """Engine 'vllm' with --generators N: the VLLMEngine contract, served by generator processes (rank r owns r, r + W,
     ...). submit() queues, a group's to one generator; step() and sleep() send the queue, and step() returns what they
-    finished since the last call, waiting only when nothing; push() writes the weights file. On CUDA generator i takes GPU LOCAL_WORLD_SIZE + i
-    (0.9 of it), on CPU every process an equal share of the cores."""
+    finished since the last call, waiting only when nothing; push() writes the weights file. On CUDA generator i takes
+    GPU LOCAL_WORLD_SIZE + i (0.9 of it), on CPU every process an equal share of the cores."""
 
     def __init__(self, cfg, path, device, dtype, max_model_len, model):
         local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
@@ -2199,6 +2182,31 @@ def sequence_logprobs(model, samples, cfg, pad_id):
     return as_policy(model)(x, cfg)
 
 
+def batch_tensors(samples, pad_id, device):
+    """A micro-batch of samples as the tensors of the forward pass and of policy_loss: ids and attn, the prompts +
+    completions right-padded; row and pos, each completion token's sequence and the position that predicts it, with
+    targets, its id; keep, which of those the loss trains: the sampled ones (mask 1; an injected phrase is context,
+    with no loss and no count). Per trained token: seq (its completion's number in the micro-batch), logp_gen, A,
+    weight, and each of its completion's Sample.values. Built on the host from lists: nothing is read back from the
+    device."""
+    seqs = [s.prompt + s.tokens for s in samples]
+    width = max(map(len, seqs))
+    tokens = [(k, t, m) for k, s in enumerate(samples) for t, m in enumerate(s.mask or [1] * len(s.tokens))]
+    trained = [(k, t) for k, t, m in tokens if m]
+    of = [samples[k] for k, _ in trained]  # each trained token's sample
+    tensor = lambda x, dtype=torch.float32: torch.tensor(list(x), dtype=dtype, device=device)  # noqa: E731
+    return {"ids": tensor([q + [pad_id] * (width - len(q)) for q in seqs], torch.long),
+            "attn": tensor([[1] * len(q) + [0] * (width - len(q)) for q in seqs], torch.long),
+            "row": tensor((k for k, _, _ in tokens), torch.long),
+            "pos": tensor((len(samples[k].prompt) - 1 + t for k, t, _ in tokens), torch.long),
+            "targets": tensor((samples[k].tokens[t] for k, t, _ in tokens), torch.long),
+            "keep": tensor((i for i, (_, _, m) in enumerate(tokens) if m), torch.long),
+            "seq": tensor((k for k, _ in trained), torch.long),
+            "logp_gen": tensor(s.gen_logprobs[t] if s.gen_logprobs else 0.0 for s, (_, t) in zip(of, trained)),
+            "A": tensor(s.advantage for s in of), "weight": tensor(s.weight for s in of),
+            "values": {name: tensor(float(s.values[name]) for s in of) for name in samples[0].values}}
+
+
 # --------------------------------------------------------------------------------------------------
 # Gradient accumulation and the train/inference mismatch diagnostic (used by train_step)
 # --------------------------------------------------------------------------------------------------
@@ -2336,7 +2344,8 @@ def plan_error(sizes, cfg, ranks, device_bytes, longest, sharded=None):
     resident = sum(plan[k] for k in ("weights", "gradients", "adam", "root"))
     if resident > room:
         return (f"memory plan: the trainer's weights, gradients and AdamW moments"
-                f"{' and its unsharded root' * bool(plan['root'])} need {gb(resident)} a GPU ({plan['params'] / 1e9:.2f}B parameters in {cfg.param_dtype}"
+                f"{' and its unsharded root' * bool(plan['root'])} need {gb(resident)} a GPU "
+                f"({plan['params'] / 1e9:.2f}B parameters in {cfg.param_dtype}"
                 f"{f' over {ranks} ranks' if ranks > 1 else ''}), and {gb(room)} is left beside the engine's "
                 f"{gb(engine)} and the reserve: use {ranks_hint}, or a lower --vllm-gpu-memory-utilization")
     if plan["left"] < 0:
@@ -2596,7 +2605,8 @@ def build(cfg, saved, release):
     generator = replica(model, device) if launched() and cfg.engine == "hf" else model
     L = cfg.vllm_max_model_len or longest
     engine = SplitEngine(cfg, path, device, dtype, L, model) if cfg.generators else \
-        VLLMEngine(cfg, path, device, dtype, L, rank()) if cfg.engine == "vllm" else HFEngine(generator, tok, cfg, autocast)
+        VLLMEngine(cfg, path, device, dtype, L, rank()) if cfg.engine == "vllm" else \
+        HFEngine(generator, tok, cfg, autocast)
     opt, sched = make_optimizer(model, cfg)
     state = State(model, tok, opt, sched, autocast, engine, Rollouts(cfg, engine, tok), grader, train, train_ids,
                   val, val_ids, Curriculum(len(train), cfg.seed, rank(), world()),
@@ -2668,7 +2678,7 @@ def metrics_row(state, cfg, step, r, seconds):
            "truncated_excluded": int(n["excluded"]), **{f"{k}_removed": int(v) for k, v in by_rule.items()},
            "pool_size": len(state.train) - int(sum(by_rule.values())), "epoch": state.curriculum.epoch,
            "truncated_frac": n["truncated"] / n["completions"], "interrupted_frac": n["interrupted"] / n["completions"],
-           "mean_completion_tokens": n["generated"] / n["completions"], "loss": 0.0,
+           "mean_completion_tokens": n["sampled"] / n["completions"], "loss": 0.0,
            "grad_norm": 0.0, "clip_frac": 0.0, "lr": state.sched.get_last_lr()[0],
            "lag_mean": n["lag_sum"] / n["lags"] if n["lags"] else 0.0, "lag_max": int(all_max(max(lags, default=0))),
            "stale_dropped": int(n["stale"]), "inflight_groups": int(n["in_flight"]),
@@ -2899,9 +2909,9 @@ def quiet_stderr(verbose, log=None):
 
 
 def save_completions(cfg, step, tok, data, groups, correct):
-    """--save-completions: one evaluation's completions, a JSON line each: prompt, answer, the completion's text (as score() grades it: a
-    final stop token left out), whether it ended by itself, whether it was interrupted, and its reward. Under
-    torchrun rank r > 0 writes its share to step_N.rank<r>.jsonl."""
+    """--save-completions: one evaluation's completions, a JSON line each: prompt, answer, the completion's text (as
+    score() grades it: a final stop token left out), whether it ended by itself, whether it was interrupted, and its
+    reward. Under torchrun rank r > 0 writes its share to step_N.rank<r>.jsonl."""
     if not cfg.save_completions:
         return
     path = os.path.join(cfg.out, "completions", f"step_{step:06d}" + (f".rank{rank()}" if rank() else "") + ".jsonl")
