@@ -2649,6 +2649,8 @@ def metrics_row(state, cfg, step, r, seconds):
     lags = [r["trained_version"] - v for x in samples for v, m in zip(x.versions, x.mask) if m]  # trained tokens'
     n_params = sum(p.numel() for p in state.model.parameters())  # a sharded parameter counts whole
     stats = r["stats"]
+    # what the engines decode at once (the split's generators' own, not the twice that the trainer keeps queued)
+    capacity = sum(state.engine.caps.values()) if cfg.generators else state.engine.capacity
     local = {  # this rank's counts, summed over the ranks in one reduction
         "groups": len(groups), "completions": len(comps), "generated": sum(len(c.tokens) for c in comps),
         "sampled": sum(sum(c.mask) for c in comps), "prompt_tokens": sum(len(g.prompt) for g in groups),
@@ -2657,7 +2659,7 @@ def metrics_row(state, cfg, step, r, seconds):
         "flat": round(stats["zero_variance_frac"] * len(groups)), "active": stats["active_prompts"],
         "excluded": stats["truncated_excluded"], "lag_sum": sum(lags), "lags": len(lags), "stale": r["stale"],
         "in_flight": len(rollouts.open), "decoded": rollouts.decoded, "engine_steps": rollouts.steps,
-        "ahead": rollouts.ahead, "capacity": state.engine.capacity if math.isfinite(state.engine.capacity) else 0}
+        "ahead": rollouts.ahead, "capacity": capacity if math.isfinite(capacity) else 0}
     n = dict(zip(local, all_sum(*local.values())))
     t = state.totals
     # every device, trainers' and generators', for the step and for the training generation during the last evaluation

@@ -3283,9 +3283,9 @@ def fake_results(prompts, groups, rewards, cfg, stale, trained_version=3):
                 push_seconds=0.1, rollout=S.rollout_metrics(groups, rewards, rewards))
 
 
-def metrics_state(decoded, steps, val_answers, in_flight=0, ahead=0.0):
+def metrics_state(decoded, steps, val_answers, in_flight=0, ahead=0.0, capacity=10**9):
     cfg = S.Config(prompts_per_step=6, generations_per_prompt=4, eval_samples=2, length_control="truncate")
-    engine = ScriptedEngine(lambda key: 3)
+    engine = ScriptedEngine(lambda key: 3, capacity)
     ro = S.Rollouts(cfg, engine, FakeTok())
     lin = torch.nn.Linear(3, 2)
     opt = torch.optim.SGD(lin.parameters(), lr=0.1)
@@ -3302,15 +3302,15 @@ def metrics_state(decoded, steps, val_answers, in_flight=0, ahead=0.0):
 
 
 VAL_ANSWERS = ["yes" if i % 3 == 0 else "no" for i in range(7)]  # 3 of 7 right; ranks' shares: 2/4 and 1/3
-RANK_EXTRAS = [dict(stale=1, in_flight=3, decoded=50, steps=5, ahead=0.2),
-               dict(stale=0, in_flight=2, decoded=30, steps=5, ahead=0.6)]
+RANK_EXTRAS = [dict(stale=1, in_flight=3, decoded=50, steps=5, ahead=0.2, capacity=48),
+               dict(stale=0, in_flight=2, decoded=30, steps=5, ahead=0.6, capacity=16)]
 
 
 def _metrics_worker(rank, out):
     prompts, groups, rewards = fixed_batch()
     mine = slice(0, 3) if rank == 0 else slice(3, 6)
     x = RANK_EXTRAS[rank]
-    s, cfg = metrics_state(x["decoded"], x["steps"], VAL_ANSWERS, x["in_flight"], x["ahead"])
+    s, cfg = metrics_state(x["decoded"], x["steps"], VAL_ANSWERS, x["in_flight"], x["ahead"], x["capacity"])
     row = S.metrics_row(s, cfg, 1, fake_results(prompts[mine], groups[mine], rewards[mine], cfg, x["stale"]), 0.5)
     val, _ = S.evaluate(s, cfg, 1)
     if rank == 0:
@@ -3323,11 +3323,12 @@ def test_rank_zero_metrics_and_evaluation_cover_both_ranks(two_ranks):
     row, val = torch.load(two_ranks[1] / "row.pt", weights_only=False)
     a, b = RANK_EXTRAS
     s, cfg = metrics_state(a["decoded"] + b["decoded"], a["steps"] + b["steps"], VAL_ANSWERS,
-                           a["in_flight"] + b["in_flight"])
+                           a["in_flight"] + b["in_flight"], capacity=a["capacity"] + b["capacity"])
     want = S.metrics_row(s, cfg, 1, fake_results(*fixed_batch(), cfg, a["stale"] + b["stale"]), 0.5)
     # both devices' time: the step's 0.5 s, and the ranks' own training generation beside the last evaluation
     assert row["device_hours"] == pytest.approx(2 * (0.5 + (a["ahead"] + b["ahead"]) / 2) / 3600)
     assert want["gen_tokens"] > 0 and want["active_prompts"] == 5 and want["lag_max"] == 3
+    assert want["engine_capacity"] == 64  # both ranks' engines
     for k in want:
         if k not in ("device_hours", "train_tokens"):
             assert row[k] == pytest.approx(want[k]), k
@@ -3339,7 +3340,7 @@ def test_metrics_row_by_hand():
     """One step's row against values worked out by hand (a 2 x 3 + 2 = 8-parameter model): two prompts of 3 and 2
     tokens, 4 completions each; prompt 1 is flat (dropped), completion (0, 2) and (1, 2) did not end, (0, 3) was
     interrupted (2 injected tokens)."""
-    s, cfg = metrics_state(50, 5, ["yes"], in_flight=3)
+    s, cfg = metrics_state(50, 5, ["yes"], in_flight=3, capacity=40)
     C = lambda n, finished=True, mask=None, intr=False, versions=None: S.Completion(  # noqa: E731
         [5] * n, [-1.0] * n, finished, mask or [1] * n, versions or [0] * n, intr)
     groups = [[C(4, versions=[2, 2, 1, 1]), C(2, versions=[2, 2]), C(3, False),
@@ -3355,7 +3356,7 @@ def test_metrics_row_by_hand():
             "device_hours": 0.5 / 3600, "reward_mean": 2 / 8, "zero_variance_frac": 0.5, "active_prompts": 1,
             "truncated_excluded": 0, "npr_removed": 0, "pool_size": 40, "truncated_frac": 2 / 8,
             "interrupted_frac": 1 / 8, "mean_completion_tokens": 22 / 8, "lag_mean": 11 / 12, "lag_max": 2,
-            "stale_dropped": 1, "inflight_groups": 3, "engine_batch_mean": 50 / 5, "step_seconds": 0.5,
+            "stale_dropped": 1, "inflight_groups": 3, "engine_batch_mean": 50 / 5, "engine_capacity": 40, "step_seconds": 0.5,
             "gen_seconds": 0.1, "train_seconds": 0.2, "sync_seconds": 0.1, "loss": 0.0, "grad_norm": 0.0}
     assert {k: row[k] for k in want} == pytest.approx(want, rel=1e-12)
     assert row["flops"] == s.totals["flops"]  # the counter goes on from the row
