@@ -243,8 +243,8 @@ class Rollouts:
     the groups whose G completions are complete in `done`."""
 
     def __init__(self, cfg, engine, tok):
-        self.cfg, self.engine = cfg, engine
-        self.phrase = tok(cfg.interruption_phrase, add_special_tokens=False).input_ids
+        self.cfg, self.engine, self.tok = cfg, engine, tok
+        self.phrase = {s: tok(s + cfg.interruption_phrase, add_special_tokens=False).input_ids for s in ("", " ")}
         self.think_end = tok(cfg.think_end, add_special_tokens=False).input_ids
         self.open, self.done = {}, []  # key -> Group being generated; complete groups, in completion order
         # for the metrics: tokens decoded, engine steps, their time and its training groups' share (see evaluate)
@@ -275,8 +275,9 @@ class Rollouts:
                 c.tokens + p.tokens, c.logprobs + p.logprobs, c.mask + p.mask, c.versions + p.versions, p.finished)
             action = next_request(c, g.budgets[j], self.cfg, self.think_end)
             if action == "interrupt":  # the phrase was not sampled: loss mask 0, a placeholder log-prob
-                n = len(self.phrase)
-                c.tokens, c.logprobs, c.mask = c.tokens + self.phrase, c.logprobs + [0.0] * n, c.mask + [0] * n
+                phrase = self.phrase["" if self.tok.decode(c.tokens[-1:])[-1:].isspace() else " "]  # its own word
+                n = len(phrase)
+                c.tokens, c.logprobs, c.mask = c.tokens + phrase, c.logprobs + [0.0] * n, c.mask + [0] * n
                 c.versions, c.interrupted = c.versions + [self.engine.version] * n, True
             if action == "done":
                 g.left -= 1
@@ -2576,7 +2577,7 @@ def build(cfg, saved, release):
     train_ids, val_ids = ([encode_prompt(tok, p, cfg, chars) for p, _, _ in items] for items in (train, val))
     longest = max(map(len, train_ids + val_ids)) + cfg.max_new_tokens
     if cfg.length_control == "interrupt":
-        phrase_len = len(tok(cfg.interruption_phrase, add_special_tokens=False).input_ids)
+        phrase_len = len(tok(" " + cfg.interruption_phrase, add_special_tokens=False).input_ids)  # (Rollouts)
         longest = max(longest, longest - cfg.max_new_tokens + cfg.think_budget[1] + phrase_len + cfg.answer_budget)
     if longest > getattr(config, "max_position_embeddings", longest):
         die(f"prompts + completions need {longest} positions; the model has {config.max_position_embeddings}")

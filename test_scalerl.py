@@ -898,6 +898,34 @@ def make_engine(kind, cfg, model, tok):
     return S.HFEngine(model, tok, cfg, None)
 
 
+@pytest.mark.quick
+@pytest.mark.parametrize("text, spaced", [("123", True), ("12 ", False), ("1ok", True)])
+def test_the_interruption_phrase_is_a_word_of_its_own(text, spaced, default_model):
+    """Forced interruptions [Sec. 4]: after a text that does not end in whitespace the phrase goes in after a space, a
+    word of its own ("so the Okay, time is up" would glue it to the last word); after whitespace, as it is."""
+    model, tok = default_model
+    cfg = dataclasses.replace(interrupt_cfg("hf"), think_budget=(3, 3))  # the whole text is the thinking budget
+
+    class OnePiece:  # every request returns the text's tokens, cut to its limit, not ended
+        version, capacity, queue = 0, 10, []
+
+        def submit(self, key, ids, n, seed):
+            self.queue.append((key, n))
+
+        def step(self):
+            ids, (done, self.queue) = tok(text, add_special_tokens=False).input_ids, (self.queue, [])
+            return [(k, S.Completion(ids[:n], [-1.0] * len(ids[:n]), False, [1] * len(ids[:n]), [0] * len(ids[:n])))
+                    for k, n in done], 0, 1
+
+    ro = S.Rollouts(cfg, OnePiece(), tok)
+    ro.add(("t", 0), tok("27:").input_ids, 1, seed=0)
+    (g,) = ro.wait([("t", 0)])
+    c = g.completions[0]
+    want = tok((" " if spaced else "") + cfg.interruption_phrase, add_special_tokens=False).input_ids
+    assert c.interrupted and tok.decode(c.tokens[:3]) == text and c.tokens[3:3 + len(want)] == want
+    assert c.mask == [1] * 3 + [0] * len(want) + [1] * (len(c.tokens) - 3 - len(want))
+
+
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
 def test_interruptions_with_each_engine(engine, default_model):
     model, tok = default_model
@@ -905,8 +933,10 @@ def test_interruptions_with_each_engine(engine, default_model):
     eng = make_engine(engine, cfg, model, tok)
     prompts = [tok(p).input_ids for p in ["3941:", "27:", "55512:", "8:"]]
     phrase = tok(cfg.interruption_phrase, add_special_tokens=False).input_ids
+    spaced = tok(" " + cfg.interruption_phrase, add_special_tokens=False).input_ids
     think_end = tok(cfg.think_end, add_special_tokens=False).input_ids
-    assert len(phrase) > 20 and phrase[-1:] == think_end and tok.unk_token_id not in phrase
+    assert len(phrase) > 20 and phrase[-1:] == think_end and tok.unk_token_id not in phrase and spaced[1:] == phrase
+
     def run_groups(c):  # the same requests (same seeds) with each length control
         ro = S.Rollouts(c, eng, tok)
         for i, p in enumerate(prompts):
@@ -931,9 +961,10 @@ def test_interruptions_with_each_engine(engine, default_model):
                 continue
             n_interrupted += 1
             assert c.mask.index(0) == b and S.find_subsequence(c.tokens[:b], think_end) is None
-            assert c.tokens[b:b + len(phrase)] == phrase and c.mask[b:b + len(phrase)] == [0] * len(phrase)
-            answer = c.tokens[b + len(phrase):]
-            assert 1 <= len(answer) <= cfg.answer_budget and c.mask[b + len(phrase):] == [1] * len(answer)
+            put = phrase if tok.decode(c.tokens[b - 1:b]).endswith(" ") else spaced  # a word of its own
+            assert c.tokens[b:b + len(put)] == put and c.mask[b:b + len(put)] == [0] * len(put)
+            answer = c.tokens[b + len(put):]
+            assert 1 <= len(answer) <= cfg.answer_budget and c.mask[b + len(put):] == [1] * len(answer)
             assert c.finished == (answer[-1] == tok.eos_token_id)
     assert n_interrupted >= 12  # a random policy rarely stops within 3 tokens
 
