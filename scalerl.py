@@ -2561,6 +2561,10 @@ def build(cfg, saved, release):
         cfg.max_lag = 0
     if note := npr_steps(cfg):
         print(note, flush=True)
+    if cfg.off_policy == "pipeline" and cfg.max_lag > 0 and not cfg.generators:  # (docs/off-policy.md)
+        print(f"scalerl: PipelineRL-{cfg.max_lag} in one process: generation pauses while the trainer updates, so only "
+              "groups still decoding across an update are off-policy (a lag of at most 2 updates on the CPU default); "
+              "--generators 1 decodes in a process of its own, beside training", flush=True)
     train, val = load_data(cfg)
     if cfg.data:
         print(f"scalerl: {len(train)} training and {len(val)} held-out prompts read; loading {cfg.model}", flush=True)

@@ -1309,6 +1309,7 @@ def test_vllm_default_run_from_the_command_line(tmp_path):
                         "--lr", "2e-3", "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stderr == "" and p.stdout.startswith("scalerl: ")  # a quiet first screen: our lines only
+    assert "PipelineRL-8 in one process: generation pauses while the trainer updates" in p.stdout
     rows = read_metrics(str(tmp_path / "run"))
     assert [r["step"] for r in rows] == list(range(21))
     cfg = json.load(open(tmp_path / "run" / "config.json"))
@@ -3650,7 +3651,7 @@ def test_split_synchronous_run_writes_the_one_process_metrics_stops_on_sigterm_a
     assert none_left(children) and not shm() & mine
 
 
-def test_split_generators_decode_ahead_of_the_trainer_within_the_lag_bound(tmp_path, monkeypatch):
+def test_split_generators_decode_ahead_of_the_trainer_within_the_lag_bound(tmp_path, monkeypatch, capsys):
     """The split under the pipeline (K = 1, P = 4): the trainer admits (K + 1) P groups, so while it trains a batch
     the generator decodes the next one, with the weights of the version before. Here the trainer waits, inside each
     update, until the generator has finished every group it holds (an event, not a pause), so the lags are known
@@ -3675,6 +3676,7 @@ def test_split_generators_decode_ahead_of_the_trainer_within_the_lag_bound(tmp_p
                            eval_every=100, zero_variance_filter=False, length_control="truncate", live_fit=False))
     assert [(r["lag_max"], r["lag_mean"]) for r in rows[1:]] == [(0, 0), (1, 1), (1, 1), (1, 1)]
     assert all(r["stale_dropped"] == 0 for r in rows[1:]) and states[0].version == 4
+    assert "in one process" not in capsys.readouterr().out  # (the default run's start-up line: the loop alternates)
 
 
 @pytest.mark.quick
