@@ -58,6 +58,7 @@ import argparse
 import collections
 import contextlib
 import csv
+import ctypes
 import dataclasses
 import datetime
 import gc
@@ -800,7 +801,9 @@ class Config(Recipe):
                                         "same tokens in any batch (default: on with CPU; off with CUDA, where vLLM "
                                         "samples each seeded sequence with a generator of its own, one kernel each "
                                         "per decode step; unseeded, each engine samples from its own stream)")
-    vllm_kv_cache_mb: int = flag(256, "vLLM on CPU: KV cache size in MiB", above=0)
+    vllm_kv_cache_mb: int = flag(0, "vLLM on CPU: KV cache size in MiB (0: sized from the flags, room for what the "
+                                 "engine decodes at once at the longest length, at most a quarter of the memory "
+                                 "available; printed at start-up)", at_least=0)
     vllm_max_num_seqs: int = flag(0, "vLLM: sequences decoded at once, at most (0: vLLM's default, 256 on CPU and "
                                    "1024 on H100-class GPUs); more is faster per token and takes more groups in flight",
                                    at_least=0)
@@ -1720,7 +1723,10 @@ def vllm_args(cfg, path, device, dtype, max_model_len, place=0, device_bytes=Non
     if launched():  # one engine per rank, on cuda:LOCAL_RANK, each generating its own prompts (as TRL colocates)
         kw["distributed_executor_backend"] = "external_launcher"
     if device.type == "cpu":  # eager: compiling took 49 s for a 10% faster 135M model on 2 cores
-        kw.update(enforce_eager=True, kv_cache_memory_bytes=cfg.vllm_kv_cache_mb * 2**20, enable_chunked_prefill=False)
+        from transformers import AutoConfig  # (setup sizes the cache, says so and saves it; an engine made alone here)
+        mb = cfg.vllm_kv_cache_mb or cpu_kv_cache_mb(cfg, model_sizes(AutoConfig.from_pretrained(path))["kv"] *
+                                                     dtype.itemsize, max_model_len, 0)[0]
+        kw.update(enforce_eager=True, kv_cache_memory_bytes=mb * 2**20, enable_chunked_prefill=False)
     else:  # the float32 head copy (engine_fp32_head) is made after vLLM sizes its KV cache: its bytes are the share's
         from transformers import AutoConfig
         conf = AutoConfig.from_pretrained(path)
@@ -1729,6 +1735,36 @@ def vllm_args(cfg, path, device, dtype, max_model_len, place=0, device_bytes=Non
         kw.update(gpu_memory_utilization=cfg.vllm_gpu_memory_utilization - head / device_bytes, enable_sleep_mode=
                   cfg.vllm_sleep if cfg.vllm_sleep is not None else cfg.off_policy == "ppo" or cfg.max_lag == 0)
     return kw, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_V2_MODEL_RUNNER": "0"}
+
+
+CPU_KV_SHARE = 0.25  # the most of the machine's available memory that the CPU engines' KV caches take by default
+CPU_KV_BLOCK = 128  # vLLM 0.32's KV cache block on CPU, in tokens (VLLMEngine reads the engine's own)
+
+
+def cpu_kv_cache_mb(cfg, kv_bytes, longest, n_val, available=None):
+    """--vllm-kv-cache-mb's default (0) on a CPU, and the start-up line that says it. Room for every sequence an engine
+    decodes at once at the longest prompt + completion, so that vLLM never has to preempt one: the training groups
+    the loop keeps in flight ((K + 1) x P in the pipeline, K x P in PPO, P synchronously) x G, or an evaluation's
+    held-out prompts x --eval-samples if more, shared by the engines (the ranks', or the generators'), at most
+    --vllm-max-num-seqs (vLLM's CPU default, 256); x `longest` tokens in whole blocks x kv_bytes a token (the model's
+    K and V in the engine's dtype), and the block vLLM keeps aside. At most CPU_KV_SHARE of the memory available
+    (/proc/meminfo), split between this machine's engines. (256 MiB, the default before, held about 40 sequences of
+    SmolLM2-135M at 150 tokens: docs/engines.md.)"""
+    K, P, G, engines = cfg.max_lag, cfg.prompts_per_step, cfg.generations_per_prompt, cfg.generators or world()
+    groups = (K + 1) * P if cfg.off_policy == "pipeline" else max(K, 1) * P
+    seqs = min(math.ceil(max(groups * G, n_val * cfg.eval_samples) / engines), cfg.vllm_max_num_seqs or 256)
+    if available is None:
+        with contextlib.suppress(OSError, StopIteration, ValueError):
+            with open("/proc/meminfo") as f:
+                available = 1024 * int(next(ln for ln in f if ln.startswith("MemAvailable:")).split()[1])
+    local = cfg.generators or int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # engines on this machine
+    tokens = (seqs * math.ceil(longest / CPU_KV_BLOCK) + 1) * CPU_KV_BLOCK  # (+1: vLLM's null block)
+    want, cap = tokens * kv_bytes, CPU_KV_SHARE * available / local if available else math.inf
+    mb = max(1, math.ceil(min(want, cap) / 2**20))
+    return mb, (f"scalerl: vLLM's KV cache: {mb} MiB{' an engine' * (engines > 1)}, for {seqs} sequences x {longest} "
+                f"tokens x {kv_bytes / 1024:.1f} KiB" + (f", cut to a quarter of the {available / 2**30:.1f} GiB "
+                f"available{f' over {local} engines' * (local > 1)}" if want > cap else "") +
+                "; --vllm-kv-cache-mb sets it")
 
 
 def engine_fp32_head(model, weight=None):
@@ -2378,6 +2414,20 @@ def gpu_peak(model, opt):
     start = torch.cuda.memory_allocated(device)
     return lambda: {"gpu_peak_gb": (resident + torch.cuda.max_memory_allocated(device) - start) / 2**30}
 
+
+def trim_memory():
+    """Hand the C heap's free memory back to the system, then return the process's resident memory (RSS) in GiB
+    (/proc/self/statm; None where it cannot be read). Once a step: glibc keeps in its heaps what was freed (the
+    update's activations, a checkpoint's buffers) and reuses little of it, so a run's memory grew step after step
+    (docs/outputs.md); malloc_trim gives it back (where there is no glibc, nothing is done)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (OSError, ValueError, IndexError):
+        return None
+
 # --------------------------------------------------------------------------------------------------
 # torchrun: one process per device. FSDP2 shards the trainer; each rank has its own engine and generates its share of
 # each step's prompts (data-parallel rollouts); whatever the recipe defines over the batch is reduced over the ranks.
@@ -2609,6 +2659,9 @@ def build(cfg, saved, release):
     frozen = frozen_models(cfg, lambda: shard(load(None).requires_grad_(False), device))  # (None: initial weights)
     generator = replica(model, device) if launched() and cfg.engine == "hf" else model
     L = cfg.vllm_max_model_len or longest
+    if cfg.engine == "vllm" and device.type == "cpu" and not cfg.vllm_kv_cache_mb:  # (saved in config.json)
+        cfg.vllm_kv_cache_mb, line = cpu_kv_cache_mb(cfg, model_sizes(config)["kv"] * dtype.itemsize, L, len(val))
+        print(line, flush=True)
     engine = SplitEngine(cfg, path, device, dtype, L, model) if cfg.generators else \
         VLLMEngine(cfg, path, device, dtype, L, rank()) if cfg.engine == "vllm" else \
         HFEngine(generator, tok, cfg, autocast)
@@ -2702,6 +2755,8 @@ def metrics_row(state, cfg, step, r, seconds):
     rollouts.decoded = rollouts.steps = rollouts.seconds = rollouts.ahead = 0
     if "gpu_peak_gb" in update:  # the largest over the ranks
         row["gpu_peak_gb"] = all_max(update["gpu_peak_gb"])
+    if (rss := trim_memory()) is not None:  # the largest over the ranks
+        row["rss_gb"] = all_max(rss)
     return row
 
 
