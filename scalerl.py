@@ -2797,9 +2797,9 @@ class Recorder:
             self.stop.append(signal.Signals(signum).name)
             if self.writer:
                 size, secs = checkpoint_cost(self.state.model, self.cfg)
+                took = f"{secs / 60:.0f} min" if secs >= 90 else f"{secs:.0f} s"
                 print(f"\n{self.stop[0]}: finishing this step, then saving a checkpoint ({size / 1e9:.1f} GB: about "
-                      f"{secs / 60:.0f} min at 100 MB/s; again to abandon the step)",
-                      file=sys.stderr, flush=True)
+                      f"{took} at 100 MB/s; again to abandon the step)", file=sys.stderr, flush=True)
 
         self.handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         return self
