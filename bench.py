@@ -1068,13 +1068,15 @@ def learn_compare(results, reference=LEARN_REFERENCE):
 
 NAMES = ("Tom", "Anna", "Sam", "Lily", "Ben", "Mia", "Leo", "Zoe")
 THINGS = ("apples", "books", "coins", "pens", "cards", "shells", "stickers", "marbles")
-REAL_SYSTEM = ('Solve the problem in one line and give the final number in \\boxed{}. Example: "Ann has 2 pens and gets '
-               '3 more, so how many pens does Ann have now?" Answer: 2 + 3 = 5, so the answer is \\boxed{5}.')
-REAL_FLAGS = ["--system-prompt", REAL_SYSTEM, "--instruction", " Put your final answer within \\boxed{}.",
-              "--prompts-per-step", "16", "--generations-per-prompt", "8", "--max-new-tokens", "48",
-              "--answer-budget", "16", "--lr", "3e-5", "--warmup-steps", "2", "--eval-every", "10",
-              "--eval-samples", "4", "--save-every", "5", "--save-completions", "--vllm-kv-cache-mb", "2048"]
-REAL_STEPS, REAL_VAL = 10, 200
+REAL_SYSTEM = ('Solve the problem in one line and end with the line "Answer: N". Example: "Ann has 2 pens and gets 3 '
+               'more, so how many pens does Ann have now?" 2 + 3 = 5. Answer: 5')
+REAL_FLAGS = ["--system-prompt", REAL_SYSTEM, "--instruction", ' End with "Answer: N".', "--reward", "exact",
+              "--prompts-per-step", "8",
+              "--generations-per-prompt", "8", "--max-new-tokens", "64", "--answer-budget", "16", "--lr", "3e-5",
+              "--warmup-steps", "2", "--eval-every", "2", "--eval-samples", "2", "--save-every", "4",
+              "--save-completions", "--vllm-kv-cache-mb", "1024"]
+REAL_STEPS, REAL_VAL = 32, 40
+REAL_CUTS = (1 / 2, 1 / 3)  # fits on the first half and the first third of each run's compute, predicting its end
 
 
 def arithmetic_problems(hi=5, seed=0):
@@ -1086,11 +1088,29 @@ def arithmetic_problems(hi=5, seed=0):
     return rows
 
 
+def carry_problems(seed=0):
+    """The same sentences with a two-digit A (11..59) and a one-digit B (2..9): 25,088 problems, the study's hard
+    quarter (SmolLM2-135M answered none of 86 such problems right before training), in an order drawn from seed."""
+    rows = [{"prompt": f"{n} has {a} {t} and gets {b} more, so how many {t} does {n} have now?", "answer": a + b}
+            for n in NAMES for t in THINGS for a in range(11, 60) for b in range(2, 10)]
+    random.Random(seed).shuffle(rows)
+    return rows
+
+
 def real_model_data(out):
-    """OUT/data/val.jsonl (the first REAL_VAL problems) and OUT/data/train.jsonl (the rest): disjoint prompts."""
-    rows, d, n_val = arithmetic_problems(), os.path.join(out, "data"), REAL_VAL
+    """OUT/data/val.jsonl and OUT/data/train.jsonl, disjoint prompts, each three quarters sums of 1..5
+    (arithmetic_problems) and one quarter two-digit sums (carry_problems), every row with its "kind" (easy, hard):
+    REAL_VAL held out, then every other easy problem and a third as many hard ones trained on, in a drawn order."""
+    easy = [{**r, "kind": "easy"} for r in arithmetic_problems()]
+    hard = [{**r, "kind": "hard"} for r in carry_problems()]
+    n_hard = REAL_VAL // 4
+    val, train = easy[:REAL_VAL - n_hard] + hard[:n_hard], easy[REAL_VAL - n_hard:]
+    train += hard[n_hard:n_hard + len(train) // 3]
+    for part in (val, train):
+        random.Random(len(part)).shuffle(part)
+    d = os.path.join(out, "data")
     os.makedirs(d, exist_ok=True)
-    for name, part in (("val", rows[:n_val]), ("train", rows[n_val:])):
+    for name, part in (("val", val), ("train", train)):
         with open(os.path.join(d, name + ".jsonl"), "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in part)
     return os.path.join(d, "train.jsonl"), os.path.join(d, "val.jsonl")
@@ -1131,65 +1151,131 @@ def bench_real(args):
     return real_summary(args)
 
 
-def completion_shares(path):
-    """(pass rate, share of completions with a boxed answer, share of the boxed answers that are right) of one
-    evaluation's completions file (scalerl.py --save-completions): the format and the arithmetic of a pass rate."""
+def completion_shares(path, kinds=None):
+    """(pass rate, share of completions with an answer, share of the answers that are right) of one evaluation's
+    completions file (scalerl.py --save-completions): the format and the arithmetic of a pass rate. An answer is what
+    the grader reads (scalerl.extract_answer: the last \boxed{}, or an "Answer: ..." line) in a completion that
+    ended. kinds ({prompt: kind}): the pass rate of each kind follows, as a dict."""
     with open(path) as f:
         rows = [json.loads(line) for line in f]
-    boxed = [r for r in rows if r["finished"] and scalerl.last_boxed(r["completion"]) is not None]
-    right = sum(r["reward"] for r in boxed)
-    return sum(r["reward"] for r in rows) / len(rows), len(boxed) / len(rows), right / len(boxed) if boxed else 0.0
+    answered = [r for r in rows if r["finished"] and scalerl.extract_answer(r["completion"]) is not None]
+    right = sum(r["reward"] for r in answered)
+    shares = (sum(r["reward"] for r in rows) / len(rows), len(answered) / len(rows),
+              right / len(answered) if answered else 0.0)
+    if kinds is None:
+        return shares
+    by = {}
+    for r in rows:
+        by.setdefault(kinds[r["prompt"]], []).append(r["reward"])
+    return (*shares, {k: sum(v) / len(v) for k, v in sorted(by.items())})
 
 
 def real_table(runs):
     """Markdown lines of the per-seed table and the mean ± sd over seeds. runs: {seed: (rows, shares)}, shares
-    {step: completion_shares(...)} of the first and last evaluations."""
+    {step: completion_shares(...)} of the first and last evaluations (a fourth item, the pass rate by kind, adds
+    those of the last evaluation as columns)."""
     import numpy as np
-    lines = ["| seed | pass rate, step 0 | pass rate, last | boxed, step 0 | boxed, last | right among boxed, step 0 "
-             "| right among boxed, last | generation s/step | training s/step |", "|---|" + "---|" * 8]
+    last = [shares[max(shares)] for _, shares in runs.values()]
+    kinds = sorted(last[0][3]) if len(last[0]) > 3 else []
+    lines = ["| seed | pass rate, step 0 | pass rate, last | answered, step 0 | answered, last | right among answered, "
+             "step 0 | right among answered, last | " + "".join(f"{k}, last | " for k in kinds)
+             + "generation s/step | training s/step |", "|---|" + "---|" * (8 + len(kinds))]
     cols = []
     for seed, (rows, shares) in sorted(runs.items()):
         p0, p1 = shares[min(shares)], shares[max(shares)]
         steps = [r for r in rows if r["step"] > 0]
         gen, train = (float(np.mean([r[k] for r in steps])) for k in ("gen_seconds", "train_seconds"))
-        cols.append([p0[0], p1[0], p0[1], p1[1], p0[2], p1[2], gen, train])
-        lines.append(f"| {seed} | " + " | ".join(f"{v:.3f}" for v in cols[-1][:6]) + f" | {gen:.1f} | {train:.1f} |")
+        cols.append([p0[0], p1[0], p0[1], p1[1], p0[2], p1[2], *(p1[3][k] for k in kinds), gen, train])
+        lines.append(f"| {seed} | " + " | ".join(f"{v:.3f}" for v in cols[-1][:-2]) + f" | {gen:.1f} | {train:.1f} |")
     c = np.array(cols)
     sd = c.std(axis=0, ddof=1) if len(c) > 1 else np.zeros(c.shape[1])
-    lines.append("| mean ± sd | " + " | ".join(f"{m:.3f} ± {e:.3f}" for m, e in zip(c.mean(0)[:6], sd[:6]))
-                 + f" | {c.mean(0)[6]:.1f} | {c.mean(0)[7]:.1f} |")
+    lines.append("| mean ± sd | " + " | ".join(f"{m:.3f} ± {e:.3f}" for m, e in zip(c.mean(0)[:-2], sd[:-2]))
+                 + f" | {c.mean(0)[-2]:.1f} | {c.mean(0)[-1]:.1f} |")
     return lines
 
 
-def real_summary(args):
-    """The table (real_table); the fit of R(C) to the pass rate of the seeds' training steps, pooled (x: the model
-    FLOPs of the run so far; R0: the seeds' mean at step 1), and its figure, OUT/real-model.png; OUT/summary.json.
-    The held-out pass rate is measured at steps 0 and 10 only (an evaluation costs 4-6 minutes here): too few points
-    for a curve, so the fit is to the training pass rate, each step's completions (sampled by weights up to K updates
-    old), which the paper does not fit."""
+def real_fits(runs, bootstrap):
+    """The paper's fit and its prediction [Sec. 2], per seed: R(C) fitted to the held-out pass rate against the run's
+    model FLOPs (R0: its step-0 evaluation; the first 1.5% of the compute left out, as in every fit here), A, B and
+    C_mid with bootstrap intervals; then fitted again on the evaluations up to each of REAL_CUTS of the run's final
+    compute, predicting its last evaluation. Returns (Markdown lines, {seed: the numbers})."""
     import numpy as np
     import fit_curve
+    ci = lambda f, k: " [{:.3g}, {:.3g}]".format(*f[k + "_ci"]) if f[k + "_ci"] else ""  # noqa: E731
+    cut_names = [f"predicted from {c:.0%} (error)" for c in REAL_CUTS]
+    lines = ["| seed | R0 | A | B | C_mid (FLOPs) | end / C_mid | last held-out | " + " | ".join(cut_names) + " |",
+             "|---|" + "---|" * (6 + len(REAL_CUTS))]
+    out = {}
+    for seed, (rows, _) in sorted(runs.items()):
+        ev = [r for r in rows if "val_pass_rate" in r]
+        f = fit_curve.fit_rows(ev, x="flops", bootstrap=bootstrap, name=f"seed {seed}")
+        x_end, final = ev[-1]["flops"], ev[-1]["val_pass_rate"]
+        preds = {}
+        for cut in REAL_CUTS:
+            try:
+                g = fit_curve.fit_rows(ev, x="flops", bootstrap=0, fit_until=cut * x_end, name=f"seed {seed}")
+                preds[cut] = float(fit_curve.curve(np.array([x_end]), g["R0"], g["A"], g["B"], g["C_mid"])[0])
+            except fit_curve.NotEnoughPoints:  # fewer than 4 evaluations up to the cut
+                preds[cut] = None
+        out[seed] = {k: f[k] for k in ("R0", "A", "B", "C_mid", "A_ci", "B_ci", "C_mid_ci", "at_grid_edge")}
+        out[seed].update(final=final, x_end=x_end, predicted={f"{c:g}": p for c, p in preds.items()})
+        lines.append(f"| {seed} | {f['R0']:.3f} | {f['A']:.3f}{ci(f, 'A')} | {f['B']:.2f}{ci(f, 'B')} | "
+                     f"{f['C_mid']:.3g}{ci(f, 'C_mid')} | {x_end / f['C_mid']:.1f} | {final:.3f} | " + " | ".join(
+                         "too few points" if p is None else f"{p:.3f} ({p - final:+.3f})" for p in preds.values())
+                     + " |")
+    finals = [o["final"] for o in out.values()]
+    spread = float(np.std(finals, ddof=1)) if len(finals) > 1 else 0.0
+    for cut in REAL_CUTS:
+        errors = [o["predicted"][f"{cut:g}"] - o["final"] for o in out.values()
+                  if o["predicted"][f"{cut:g}"] is not None]
+        if errors:
+            lines.append(f"\nfitted on the first {cut:.0%}: error at the end {np.mean(errors):+.3f} on average, "
+                         f"largest "
+                         f"{max(errors, key=abs):+.3f} ({len(errors)} seeds); the seeds' spread of the last held-out "
+                         f"pass rate (sd) {spread:.3f}")
+    return lines, out
+
+
+def real_figure(runs, path):
+    """OUT/real-model.png: the seeds' mean held-out pass rate at each evaluation (against their mean FLOPs), the curve
+    fitted to all of it and the curves fitted to its first half and third, drawn forward."""
+    import numpy as np
+    import fit_curve
+    evals = [[r for r in rows if "val_pass_rate" in r] for rows, _ in runs.values()]
+    n = min(map(len, evals))
+    mean = [{"step": evals[0][k]["step"], "flops": float(np.mean([e[k]["flops"] for e in evals])),
+             "val_pass_rate": float(np.mean([e[k]["val_pass_rate"] for e in evals]))} for k in range(n)]
+    fits = []
+    for cut in (1, *REAL_CUTS):
+        with contextlib.suppress(fit_curve.NotEnoughPoints):
+            fits.append({**fit_curve.fit_rows(mean, x="flops", bootstrap=0, fit_until=cut * mean[-1]["flops"]
+                                              if cut < 1 else None), "run": f"{len(evals)} seeds' mean, fitted on "
+                         + ("all of it" if cut == 1 else f"the first {cut:.0%}")})
+    fit_curve.plot_runs(fits, path)
+    return fits
+
+
+def real_summary(args):
+    """The table (real_table, with the pass rate of each kind of problem at the end), each seed's held-out curve fitted
+    and predicted from its first half and third (real_fits), and the figure, OUT/real-model.png (real_figure);
+    OUT/summary.json."""
     runs = {}
+    with open(os.path.join(args.out, "data", "val.jsonl")) as f:
+        kinds = {r["prompt"]: r.get("kind", "all") for r in map(json.loads, f)}
     for seed in range(args.seeds):
         d = os.path.join(args.out, f"seed{seed}")
         rows = [r for r in read_metrics(d) if r["step"] <= REAL_STEPS]
         files = sorted(os.listdir(os.path.join(d, "completions")))
-        runs[seed] = rows, {int(f[5:11]): completion_shares(os.path.join(d, "completions", f))
+        runs[seed] = rows, {int(f[5:11]): completion_shares(os.path.join(d, "completions", f), kinds)
                             for f in (files[0], files[-1])}
     lines = real_table(runs)
-    print("\n".join(lines))
-    pooled = sorted((r for rows, _ in runs.values() for r in rows if r["step"] > 0), key=lambda r: r["flops"])
-    r0 = float(np.mean([rows[1]["reward_mean"] for rows, _ in runs.values()]))
-    fit = fit_curve.fit_rows(pooled, x="flops", y="reward_mean", r0=r0, bootstrap=args.bootstrap, name="pooled seeds")
-    print(f"\nfit to the training pass rate of the {args.seeds} seeds' steps, pooled (x: model FLOPs): R0 {fit['R0']:.3f}, "
-          f"A {fit['A']:.3f}" + (" [{:.3f}, {:.3f}]".format(*fit["A_ci"]) if fit["A_ci"] else "") + f", B {fit['B']:.2f}, "
-          f"C_mid {fit['C_mid']:.3g}" + (f"; at the grid's edge: {', '.join(fit['at_grid_edge'])}"
-                                         if fit["at_grid_edge"] else ""))
-    fit_curve.plot_runs([{"run": f"training pass rate, {args.seeds} seeds pooled", **fit}],
-                        os.path.join(args.out, "real-model.png"))
+    fit_lines, fits = real_fits(runs, args.bootstrap)
+    print("\n".join(lines) + "\n\nthe held-out pass rate against the model FLOPs, fitted per seed:\n\n"
+          + "\n".join(fit_lines))
+    real_figure(runs, os.path.join(args.out, "real-model.png"))
     with open(os.path.join(args.out, "summary.json"), "w") as f:
-        json.dump({"table": lines, "fit": {k: v for k, v in fit.items() if k != "observed"}}, f, indent=1)
-    return lines, fit
+        json.dump({"table": lines, "fits": {str(k): v for k, v in fits.items()}, "fit_table": fit_lines}, f, indent=1)
+    return lines, fits
 
 
 def main():

@@ -1581,38 +1581,59 @@ def test_learning_check_setting_is_the_one_it_describes(tmp_path):
 # ---------------------------------------------------------------------------------------------- a real model (bench.py --real-model)
 @pytest.mark.quick
 def test_real_model_problems_are_every_sum_once_with_disjoint_held_out_prompts(tmp_path):
-    """bench.py --real-model's task: every "NAME has A THINGS and gets B more, so how many THINGS does NAME have now?"
-    with A, B in 1..5 once, answered by A + B (read back from the sentence here); 200 held out, the rest trained on."""
+    """bench.py --real-model's task: "NAME has A THINGS and gets B more, so how many THINGS does NAME have now?",
+    answered by A + B (read back from the sentence here): every A, B in 1..5 once (easy), every two-digit A in 11..59
+    with B in 2..9 once (hard); REAL_VAL held out, a quarter of them hard; every other easy problem and a third as many
+    hard ones trained on; no prompt in both."""
     import bench
-    rows = bench.arithmetic_problems()
-    assert len(rows) == len({r["prompt"] for r in rows}) == 8 * 8 * 25
-    seen = set()
-    for r in rows:
-        m = re.fullmatch(r"(\w+) has (\d) (\w+) and gets (\d) more, so how many (\w+) does (\w+) have now\?", r["prompt"])
-        assert m and m[1] == m[6] and m[3] == m[5] and r["answer"] == int(m[2]) + int(m[4])
-        seen.add((m[1], m[3], int(m[2]), int(m[4])))
-    assert {a for *_, a, _ in seen} == {b for *_, b in seen} == set(range(1, 6))
-    assert bench.arithmetic_problems(seed=1) != rows and sorted(map(str, bench.arithmetic_problems(seed=1))) == \
-        sorted(map(str, rows))  # another seed: the same problems in another order
-    train, val = bench.real_model_data(str(tmp_path))
     read = lambda p: [json.loads(x) for x in open(p)]  # noqa: E731
-    assert read(val) == rows[:200] and read(train) == rows[200:]
-    assert not {r["prompt"] for r in read(val)} & {r["prompt"] for r in read(train)}
+    sentence = r"(\w+) has (\d+) (\w+) and gets (\d) more, so how many (\w+) does (\w+) have now\?"
+
+    def pairs(rows):
+        seen = set()
+        for r in rows:
+            m = re.fullmatch(sentence, r["prompt"])
+            assert m and m[1] == m[6] and m[3] == m[5] and r["answer"] == int(m[2]) + int(m[4])
+            seen.add((m[1], m[3], int(m[2]), int(m[4])))
+        assert len(seen) == len(rows)
+        return seen
+    easy, hard = pairs(bench.arithmetic_problems()), pairs(bench.carry_problems())
+    assert len(easy) == 8 * 8 * 25 and {a for *_, a, _ in easy} == {b for *_, b in easy} == set(range(1, 6))
+    assert len(hard) == 8 * 8 * 49 * 8 and {a for *_, a, _ in hard} == set(range(11, 60)) and \
+        {b for *_, b in hard} == set(range(2, 10))
+    assert bench.arithmetic_problems(seed=1) != bench.arithmetic_problems() and \
+        sorted(map(str, bench.arithmetic_problems(seed=1))) == sorted(map(str, bench.arithmetic_problems()))
+    train, val = map(read, bench.real_model_data(str(tmp_path)))
+    for rows in (train, val):
+        assert pairs([r for r in rows if r["kind"] == "easy"]) <= easy
+        assert pairs([r for r in rows if r["kind"] == "hard"]) <= hard
+    n = bench.REAL_VAL
+    assert len(val) == n and sum(r["kind"] == "hard" for r in val) == n // 4
+    assert sum(r["kind"] == "easy" for r in train) == 1600 - (n - n // 4)  # every other easy problem
+    assert sum(r["kind"] == "hard" for r in train) == (1600 - (n - n // 4)) // 3
+    assert not {r["prompt"] for r in val} & {r["prompt"] for r in train}
 
 
 @pytest.mark.quick
 def test_real_model_table_splits_format_and_arithmetic_by_hand(tmp_path):
-    """completion_shares: a pass rate is (boxed share) x (right among the boxed); a completion cut off is not boxed;
-    real_table: each seed's first and last evaluation, then mean ± sd over seeds (sd with n - 1)."""
+    """completion_shares: a pass rate is (answered share) x (right among the answered), an answer being what the grader
+    reads (a closed box or an "Answer:" line) in a completion that ended; by kind, the pass rate of each kind's
+    prompts. real_table: each seed's first and last evaluation, then mean ± sd over seeds (sd with n - 1), and the
+    last evaluation's pass rate by kind where the shares hold one."""
     import bench
     lines = [dict(completion="2 + 3 = 5, so \\boxed{5}", finished=True, reward=1.0),
              dict(completion="The answer is \\boxed{18}.", finished=True, reward=0.0),
              dict(completion="He has 7 + 1 = 8 pens now.", finished=True, reward=0.0),
              dict(completion="so \\boxed{5", finished=True, reward=0.0),  # the box not closed: no answer
              dict(completion="\\boxed{4} and on and on", finished=False, reward=0.0)]  # did not end: ungraded
+    lines.append(dict(completion="4 + 4 = 8. Answer: 8", finished=True, reward=1.0))  # an answer line counts too
+    for k, line in enumerate(lines):
+        line["prompt"] = f"p{k % 3}"
     path = tmp_path / "step_000000.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    assert bench.completion_shares(str(path)) == (1 / 5, 2 / 5, 1 / 2)
+    assert bench.completion_shares(str(path)) == (2 / 6, 3 / 6, 2 / 3)
+    kinds = {"p0": "easy", "p1": "hard", "p2": "hard"}  # rewards by prompt: p0 1, 0; p1 0, 0; p2 0, 1
+    assert bench.completion_shares(str(path), kinds) == (2 / 6, 3 / 6, 2 / 3, {"easy": 1 / 2, "hard": 1 / 4})
     rows = lambda g, t: [{"step": 0, "val_pass_rate": 0.1}, {"step": 1, "gen_seconds": g, "train_seconds": t},  # noqa
                          {"step": 2, "gen_seconds": g + 2, "train_seconds": t + 2, "val_pass_rate": 0.3}]
     runs = {0: (rows(10, 20), {0: (0.1, 0.2, 0.5), 2: (0.3, 0.6, 0.5)}),
@@ -1623,6 +1644,12 @@ def test_real_model_table_splits_format_and_arithmetic_by_hand(tmp_path):
     sd = lambda a, b: abs(a - b) / math.sqrt(2)  # noqa: E731  (two values: the sample sd)
     assert table[4] == (f"| mean ± sd | 0.150 ± {sd(.1, .2):.3f} | 0.400 ± {sd(.3, .5):.3f} | 0.300 ± {sd(.2, .4):.3f} | "
                         f"0.550 ± {sd(.6, .5):.3f} | 0.500 ± 0.000 | 0.750 ± {sd(.5, 1):.3f} | 16.0 | 26.0 |")
+    for seed, by in ((0, {"easy": 0.5, "hard": 0.25}), (1, {"easy": 0.7, "hard": 0.05})):
+        runs[seed][1][2] = (*runs[seed][1][2], by)
+    table = bench.real_table(runs)
+    assert table[0].endswith("| easy, last | hard, last | generation s/step | training s/step |")
+    assert table[2] == "| 0 | 0.100 | 0.300 | 0.200 | 0.600 | 0.500 | 0.500 | 0.500 | 0.250 | 11.0 | 21.0 |"
+    assert table[4].endswith(f"| 0.600 ± {sd(.5, .7):.3f} | 0.150 ± {sd(.25, .05):.3f} | 16.0 | 26.0 |")
 
 
 def test_real_model_study_runs_resumes_and_summarises_with_a_tiny_model(tmp_path, monkeypatch, capsys):
@@ -1630,8 +1657,9 @@ def test_real_model_study_runs_resumes_and_summarises_with_a_tiny_model(tmp_path
     engine, sampling near uniform at temperature 100 so that a fair share of completions end, and a reward that scores
     half of those: the text's length is even), its runs made by scalerl's main() in this process:
     each evaluation's completions file holds what the run scored (its mean is the row's held-out pass rate, each
-    reward the reward function's on the text), the table is real_table of those files, the fit pools the seeds, and a
-    rerun skips finished seeds."""
+    reward the reward function's on the text), the table is real_table of those files (with the pass rate of each kind
+    of problem), each seed's held-out curve is fitted from its evaluations, its end predicted from the first half
+    (and, with too few points in the first third, no prediction from it), and a rerun skips finished seeds."""
     import bench as B
     import fit_curve
     model = S.build_tiny_model(str(tmp_path / "models"), 0, False)
@@ -1641,7 +1669,7 @@ def test_real_model_study_runs_resumes_and_summarises_with_a_tiny_model(tmp_path
                                           "--temperature", "100", "--prompts-per-step", "4",
                                           "--generations-per-prompt", "4", "--max-new-tokens", "16", "--eval-every",
                                           "1", "--eval-samples", "2", "--save-completions"])
-    monkeypatch.setattr(B, "REAL_STEPS", 3)
+    monkeypatch.setattr(B, "REAL_STEPS", 10)
     monkeypatch.setattr(B, "REAL_VAL", 16)
     scalerl_runs_in_process(monkeypatch, B)
     out = tmp_path / "real"
@@ -1656,24 +1684,41 @@ def test_real_model_study_runs_resumes_and_summarises_with_a_tiny_model(tmp_path
     for seed in (0, 1):
         d = out / f"seed{seed}"
         rows = read_metrics(str(d))
-        assert [r["step"] for r in rows] == [0, 1, 2, 3] and json.load(open(d / "config.json"))["seed"] == seed
+        assert [r["step"] for r in rows] == list(range(11)) and json.load(open(d / "config.json"))["seed"] == seed
         files = sorted(os.listdir(d / "completions"))
-        assert files == [f"step_{s:06d}.jsonl" for s in (0, 1, 2, 3)]
+        assert files == [f"step_{s:06d}.jsonl" for s in range(11)]
         for f, row in zip(files, rows):
             lines = [json.loads(x) for x in open(d / "completions" / f)]
             assert len(lines) == 16 * 2
             assert sum(x["reward"] for x in lines) / len(lines) == row["val_pass_rate"]
             assert [x["reward"] for x in lines] == [parity(x["completion"], x["answer"]) if x["finished"] else 0.0
                                                     for x in lines]
-        runs[seed] = rows, {s: B.completion_shares(str(d / "completions" / f"step_{s:06d}.jsonl")) for s in (0, 3)}
+        kinds = {r["prompt"]: r["kind"] for r in map(json.loads, open(out / "data" / "val.jsonl"))}
+        runs[seed] = rows, {s: B.completion_shares(str(d / "completions" / f"step_{s:06d}.jsonl"), kinds)
+                            for s in (0, 10)}
     assert any(r["val_pass_rate"] for rows, _ in runs.values() for r in rows)  # (the test would be empty otherwise)
     table = B.real_table(runs)
-    assert "\n".join(table) in text
-    summary = json.load(open(out / "summary.json"))
-    pooled = sorted((r for rows, _ in runs.values() for r in rows[1:]), key=lambda r: r["flops"])  # the steps
-    fit = fit_curve.fit_rows(pooled, x="flops", y="reward_mean", bootstrap=0,
-                             r0=np.mean([rows[1]["reward_mean"] for rows, _ in runs.values()]))
-    assert summary["table"] == table and summary["fit"]["A"] == fit["A"] and summary["fit"]["B"] == fit["B"]
+    assert "\n".join(table) in text and "| easy, last | hard, last |" in table[0]
+    summary, seen = json.load(open(out / "summary.json")), set()
+    assert summary["table"] == table
+    for seed, (rows, _) in runs.items():
+        got, x = summary["fits"][str(seed)], [r["flops"] for r in rows]
+        fit = fit_curve.fit_rows(rows, x="flops", bootstrap=0)  # every row is an evaluation here; R0: step 0's
+        assert (got["A"], got["B"], got["C_mid"]) == (fit["A"], fit["B"], fit["C_mid"])
+        assert got["R0"] == rows[0]["val_pass_rate"]
+        assert got["final"] == rows[-1]["val_pass_rate"] and got["x_end"] == x[-1]
+        for cut in B.REAL_CUTS:  # the evaluations up to the cut, fitted alone: 4 usable points or no prediction
+            part = [r for r in rows if r["flops"] <= cut * x[-1]]
+            predicted = got["predicted"][f"{cut:g}"]
+            if sum(r["flops"] > 0 for r in part) < 4:
+                assert predicted is None
+                seen.add(None)
+                continue
+            h = fit_curve.fit_rows(part, x="flops", bootstrap=0, exclude_below=0.015 * part[-1]["flops"])
+            assert predicted == pytest.approx(fit_curve.curve(x[-1], h["R0"], h["A"], h["B"], h["C_mid"]))
+            seen.add(cut)
+    assert seen == {None, 0.5}  # both branches met (the first third of these runs is too short to fit)
+    assert "too few points" in text and "fitted on the first 50%: error at the end" in text
     assert (out / "real-model.png").read_bytes()[:4] == b"\x89PNG"
     mtime = os.path.getmtime(out / "seed0" / "metrics.jsonl")
     assert bench().count("finished before, skipped") == 2 and os.path.getmtime(out / "seed0" / "metrics.jsonl") == mtime
