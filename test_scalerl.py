@@ -2976,8 +2976,9 @@ def test_bench_refuses_in_one_line_before_writing_and_names_a_failed_seeds_error
     monkeypatch.setattr(B, "REAL_FLAGS", ["--engine", "hf", "--reward", "exact", "--reward-workers", "0",
                                           "--prompts-per-step", "5000"])
     code, _ = bench("--real-model", model, "--out", out, "--seeds", "1")
+    n_train = len(open(out / "data" / "train.jsonl").readlines())  # (what the study wrote before the seed's run)
     assert code.startswith("real-model: seed 0 failed (exit 2): scalerl.py: error: --prompts-per-step 5000 exceeds the "
-                           "1400 training prompts left in") and code.endswith(f"; its output is in {out / 'seed0'}.log")
+                           f"{n_train} training prompts left in") and code.endswith(f"; its output is in {out / 'seed0'}.log")
 
 
 def test_closing_an_engine_asleep_wakes_it_first():
