@@ -1090,7 +1090,8 @@ def arithmetic_problems(hi=5, seed=0):
 
 def carry_problems(seed=0):
     """The same sentences with a two-digit A (11..59) and a one-digit B (2..9): 25,088 problems, the study's hard
-    quarter (SmolLM2-135M answered none of 86 such problems right before training), in an order drawn from seed."""
+    quarter (SmolLM2-135M got none right in the probes before training: docs/real-model.md), in an order drawn
+    from seed."""
     rows = [{"prompt": f"{n} has {a} {t} and gets {b} more, so how many {t} does {n} have now?", "answer": a + b}
             for n in NAMES for t in THINGS for a in range(11, 60) for b in range(2, 10)]
     random.Random(seed).shuffle(rows)
@@ -1237,22 +1238,31 @@ def real_fits(runs, bootstrap):
 
 
 def real_figure(runs, path):
-    """OUT/real-model.png: the seeds' mean held-out pass rate at each evaluation (against their mean FLOPs), the curve
-    fitted to all of it and the curves fitted to its first half and third, drawn forward."""
+    """OUT/real-model.png, a panel per seed: its held-out pass rate against the model FLOPs, the curve fitted to all of
+    it (solid) and the curve fitted to its first half (REAL_CUTS[0], dashed), drawn forward to the end."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     import numpy as np
     import fit_curve
-    evals = [[r for r in rows if "val_pass_rate" in r] for rows, _ in runs.values()]
-    n = min(map(len, evals))
-    mean = [{"step": evals[0][k]["step"], "flops": float(np.mean([e[k]["flops"] for e in evals])),
-             "val_pass_rate": float(np.mean([e[k]["val_pass_rate"] for e in evals]))} for k in range(n)]
-    fits = []
-    for cut in (1, *REAL_CUTS):
-        with contextlib.suppress(fit_curve.NotEnoughPoints):
-            fits.append({**fit_curve.fit_rows(mean, x="flops", bootstrap=0, fit_until=cut * mean[-1]["flops"]
-                                              if cut < 1 else None), "run": f"{len(evals)} seeds' mean, fitted on "
-                         + ("all of it" if cut == 1 else f"the first {cut:.0%}")})
-    fit_curve.plot_runs(fits, path)
-    return fits
+    fig, axes = plt.subplots(1, len(runs), figsize=(4 * len(runs), 3.6), sharey=True, squeeze=False)
+    for ax, (seed, (rows, _)) in zip(axes[0], sorted(runs.items())):
+        ev = [r for r in rows if "val_pass_rate" in r]
+        x, y = np.array([r["flops"] for r in ev]), np.array([r["val_pass_rate"] for r in ev])
+        ax.plot(x, y, "o", ms=4, color="k", label="held-out pass rate")
+        grid, cut = np.linspace(x[1], x[-1], 200), REAL_CUTS[0] * x[-1]
+        for until, style, what in ((None, "-", "fitted on all"), (cut, "--", f"fitted on the first {REAL_CUTS[0]:.0%}")):
+            with contextlib.suppress(fit_curve.NotEnoughPoints):
+                f = fit_curve.fit_rows(ev, x="flops", bootstrap=0, fit_until=until)
+                ax.plot(grid, fit_curve.curve(grid, f["R0"], f["A"], f["B"], f["C_mid"]), style,
+                        label=f"{what}: A {f['A']:.2f}")
+        ax.axvline(cut, color="grey", ls=":", lw=1)
+        ax.set(title=f"seed {seed}", xlabel="model FLOPs", ylim=(0, 1.05))
+        ax.legend(fontsize=7, loc="upper left")
+    axes[0][0].set_ylabel("held-out pass rate")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def real_summary(args):
