@@ -2612,9 +2612,10 @@ def build(cfg, saved, release):
     if note := npr_steps(cfg):
         print(note, flush=True)
     if cfg.off_policy == "pipeline" and cfg.max_lag > 0 and not cfg.generators:  # (docs/off-policy.md)
-        print(f"scalerl: PipelineRL-{cfg.max_lag} in one process: generation pauses while the trainer updates, so only "
-              "groups still decoding across an update are off-policy (a lag of at most 2 updates on the CPU default); "
-              "--generators 1 decodes in a process of its own, beside training", flush=True)
+        print(f"scalerl: PipelineRL-{cfg.max_lag} in one process: generation pauses while the trainer updates; the "
+              f"groups decoding or waiting across an update are off-policy, up to {cfg.max_lag} updates (within 2 on "
+              "the CPU default; more where groups pile up, as during evaluations); --generators 1 decodes in a process "
+              "of its own, beside training", flush=True)
     train, val = load_data(cfg)
     if cfg.data:
         print(f"scalerl: {len(train)} training and {len(val)} held-out prompts read; loading {cfg.model}", flush=True)
