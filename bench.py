@@ -1211,15 +1211,16 @@ def real_fits(runs, bootstrap):
         ev = [r for r in rows if "val_pass_rate" in r]
         f = fit_curve.fit_rows(ev, x="flops", bootstrap=bootstrap, name=f"seed {seed}")
         x_end, final = ev[-1]["flops"], ev[-1]["val_pass_rate"]
-        preds = {}
+        preds, cut_fits = {}, {}
         for cut in REAL_CUTS:
             try:
                 g = fit_curve.fit_rows(ev, x="flops", bootstrap=0, fit_until=cut * x_end, name=f"seed {seed}")
                 preds[cut] = float(fit_curve.curve(np.array([x_end]), g["R0"], g["A"], g["B"], g["C_mid"])[0])
+                cut_fits[f"{cut:g}"] = {k: g[k] for k in ("R0", "A", "B", "C_mid")}
             except fit_curve.NotEnoughPoints:  # fewer than 4 evaluations up to the cut
                 preds[cut] = None
         out[seed] = {k: f[k] for k in ("R0", "A", "B", "C_mid", "A_ci", "B_ci", "C_mid_ci", "at_grid_edge")}
-        out[seed].update(final=final, x_end=x_end, predicted={f"{c:g}": p for c, p in preds.items()})
+        out[seed].update(final=final, x_end=x_end, predicted={f"{c:g}": p for c, p in preds.items()}, cut_fits=cut_fits)
         lines.append(f"| {seed} | {f['R0']:.3f} | {f['A']:.3f}{ci(f, 'A')} | {f['B']:.2f}{ci(f, 'B')} | "
                      f"{f['C_mid']:.3g}{ci(f, 'C_mid')} | {x_end / f['C_mid']:.1f} | {final:.3f} | " + " | ".join(
                          "too few points" if p is None else f"{p:.3f} ({p - final:+.3f})" for p in preds.values())
@@ -1231,15 +1232,15 @@ def real_fits(runs, bootstrap):
                   if o["predicted"][f"{cut:g}"] is not None]
         if errors:
             lines.append(f"\nfitted on the first {cut:.0%}: error at the end {np.mean(errors):+.3f} on average, "
-                         f"largest "
-                         f"{max(errors, key=abs):+.3f} ({len(errors)} seeds); the seeds' spread of the last held-out "
-                         f"pass rate (sd) {spread:.3f}")
+                         f"largest {max(errors, key=abs):+.3f} ({len(errors)} seeds); the seeds' spread of the last "
+                         f"held-out pass rate (sd) {spread:.3f}")
     return lines, out
 
 
-def real_figure(runs, path):
+def real_figure(runs, fits, path):
     """OUT/real-model.png, a panel per seed: its held-out pass rate against the model FLOPs, the curve fitted to all of
-    it (solid) and the curve fitted to its first half (REAL_CUTS[0], dashed), drawn forward to the end."""
+    it (solid) and the curve fitted to its first half (REAL_CUTS[0], dashed), drawn forward to the end. fits:
+    real_fits's numbers, so that the figure draws the table's fits."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -1251,9 +1252,9 @@ def real_figure(runs, path):
         x, y = np.array([r["flops"] for r in ev]), np.array([r["val_pass_rate"] for r in ev])
         ax.plot(x, y, "o", ms=4, color="k", label="held-out pass rate")
         grid, cut = np.linspace(x[1], x[-1], 200), REAL_CUTS[0] * x[-1]
-        for until, style, what in ((None, "-", "fitted on all"), (cut, "--", f"fitted on the first {REAL_CUTS[0]:.0%}")):
-            with contextlib.suppress(fit_curve.NotEnoughPoints):
-                f = fit_curve.fit_rows(ev, x="flops", bootstrap=0, fit_until=until)
+        half = fits[seed]["cut_fits"].get(f"{REAL_CUTS[0]:g}")  # (None: too few points before the cut)
+        for f, style, what in ((fits[seed], "-", "fitted on all"), (half, "--", f"fitted on {REAL_CUTS[0]:.0%}")):
+            if f:
                 ax.plot(grid, fit_curve.curve(grid, f["R0"], f["A"], f["B"], f["C_mid"]), style,
                         label=f"{what}: A {f['A']:.2f}")
         ax.axvline(cut, color="grey", ls=":", lw=1)
@@ -1282,7 +1283,7 @@ def real_summary(args):
     fit_lines, fits = real_fits(runs, args.bootstrap)
     print("\n".join(lines) + "\n\nthe held-out pass rate against the model FLOPs, fitted per seed:\n\n"
           + "\n".join(fit_lines))
-    real_figure(runs, os.path.join(args.out, "real-model.png"))
+    real_figure(runs, fits, os.path.join(args.out, "real-model.png"))
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump({"table": lines, "fits": {str(k): v for k, v in fits.items()}, "fit_table": fit_lines}, f, indent=1)
     return lines, fits

@@ -1711,11 +1711,12 @@ def test_real_model_study_runs_resumes_and_summarises_with_a_tiny_model(tmp_path
             part = [r for r in rows if r["flops"] <= cut * x[-1]]
             predicted = got["predicted"][f"{cut:g}"]
             if sum(r["flops"] > 0 for r in part) < 4:
-                assert predicted is None
+                assert predicted is None and f"{cut:g}" not in got["cut_fits"]
                 seen.add(None)
                 continue
             h = fit_curve.fit_rows(part, x="flops", bootstrap=0, exclude_below=0.015 * part[-1]["flops"])
             assert predicted == pytest.approx(fit_curve.curve(x[-1], h["R0"], h["A"], h["B"], h["C_mid"]))
+            assert got["cut_fits"][f"{cut:g}"] == pytest.approx({k: h[k] for k in ("R0", "A", "B", "C_mid")})  # (drawn)
             seen.add(cut)
     assert seen == {None, 0.5}  # both branches met (the first third of these runs is too short to fit)
     assert "too few points" in text and "fitted on the first 50%: error at the end" in text
