@@ -1079,11 +1079,13 @@ REAL_STEPS, REAL_VAL = 32, 40
 REAL_CUTS = (1 / 2, 1 / 3)  # fits on the first half and the first third of each run's compute, predicting its end
 
 
-def arithmetic_problems(hi=5, seed=0):
+def arithmetic_problems(hi=5, seed=0, a_values=None, b_values=None):
     """Every one-sentence word problem "NAME has A THINGS and gets B more, so how many THINGS does NAME have now?"
-    with A and B in 1..hi, as {prompt, answer: A + B} rows, in an order drawn from seed (8 names x 8 things x hi^2)."""
+    with A and B in 1..hi (or in a_values, b_values), as {prompt, answer: A + B} rows, in an order drawn from seed
+    (8 names x 8 things x hi^2)."""
+    a_values, b_values = a_values or range(1, hi + 1), b_values or range(1, hi + 1)
     rows = [{"prompt": f"{n} has {a} {t} and gets {b} more, so how many {t} does {n} have now?", "answer": a + b}
-            for n in NAMES for t in THINGS for a in range(1, hi + 1) for b in range(1, hi + 1)]
+            for n in NAMES for t in THINGS for a in a_values for b in b_values]
     random.Random(seed).shuffle(rows)
     return rows
 
@@ -1092,10 +1094,7 @@ def carry_problems(seed=0):
     """The same sentences with a two-digit A (11..59) and a one-digit B (2..9): 25,088 problems, the study's hard
     quarter (SmolLM2-135M got none right in the probes before training: docs/real-model.md), in an order drawn
     from seed."""
-    rows = [{"prompt": f"{n} has {a} {t} and gets {b} more, so how many {t} does {n} have now?", "answer": a + b}
-            for n in NAMES for t in THINGS for a in range(11, 60) for b in range(2, 10)]
-    random.Random(seed).shuffle(rows)
-    return rows
+    return arithmetic_problems(seed=seed, a_values=range(11, 60), b_values=range(2, 10))
 
 
 def real_model_data(out):
