@@ -185,16 +185,15 @@ def rl_step(state, cfg):
     state.engine.sleep()  # the trainer trains now (vLLM sleep mode when idle; generators apart decode meanwhile)
     prompts, comps, idx = [g.prompt for g in groups], [g.completions for g in groups], [g.prompt_index for g in groups]
     correct, rewards, errors = score(state.tok, comps, [state.train[i] for i in idx], state.grader, cfg)  # 2. [2]
-    samples, stats = build_batch(prompts, comps, correct, rewards, cfg)        # 3. [Sec. 3.2] the batch
+    samples, stats = build_batch(prompts, comps, correct, rewards, state.version, cfg)  # 3. [Sec. 3.2] the batch
     update_curriculum(state.curriculum, idx, correct.mean(axis=1).tolist(), cfg)  # 4. [Sec. 3.2] NPR
     update = train_step(state.policy, state.opt, state.sched, samples, cfg, state.tok.pad_token_id, state.autocast,
                         state.frozen) if all_sum(len(samples)) else {}        # 5. [Sec. 3.2] CISPO, FP32 head
-    trained = state.version  # the version these samples were trained against
     if update and not update["skipped"]:
         state.version += 1
     push_seconds = push_weights(state, cfg)                                    # 6. [Sec. 3.1] in flight
     return dict(groups=groups, rewards=rewards, errors=errors, samples=samples, stats=stats, update=update, stale=stale,
-                trained_version=trained, push_seconds=push_seconds, rollout=rollout_metrics(comps, correct, rewards))
+                push_seconds=push_seconds, rollout=rollout_metrics(comps, correct, rewards))
 
 # --------------------------------------------------------------------------------------------------
 # 1. Rollouts with forced length interruptions [Sec. 2, 4]: a group is one prompt's G completions, streamed
@@ -248,8 +247,9 @@ class Rollouts:
         self.phrase = {s: tok(s + cfg.interruption_phrase, add_special_tokens=False).input_ids for s in ("", " ")}
         self.think_end = tok(cfg.think_end, add_special_tokens=False).input_ids
         self.open, self.done = {}, []  # key -> Group being generated; complete groups, in completion order
-        # for the metrics: tokens decoded, engine steps, their time and its training groups' share (see evaluate)
-        self.decoded = self.steps = self.seconds = self.train_seconds = self.ahead = 0
+        # for the metrics: tokens decoded, engine steps, their time and its training groups' share (see evaluate), and
+        # the sequences the engine preempted
+        self.decoded = self.steps = self.seconds = self.train_seconds = self.ahead = self.preempted = 0
 
     def add(self, key, prompt, n, seed, prompt_index=None):
         """Start a group: n completions of prompt (token ids); `seed` draws the thinking budgets and request seeds."""
@@ -265,9 +265,11 @@ class Rollouts:
 
     def poll(self):
         t0, left = time.time(), [(g.left, g.key[0] == "train") for g in self.open.values()]  # sequences in flight
+        before = self.engine.preemptions
         pieces, decoded, steps = self.engine.step()
         dt = time.time() - t0
         self.decoded, self.steps, self.seconds = self.decoded + decoded, self.steps + steps, self.seconds + dt
+        self.preempted += self.engine.preemptions - before
         self.train_seconds += dt * sum(n for n, train in left if train) / max(sum(n for n, _ in left), 1)  # evaluate
         for (key, j), p in pieces:
             g = self.open[key]
@@ -391,17 +393,18 @@ class Sample:
     tokens: list                # completion token ids
     gen_logprobs: list = None   # the generator's log pi_gen of each token
     mask: list = None           # 1 = sampled (trained on), 0 = injected (context only)
-    versions: list = None       # weight version that sampled each token
+    lags: list = None           # each token's lag: updates between the weights that sampled it and those it updates
     advantage: float = 0.0      # the completion's normalised advantage
     weight: float = 0.0         # its tokens' aggregation weight (completion_weights)
     values: dict = field(default_factory=dict)  # completion_values: policy_loss gets each, repeated over its tokens
 
 
-def build_batch(prompt_ids, groups, correct, rewards, cfg):
+def build_batch(prompt_ids, groups, correct, rewards, version, cfg):
     """From one step's rollouts to the training batch: truncated completions out (--mask-truncated), zero-variance
     filter, advantages, aggregation weights, and each completion's values for the loss (Sample.values; a fork's
-    per-completion value goes there). correct, rewards: score's arrays. Returns (samples, stats): a list of Sample and
-    the filters' counts. Tokens with mask 0 (injected, not sampled) and excluded completions count in no normaliser."""
+    per-completion value goes there). correct, rewards: score's arrays; version: the weights the batch updates (each
+    token's lag is counted from it). Returns (samples, stats): a list of Sample and the filters' counts. Tokens with
+    mask 0 (injected, not sampled) and excluded completions count in no normaliser."""
     # valid[i, j]: completion j of prompt i is in the batch (it ended, or --no-mask-truncated keeps every one)
     valid = np.array([[c.finished or not cfg.mask_truncated for c in g] for g in groups]).reshape(rewards.shape)
     varied = zero_variance_keep(rewards, valid)  # prompts whose valid completions' rewards differ
@@ -416,8 +419,8 @@ def build_batch(prompt_ids, groups, correct, rewards, cfg):
     for a, (i, js) in enumerate(zip(trained, completions)):
         for j, w in zip(js, weights[a]):
             c = groups[i][j]
-            samples.append(Sample(prompt_ids[i], c.tokens, c.logprobs, c.mask, c.versions, float(adv[a, j]), w,
-                                  completion_values(c, correct[i, j], rewards[i, j])))
+            samples.append(Sample(prompt_ids[i], c.tokens, c.logprobs, c.mask, [version - v for v in c.versions],
+                                  float(adv[a, j]), w, completion_values(c, correct[i, j], rewards[i, j])))
     return samples, stats
 
 def completion_values(c, correct, reward):
@@ -629,7 +632,7 @@ def compute_gradients(model, batches, cfg, pad_id, autocast_dtype=None, frozen=N
         loss, mb_metrics = policy_loss(logp, x["logp_gen"], x["A"], x["weight"], x["seq"], cfg, **x["values"], **terms)
         (loss * world()).backward()  # FSDP2 averages the ranks' gradients: each rank's loss is its share of the sum
         loss_sum, n_tok = loss_sum + loss.detach().double(), n_tok + len(logp)
-        for k, (total, count) in {**mb_metrics, **mismatch_sums(logp, x["logp_gen"], cfg.eps_max)}.items():
+        for k, (total, count) in {**mb_metrics, **mismatch_sums(logp, x["logp_gen"], x["fresh"], cfg.eps_max)}.items():
             metrics[k] = (metrics.get(k, (0.0, 0))[0] + total.double(), metrics.get(k, (0.0, 0))[1] + count)
     return loss_sum, n_tok, metrics
 
@@ -706,7 +709,7 @@ def push_weights(state, cfg):
     PPO-off-policy-k, where it waits until the round's K batches are trained: none still decoding or waiting, on any
     rank (the push is collective under torchrun). Returns the seconds it took."""
     t0, waiting = time.time(), cfg.off_policy == "ppo" and all_max(bool(state.rollouts.open or state.rollouts.done))
-    if state.engine.version != state.version and not waiting:
+    if all_max(state.engine.version != state.version) and not waiting:  # behind on some rank (asleep: no version)
         state.engine.push(state.model, state.version)
     return time.time() - t0
 
@@ -719,9 +722,9 @@ def evaluate(state, cfg, step):
     and the grading errors (under torchrun rank r evaluates prompts r, r + W, ...: the mean is over all). Training
     groups in flight decode on, apart: their share of the engine's time is training compute (`ahead`, next row)."""
     rollouts, before = state.rollouts, state.rollouts.train_seconds
-    if state.engine.version != state.version:  # PPO-off-policy-k mid-round: the engine holds the round's weights;
-        while rollouts.open:                   # the round's groups finish with them, then the engine gets the newest
-            rollouts.poll()
+    if all_max(state.engine.version != state.version):  # PPO-off-policy-k mid-round (or asleep), on some rank: the
+        while rollouts.open:  # round's groups finish with the round's weights, then every rank's engine gets the newest
+            rollouts.poll()   # (the push is collective under torchrun)
         state.engine.push(state.model, state.version)
     ids = list(range(state.curriculum.rank, len(state.val_ids), state.curriculum.world))
     groups = rollout(rollouts, [state.val_ids[i] for i in ids], cfg.eval_samples, step_seed(cfg.seed, RNG_EVAL, step),
@@ -764,6 +767,12 @@ def run(cfg):
 # PART II -- PLUMBING. Nothing below this line changes the recipe: the command line and its checks, the data
 # readers, rewards and the grading pool, the models and engines, setup, logging and checkpoints.
 # ==================================================================================================
+
+
+# what a resumed run takes from the flags typed now: its length, checkpoints, display, outputs and guard, its place
+MAY_CHANGE = ("steps", "save_every", "keep_last", "verbose", "save_completions", "wandb", "wandb_name",
+              "max_fresh_mismatch", "resume", "out")
+CHANGEABLE = ", ".join("--" + k.replace("_", "-") for k in MAY_CHANGE[:-2])  # (the flags a user types to change)
 
 
 @dataclass
@@ -836,10 +845,13 @@ class Config(Recipe):
                            at_least=0)
     keep_last: int = flag(2, "keep the newest K checkpoints", above=0)
     resume: str = flag("", "continue a run from a checkpoint directory, or 'auto': the newest in --out. Every setting "
-                         "comes from the checkpoint but those typed now of --steps (to extend a run), --save-every, "
-                         "--keep-last and the outputs' --verbose, --save-completions, --wandb, --wandb-name; another "
-                         "flag typed with a value other than the run's is refused")
+                         f"comes from the checkpoint but those typed now of {CHANGEABLE} (--steps: to extend a run); "
+                         "another flag typed with a value other than the run's is refused")
     max_skipped_updates: int = flag(3, "stop after this many non-finite updates (loss or gradient) in a row", above=0)
+    max_fresh_mismatch: float = flag(0.1, "warn when mismatch_fresh_abs_logprob (trainer against generator, on the "
+                                          "completions the weights being trained sampled) is over this; stop, with a "
+                                          "checkpoint, after 3 such steps in a row: the generator computes something "
+                                          "else than the trainer (0: no check)", at_least=0)
     live_fit: bool = flag(True, "at each evaluation, fit the scaling curve to the run so far (fit_curve.py) and log "
                                 "the predicted asymptote: fit_A, fit_B, fit_C_mid, fit_A_ci")
     wandb: str = flag("", "also log every metrics row to this Weights & Biases project (needs `pip install wandb`; "
@@ -1508,7 +1520,7 @@ class Grader:
 # The engines share one contract: submit(key, token_ids, max_tokens, seed) queues a request; step() advances
 # generation and returns the requests that finished, as (key, Completion), with the number of tokens decoded and of
 # engine steps taken; push(model, version) loads new weights; `version` is the version it holds; `capacity` the number
-# of sequences it decodes at once.
+# of sequences it decodes at once; `preemptions` how many it has preempted (recomputed) for want of KV cache, so far.
 # --------------------------------------------------------------------------------------------------
 
 
@@ -1665,7 +1677,7 @@ class HFEngine:
 
     def __init__(self, model, tok, cfg, autocast_dtype):
         self.model, self.tok, self.cfg, self.autocast = model, tok, cfg, autocast_dtype
-        self.queue, self.version, self.capacity = [], 0, math.inf
+        self.queue, self.version, self.capacity, self.preemptions = [], 0, math.inf, 0
 
     def submit(self, key, ids, max_tokens, seed):
         self.queue.append((key, list(ids), max_tokens, seed))
@@ -1787,6 +1799,26 @@ def engine_fp32_head(model, weight=None):
     return True
 
 
+def kv_capacity(blocks, groups, length):
+    """How many sequences of `length` tokens a KV cache of `blocks` blocks holds. groups: (block size, sliding window or
+    None) of each KV cache group; on CUDA vLLM's hybrid manager gives a model with sliding-window layers several, all
+    drawing on one pool (Gemma 2: 2), on CPU there is one. A sequence needs ceil(L / block) blocks in a full-attention
+    group and about ceil(min(L, w - 1 + block) / block) + 1 in a sliding-window group of window w; one block is vLLM's
+    null block."""
+    need = sum(math.ceil(length / b) if w is None else math.ceil(min(length, w - 1 + b) / b) + 1 for b, w in groups)
+    return (blocks - 1) // max(need, 1)
+
+
+def repack_tied_head(model):
+    """Inside the vLLM engine (apply_model), after a push without the FP32 head: vLLM's CPU backend packs the LM head's
+    weight for oneDNN when the model loads (cpu_linear), and a tied head, which shares the embedding's weight, gets no
+    weights of its own in a push (the embedding does), so its pack would stay the initial weights': it is made again.
+    (Elsewhere, and for an untied head, there is nothing to do.)"""
+    head, embed = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
+    if hasattr(head, "cpu_linear") and embed is not None and head.weight is embed.weight:
+        head.quant_method.process_weights_after_loading(head)
+
+
 class VLLMEngine:
     """Engine 'vllm': one vllm.LLM in this process, from the trainer's weights, driven through its step-level API, so
     that requests are added and weights pushed between any two engine steps while others decode. Its log-probs are
@@ -1816,9 +1848,18 @@ class VLLMEngine:
             lambda r: not r.getMessage().startswith("RotaryEmbedding: Failed to load weights"))
         self.core, self.cfg, self.asleep, self.serial, self.live = self.llm.llm_engine, cfg, False, 0, {}
         self.queue = []  # submitted, not yet sent to the engine
-        cache = self.core.vllm_config.cache_config
-        self.blocks, self.block = cache.num_gpu_blocks, cache.block_size  # the KV cache, in blocks of `block` tokens
+        scheduler = self.core.engine_core.engine_core.scheduler  # (the in-process engine core's)
+        kv = scheduler.kv_cache_config  # the KV cache's blocks, and each group's block size and sliding window
+        self.blocks, self.kv_groups = kv.num_blocks, [(g.kv_cache_spec.block_size, getattr(
+            g.kv_cache_spec, "sliding_window", None) if type(g.kv_cache_spec).__name__ == "SlidingWindowSpec" else None)
+            for g in kv.kv_cache_groups]
         self.max_seqs = self.core.vllm_config.scheduler_config.max_num_seqs
+        self.preemptions, preempt = 0, scheduler._preempt_request  # sequences vLLM preempted (recomputed) for room
+
+        def counted(*args, **kw):
+            self.preemptions += 1
+            return preempt(*args, **kw)
+        scheduler._preempt_request = counted
         self.mean_len, self.seen = max_model_len / 2, 0  # sequences' mean length, a guess until some have ended
         self.version = 0
         self.core.set_weight_version("0")
@@ -1827,11 +1868,12 @@ class VLLMEngine:
     @property
     def capacity(self):
         """Sequences to decode at once: as many as the KV cache holds at the running mean of the finished sequences'
-        lengths (prompt + completion, in whole blocks; until some have ended, at half the context), at least one group
-        (G), at most --vllm-max-num-seqs. vLLM allocates a sequence's blocks as it decodes and preempts (recomputes)
-        one when they run out, which covers a mean that turns out short; the worst case, every sequence at the whole
-        context (vLLM's kv_cache_max_concurrency), would admit one group at a time at the paper's lengths."""
-        fit = self.blocks // max(1, math.ceil(self.mean_len / self.block)) if self.blocks else self.max_seqs
+        lengths (prompt + completion; until some have ended, half the context; kv_capacity), at least one group (G), at
+        most --vllm-max-num-seqs. vLLM allocates a sequence's blocks as it decodes and preempts (recomputes) one when
+        they run out, which covers a mean that turns out short (`preemptions` counts them); the worst case, every
+        sequence at the whole context (vLLM's kv_cache_max_concurrency), would admit one group at a time at the
+        paper's lengths."""
+        fit = kv_capacity(self.blocks, self.kv_groups, self.mean_len) if self.blocks else self.max_seqs
         return max(self.cfg.generations_per_prompt, min(self.max_seqs, fit))
 
     def head_dtypes(self):
@@ -1911,10 +1953,14 @@ class VLLMEngine:
         if head is not None:
             w = head()
             self.llm.apply_model(lambda m: engine_fp32_head(m, w))
+        else:
+            self.llm.apply_model(repack_tied_head)
         self.version = version
         self.core.set_weight_version(str(version))
-        if self.cfg.refresh_kv and self.live:
+        if self.cfg.refresh_kv and self.live:  # (it preempts every running sequence: not for want of room, not counted)
+            before = self.preemptions
             self.core.reset_prefix_cache(reset_running_requests=True)
+            self.preemptions = before
 
     def abort(self):
         """Drop every request in flight."""
@@ -1979,6 +2025,12 @@ def write_weights(path, model, dtype, version, fp32_head):
         dist.barrier()  # no rank sends a request for this version before its weights are in place
 
 
+# What a generator sends after an engine step that finished pieces: (key, Completion fields) of each, the tokens decoded
+# and engine steps since its last report, the requests it has taken so far and the sequences it has left, its capacity
+# and its preemptions so far. A plain tuple on the queue, read back as a Report.
+Report = collections.namedtuple("Report", "kind generator pieces decoded steps taken left capacity preemptions")
+
+
 def generator_main(i, place, cfg, path, device, dtype, max_model_len, weights, requests, results, cores, parent):
     """Generator i: a VLLMEngine that decodes whenever it has requests, loads the newest weights file between two of
     its engine steps (and before a request that asks for newer weights), and sends the finished pieces back with the
@@ -2025,8 +2077,8 @@ def generator_main(i, place, cfg, path, device, dtype, max_model_len, weights, r
                 done, n, k = engine.step()
                 steps, decoded = steps + k, decoded + n
                 if done:  # with how many requests it has taken so far, and what it has left
-                    results.put(("out", i, [(key, dataclasses.astuple(c)) for key, c in done], decoded, steps, taken,
-                                 engine.unfinished(), engine.capacity))
+                    results.put(tuple(Report("out", i, [(key, dataclasses.astuple(c)) for key, c in done], decoded,
+                                             steps, taken, engine.unfinished(), engine.capacity, engine.preemptions)))
                     steps, decoded = 0, 0
     except Exception:  # noqa: BLE001  (whatever it is, the trainer reports it and stops)
         results.put(("error", i, traceback.format_exc()))
@@ -2061,9 +2113,11 @@ class SplitEngine:
         gen_cfg = dataclasses.replace(cfg, vllm_sleep=False, vllm_gpu_memory_utilization=0.9)
         self.results, self.procs, self.requests, self.queue = ctx.Queue(), {}, {}, {}
         self.left, self.sent, self.taken = {}, {}, {}  # per generator, for load(): as it last said; since then
+        self.preempted = {}  # per generator, its preemptions so far, as it last said
         try:
             for i in range(rank(), cfg.generators, world()):
                 self.requests[i], self.queue[i], self.left[i], self.sent[i], self.taken[i] = ctx.Queue(), [], 0, 0, 0
+                self.preempted[i] = 0
                 self.procs[i] = ctx.Process(target=generator_main, daemon=True, args=(
                     i, world() + i, gen_cfg, path, device.type, dtype, max_model_len, self.weights, self.requests[i],
                     self.results, chunk(local + i), os.getpid()))
@@ -2093,12 +2147,15 @@ class SplitEngine:
                 if not p.is_alive():
                     raise ScaleRLError(f"generator {i} (pid {p.pid}) died, exit code {p.exitcode}", 1, True)
             with contextlib.suppress(queue.Empty):
-                msg = self.results.get(timeout=1.0)
-                if msg[0] == "error":
-                    raise ScaleRLError(f"generator {msg[1]} failed: {msg[2].strip().splitlines()[-1]}", 1, True)
-                return msg
+                return self.checked(self.results.get(timeout=1.0))
             if time.time() > deadline:
                 raise ScaleRLError(f"no word from the generators in {patience:g} s (--generator-timeout)", 1, True)
+
+    @staticmethod
+    def checked(msg):
+        if msg[0] == "error":
+            raise ScaleRLError(f"generator {msg[1]} failed: {msg[2].strip().splitlines()[-1]}", 1, True)
+        return msg
 
     def submit(self, key, ids, max_tokens, seed):
         # a group's completions go to one generator (one request there), the same in every run (not hash(): salted)
@@ -2128,12 +2185,19 @@ class SplitEngine:
         msgs = [self.receive()]
         with contextlib.suppress(queue.Empty):
             while True:
-                msgs.append(self.results.get_nowait())
-        done = [(key, Completion(*c)) for m in msgs for key, c in m[2] if self.live.pop(key, None) is not None]
-        for _, i, _, _, _, self.taken[i], self.left[i], self.caps[i] in msgs:
+                msgs.append(self.checked(self.results.get_nowait()))
+        reports = [Report(*m) for m in msgs]
+        done = [(key, Completion(*c)) for r in reports for key, c in r.pieces if self.live.pop(key, None) is not None]
+        for r in reports:
+            i = r.generator
+            self.taken[i], self.left[i], self.caps[i], self.preempted[i] = r.taken, r.left, r.capacity, r.preemptions
             if not self.load(i):  # nothing to do until the next submit: idle from now
                 self.idle_since.setdefault(i, time.time())
-        return done, sum(m[3] for m in msgs), sum(m[4] for m in msgs)
+        return done, sum(r.decoded for r in reports), sum(r.steps for r in reports)
+
+    @property
+    def preemptions(self):
+        return sum(self.preempted.values())
 
     @property
     def capacity(self):
@@ -2224,8 +2288,8 @@ def batch_tensors(samples, pad_id, device):
     completions right-padded; row and pos, each completion token's sequence and the position that predicts it, with
     targets, its id; keep, which of those the loss trains: the sampled ones (mask 1; an injected phrase is context,
     with no loss and no count). Per trained token: seq (its completion's number in the micro-batch), logp_gen, A,
-    weight, and each of its completion's Sample.values. Built on the host from lists: nothing is read back from the
-    device."""
+    weight, fresh (1 where its completion's every sampled token has lag 0) and each of its completion's Sample.values.
+    Built on the host from lists: nothing is read back from the device."""
     seqs = [s.prompt + s.tokens for s in samples]
     width = max(map(len, seqs))
     tokens = [(k, t, m) for k, s in enumerate(samples) for t, m in enumerate(s.mask or [1] * len(s.tokens))]
@@ -2241,6 +2305,8 @@ def batch_tensors(samples, pad_id, device):
             "seq": tensor((k for k, _ in trained), torch.long),
             "logp_gen": tensor(s.gen_logprobs[t] if s.gen_logprobs else 0.0 for s, (_, t) in zip(of, trained)),
             "A": tensor(s.advantage for s in of), "weight": tensor(s.weight for s in of),
+            "fresh": tensor(s.lags is not None and not any(
+                lag for lag, m in zip(s.lags, s.mask or [1] * len(s.lags)) if m) for s in of),
             "values": {name: tensor(float(s.values[name]) for s in of) for name in samples[0].values}}
 
 
@@ -2264,13 +2330,16 @@ def micro_batches(samples, budget):
     return out + [batch] if batch else out
 
 
-def mismatch_sums(logp, logp_gen, eps_max):
+def mismatch_sums(logp, logp_gen, fresh, eps_max):
     """Train/inference mismatch on the generator's tokens, before the update: sums of |log pi_train - log pi_gen|, of
     the k3 estimate of KL(pi_gen || pi_train) (r - 1 - log r, r = pi_train / pi_gen), and of r > eps_max (what CISPO
-    truncates). ~0 with the same weights on both sides; bf16 logits or a stale engine make them grow [Sec. 3.2]."""
+    truncates). ~0 with the same weights on both sides; bf16 logits or a stale engine make them grow [Sec. 3.2].
+    mismatch_fresh_abs_logprob: the first over the `fresh` tokens alone (1: its completion was sampled, every token, by
+    the weights being trained), where no lag can explain a difference: the Recorder's guard (--max-fresh-mismatch)."""
     d, n = (logp.detach() - logp_gen).double(), len(logp)
     return {"mismatch_abs_logprob": (d.abs().sum(), n), "mismatch_kl_k3": ((torch.exp(d) - 1 - d).sum(), n),
-            "mismatch_trunc_frac": ((d > math.log(eps_max)).sum(), n)}
+            "mismatch_trunc_frac": ((d > math.log(eps_max)).sum(), n),
+            "mismatch_fresh_abs_logprob": ((d.abs() * fresh).sum(), fresh.sum())}
 
 
 GiB = 2**30
@@ -2552,6 +2621,7 @@ def replica(model, device):
     with torch.device("meta"):
         copy_ = AutoModelForCausalLM.from_config(model.config, dtype=next(model.parameters()).dtype)
     copy_.to_empty(device=device)
+    copy_.tie_weights()  # (to_empty gave a tied head storage of its own, which no push fills: the tie made again)
     for name, b in copy_.named_buffers():
         b.copy_(model.get_buffer(name))
     return copy_
@@ -2705,7 +2775,7 @@ def metrics_row(state, cfg, step, r, seconds):
     summed over the ranks (loss and gradient norm already are), device_hours counts every device, times are rank 0's."""
     groups, samples, update, rollouts = r["groups"], r["samples"], r["update"], state.rollouts
     comps = [c for g in groups for c in g.completions]
-    lags = [r["trained_version"] - v for x in samples for v, m in zip(x.versions, x.mask) if m]  # trained tokens'
+    lags = [lag for x in samples for lag, m in zip(x.lags, x.mask) if m]  # the trained tokens'
     n_params = sum(p.numel() for p in state.model.parameters())  # a sharded parameter counts whole
     stats = r["stats"]
     # what the engines decode at once (the split's generators' own, not the twice that the trainer keeps queued)
@@ -2718,7 +2788,8 @@ def metrics_row(state, cfg, step, r, seconds):
         "flat": round(stats["zero_variance_frac"] * len(groups)), "active": stats["active_prompts"],
         "excluded": stats["truncated_excluded"], "lag_sum": sum(lags), "lags": len(lags), "stale": r["stale"],
         "in_flight": len(rollouts.open), "decoded": rollouts.decoded, "engine_steps": rollouts.steps,
-        "ahead": rollouts.ahead, "capacity": capacity if math.isfinite(capacity) else 0}
+        "ahead": rollouts.ahead, "capacity": capacity if math.isfinite(capacity) else 0,
+        "preempted": rollouts.preempted}
     n = dict(zip(local, all_sum(*local.values())))
     t = state.totals
     # every device, trainers' and generators', for the step and for the training generation during the last evaluation
@@ -2744,7 +2815,8 @@ def metrics_row(state, cfg, step, r, seconds):
            "lag_mean": n["lag_sum"] / n["lags"] if n["lags"] else 0.0, "lag_max": int(all_max(max(lags, default=0))),
            "stale_dropped": int(n["stale"]), "inflight_groups": int(n["in_flight"]),
            "engine_batch_mean": n["decoded"] / max(n["engine_steps"], 1),
-           **({"engine_capacity": int(n["capacity"])} if n["capacity"] else {}), "step_seconds": seconds,
+           **({"engine_capacity": int(n["capacity"])} if n["capacity"] else {}), "preemptions": int(n["preempted"]),
+           "step_seconds": seconds,
            "gen_seconds": rollouts.seconds, "train_seconds": 0.0, "sync_seconds": r["push_seconds"],
            # every other metric of the update under its own name (a fork's new ones too), but the two that the
            # cumulative counters above count and the memory peak, the largest over the ranks (below)
@@ -2753,7 +2825,7 @@ def metrics_row(state, cfg, step, r, seconds):
         idle, period = state.engine.take_idle()
         row["trainer_idle_frac"], row["generator_idle_frac"] = rollouts.seconds / seconds, max(0.0, all_sum(idle) / (
             cfg.generators * period))
-    rollouts.decoded = rollouts.steps = rollouts.seconds = rollouts.ahead = 0
+    rollouts.decoded = rollouts.steps = rollouts.seconds = rollouts.ahead = rollouts.preempted = 0
     if "gpu_peak_gb" in update:  # the largest over the ranks
         row["gpu_peak_gb"] = all_max(update["gpu_peak_gb"])
     if (rss := trim_memory()) is not None:  # the largest over the ranks
@@ -2772,6 +2844,7 @@ class Recorder:
         self.cfg, self.state, self.rows, self.first, self.out = cfg, state, rows, first, cfg.out
         self.done, self.saved = first - 1, first - 1 if cfg.resume else -1  # (a new run: step 0 not saved yet)
         self.stop, self.in_a_row, self.handlers, self.unlogged, self.warned = [], 0, {}, None, set()
+        self.fresh_over = 0  # steps in a row over --max-fresh-mismatch
         self.release, self.writer, self.restored = release, rank() == 0, len(rows)
         n_params = sum(p.numel() for p in state.model.parameters())
         const, const_rate = best_constant_pass_rate([a for _, a, _ in state.val])
@@ -2843,6 +2916,10 @@ class Recorder:
         if cause and cause not in self.warned:  # once for each cause
             self.warned.add(cause)
             print(f"warning: the last {STALL_STEPS} steps trained on under half of their prompts: {why}", flush=True)
+        fell = collapse_reason(self.rows, self.cfg) if self.writer and "val_pass_rate" in row else None
+        if fell and "collapse" not in self.warned:  # once a run
+            self.warned.add("collapse")
+            print(f"warning: {fell}", file=sys.stderr, flush=True)
         if not step:
             return
         self.done = step
@@ -2851,8 +2928,29 @@ class Recorder:
         if self.in_a_row >= self.cfg.max_skipped_updates:
             die(f"{self.in_a_row} updates in a row skipped for a non-finite loss or gradient norm (loss {row['loss']}, "
                 f"gradient norm {row['grad_norm']}); stopping. Last checkpoint: {last_checkpoint(self.out)}", 1)
+        self.check_fresh_mismatch(row)
         if self.cfg.save_every and step % self.cfg.save_every == 0:
             self.save()
+
+    def check_fresh_mismatch(self, row):
+        """--max-fresh-mismatch: a warning for a step over it, and after FRESH_STEPS of them in a row a stop, with the
+        step's checkpoint. It bounds the mismatch of completions that the weights being trained sampled themselves,
+        where no lag can explain one (mismatch_sums); a step without such a completion counts neither way. Every rank
+        decides alike (the row's sums are over the ranks), so that the checkpoint is written by all."""
+        fresh, bound = row.get("mismatch_fresh_abs_logprob"), self.cfg.max_fresh_mismatch
+        if fresh is None or not bound:
+            return
+        self.fresh_over = self.fresh_over + 1 if fresh > bound else 0
+        why = (f"the trainer's and the generator's log-probs of completions that the weights being trained sampled "
+               f"differ by {fresh:.3g} (mean |log pi_train - log pi_gen|), over --max-fresh-mismatch {bound:g}: a push "
+               "that missed a weight, the LM head's precision (--lm-head-fp32, --dtype) or a model whose forward "
+               "differs from the engine's")
+        if self.fresh_over and self.fresh_over < FRESH_STEPS and self.writer:
+            print(f"warning: step {row['step']}: {why}; the run stops if it lasts {FRESH_STEPS} steps", file=sys.stderr,
+                  flush=True)
+        elif self.fresh_over >= FRESH_STEPS:
+            raise ScaleRLError(f"step {row['step']}: {why}, {FRESH_STEPS} steps in a row: stopped, checkpoint "
+                               f"{self.save()}; to go on anyway: {resume_command(self.out)} --max-fresh-mismatch 0", 1)
 
     def save(self):
         self.saved = self.done
@@ -2899,6 +2997,8 @@ def progress_line(row, steps):
             f"{row['sync_seconds']:.2f})")
 
 
+FRESH_STEPS = 3  # steps in a row over --max-fresh-mismatch that stop a run (Recorder.check_fresh_mismatch)
+COLLAPSE_FALL = 1 / 3  # of the rise to the best evaluation: a fall larger than that (and than 0.1) is a collapse
 STALL_STEPS = 10  # steps on under half of the prompts, the reward not rising, before stall_reason names a cause
 
 
@@ -2924,6 +3024,31 @@ def stall_reason(rows, cfg, n=STALL_STEPS):
                         "--model, easier prompts, more --generations-per-prompt, or check --reward on a few "
                         "completions")
     return None
+
+
+def collapse_reason(rows, cfg):
+    """The warning for a held-out pass rate that fell far below its best, or None: the mean of the last two evaluations
+    is below the best one before them by more than COLLAPSE_FALL of the rise from step 0 to that best, and by more than
+    0.1 (an evaluation of 80 completions moves by about 0.05 from noise alone). It gives what the rows since the best
+    show, each with the flag that bounds it: the lag, the trainer-generator mismatch, the share cut at the length
+    limit, the prompts trained on and the learning rate (docs/outputs.md)."""
+    ev = [r for r in rows if "val_pass_rate" in r]
+    if len(ev) < 4:
+        return None
+    best, last = max(ev[:-2], key=lambda r: r["val_pass_rate"]), ev[-2:]
+    now, top = sum(r["val_pass_rate"] for r in last) / 2, best["val_pass_rate"]
+    if top - now <= max(COLLAPSE_FALL * (top - ev[0]["val_pass_rate"]), 0.1):
+        return None
+    since = [r for r in rows if r["step"] > best["step"]]
+    mean = lambda k: float(np.mean([r[k] for r in since if k in r] or [np.nan]))  # noqa: E731
+    return (f"the held-out pass rate fell from {top:.3f} (step {best['step']}) to {now:.3f} (steps {last[0]['step']} "
+            f"and {last[1]['step']}). Since step {best['step']}: lag {mean('lag_mean'):.1f} updates on average, at "
+            f"most {max(r['lag_max'] for r in since)} (--max-lag {cfg.max_lag}); mismatch |log pi_train - log pi_gen| "
+            f"{mean('mismatch_abs_logprob'):.3f}, {mean('mismatch_fresh_abs_logprob'):.2g} on fresh completions; "
+            f"{mean('truncated_frac'):.0%} of the completions cut at --max-new-tokens {cfg.max_new_tokens}"
+            f"{' and left out of the batch (--mask-truncated)' * bool(cfg.mask_truncated)}; "
+            f"{mean('active_prompts'):.1f} of {cfg.prompts_per_step} prompts trained on a step (--prompts-per-step); "
+            f"learning rate {since[-1]['lr']:.2g} (--lr)")
 
 
 def quiet_libraries(verbose):
@@ -3191,8 +3316,6 @@ def checkpoint_group(model, cfg):
     return CHECKPOINT_GROUP[0]
 
 
-MAY_CHANGE = ("steps", "save_every", "keep_last", "verbose", "save_completions", "wandb", "wandb_name", "resume", "out")
-# what a resumed run takes from the flags typed now: its length, its checkpoints, its display and outputs, its place
 RANK_STATE = {"curriculum", "serial", "pending", "torch_rng", "cuda_rng"}  # each rank's entry in trainer_state.pt
 
 
@@ -3233,9 +3356,9 @@ def resumed_config(cfg, ckpt):
     was = {k: saved[k] if k in saved else f"{default[k]}, the default: the checkpoint predates the flag"
            for k in changed}
     if changed:
-        die(f"--resume {ckpt}: a resumed run keeps the settings of its checkpoint (all but --steps, --save-every, "
-            "--keep-last and the outputs' --verbose, --save-completions, --wandb, --wandb-name); typed now with other "
-            "values: " + ", ".join(f"--{k.replace('_', '-')} {getattr(cfg, k)} (the run's: {was[k]})" for k in changed))
+        die(f"--resume {ckpt}: a resumed run keeps the settings of its checkpoint (all but {CHANGEABLE}); typed now "
+            "with other values: " + ", ".join(f"--{k.replace('_', '-')} {getattr(cfg, k)} (the run's: {was[k]})"
+                                             for k in changed))
     step, steps = state["step"], saved.get("steps") if cfg.steps is None else cfg.steps
     if steps < step:
         die(f"--steps {steps}: the checkpoint is of step {step}; a resumed run goes on from there")
