@@ -757,8 +757,17 @@ def run_finished(d, steps):
 
 def check_command(cmd):
     """scalerl.py's own checks of a run's command line (they write nothing), before the study writes anything: a bad
-    flag or a model that is not there is one line now, not a failed run later."""
-    scalerl.parse_args(cmd[2:])
+    flag or a model that is not there is one line now, not a failed run later. cmd[1] is the script that will run it:
+    a fork's copy checks its own flags."""
+    module = scalerl
+    if os.path.realpath(cmd[1]) != os.path.realpath(SCALERL):
+        spec = importlib.util.spec_from_file_location("scalerl_checked", cmd[1])
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    try:
+        module.parse_args(cmd[2:])
+    except module.ScaleRLError as e:  # (a fork's own class: main() prints scalerl's)
+        raise scalerl.ScaleRLError(str(e), e.status) from None
 
 
 def need_runs(dirs, *parts):
@@ -1142,25 +1151,32 @@ def real_model_data(out):
     return os.path.join(d, "train.jsonl"), os.path.join(d, "val.jsonl")
 
 
-def real_command(model, out, seed, script=SCALERL):
-    """The scalerl.py command line of seed `seed`'s run, OUT/seedS: the recipe's defaults, REAL_FLAGS's sizes."""
+def real_command(model, out, seed, script=SCALERL, arm=()):
+    """The scalerl.py command line of seed `seed`'s run, OUT/seedS: the recipe's defaults, REAL_FLAGS's sizes, then the
+    arm's flags (`bench.py --real-model DIR --out OUT -- FLAGS`: one change to the study, in a directory of its own)."""
     train, val = (os.path.join(out, "data", f"{n}.jsonl") for n in ("train", "val"))
     return [sys.executable, script, "--model", model, "--data", train, "--val-data", val, *REAL_FLAGS,
-            "--steps", str(REAL_STEPS), "--seed", str(seed), "--out", os.path.join(out, f"seed{seed}")]
+            "--steps", str(REAL_STEPS), "--seed", str(seed), "--out", os.path.join(out, f"seed{seed}"), *arm]
 
 
-def bench_real(args):
-    """Write the problems, run seeds 0..S-1 one after the other (a finished run is skipped, an interrupted one
-    resumed from its last checkpoint), then summarise them (real_summary)."""
-    check_command(real_command(args.real_model, args.out, 0))
+def real_seeds(args):
+    """The study's seeds: --seed-list, else 0 .. --seeds - 1."""
+    return args.seed_list or list(range(args.seeds))
+
+
+def bench_real(args, arm=()):
+    """Write the problems, run the seeds one after the other (a finished run is skipped, an interrupted one resumed
+    from its last checkpoint), then summarise them (real_summary). arm: scalerl.py flags added to every seed's command
+    (run by --script, a fork's copy where the arm is a fork)."""
+    check_command(real_command(args.real_model, args.out, 0, args.script, arm))
     real_model_data(args.out)
-    t_start, ran = time.time(), 0
-    for seed in range(args.seeds):
+    t_start, ran, seeds = time.time(), 0, real_seeds(args)
+    for k, seed in enumerate(seeds):
         d = os.path.join(args.out, f"seed{seed}")
         if run_finished(d, REAL_STEPS):
             print(f"real-model: seed {seed}: finished before, skipped", flush=True)
             continue
-        cmd = real_command(args.real_model, args.out, seed)
+        cmd = real_command(args.real_model, args.out, seed, args.script, arm)
         if scalerl.list_checkpoints(d):  # interrupted: go on from its last checkpoint (its flags are saved there)
             cmd = [*cmd[:2], "--resume", "auto", "--out", d, "--steps", str(REAL_STEPS)]
         else:
@@ -1171,7 +1187,7 @@ def bench_real(args):
         if p.returncode != 0:
             failed(f"real-model: seed {seed}", p.returncode, d + ".log")
         ran += 1
-        left = (time.time() - t_start) / ran * (args.seeds - seed - 1)
+        left = (time.time() - t_start) / ran * (len(seeds) - k - 1)
         print(f"real-model: seed {seed}: {(time.time() - t0) / 60:.0f} min, held-out pass rate "
               f"{read_metrics(d)[-1].get('val_pass_rate', float('nan')):.3f}; about {left / 60:.0f} min left", flush=True)
     return real_summary(args)
@@ -1298,7 +1314,7 @@ def real_summary(args):
     runs = {}
     with open(os.path.join(args.out, "data", "val.jsonl")) as f:
         kinds = {r["prompt"]: r.get("kind", "all") for r in map(json.loads, f)}
-    for seed in range(args.seeds):
+    for seed in real_seeds(args):
         d = os.path.join(args.out, f"seed{seed}")
         rows = [r for r in read_metrics(d) if r["step"] <= REAL_STEPS]
         files = sorted(os.listdir(os.path.join(d, "completions")))
@@ -1310,7 +1326,8 @@ def real_summary(args):
           + "\n".join(fit_lines))
     real_figure(runs, fits, os.path.join(args.out, "real-model.png"))
     with open(os.path.join(args.out, "summary.json"), "w") as f:
-        json.dump({"table": lines, "fits": {str(k): v for k, v in fits.items()}, "fit_table": fit_lines}, f, indent=1)
+        json.dump({"arm": getattr(args, "arm", []), "script": getattr(args, "script", SCALERL), "table": lines,
+                   "fits": {str(k): v for k, v in fits.items()}, "fit_table": fit_lines}, f, indent=1)
     return lines, fits
 
 
@@ -1339,13 +1356,15 @@ def run_bench(argv):
     p.add_argument("--out", help="--loo, --learn, --real-model: the study's directory, a rerun resumes it (default: runs/loo, "
                    "runs/learn, runs/real-model)")
     p.add_argument("--seeds", type=int, help="--loo, --learn, --real-model: seeds per variant or arm (default: 3, 8, 3)")
+    p.add_argument("--seed-list", type=int, nargs="+", metavar="S", help="--real-model: run these seeds (default: 0 .. "
+                   "--seeds - 1); scalerl.py flags after -- make an arm of the study, in its own --out")
     p.add_argument("--learn", action="store_true", help="the standing learning check: short runs on paired seeds "
                    "compared with the reference results in docs/learn-reference.json")
     p.add_argument("--arms", nargs="+", default=list(LEARN_ARMS), choices=list(LEARN_ARMS), help="--learn: which")
     p.add_argument("--jobs", type=int, default=max(1, min(8, os.cpu_count() or 1)),
                    help="--learn: runs at a time (one thread each)")
-    p.add_argument("--script", default=SCALERL, help="--learn, --long-tail: the scalerl.py to run (default: this "
-                   "checkout's)")
+    p.add_argument("--script", default=SCALERL, help="--learn, --long-tail, --real-model: the scalerl.py to run "
+                   "(default: this checkout's; a fork's copy for an arm that is a fork)")
     p.add_argument("--save-reference", action="store_true", help="--learn: store these results as the reference")
     p.add_argument("--steps", type=int, default=200, help="--loo: steps per run")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS)[:-1], choices=list(VARIANTS),
@@ -1387,10 +1406,11 @@ def run_bench(argv):
     if args.learn:
         sys.exit(not bench_learn(args))
     if args.real_model and args.summary_only:
-        need_runs([os.path.join(args.out, f"seed{seed}") for seed in range(args.seeds)], "completions")
+        need_runs([os.path.join(args.out, f"seed{seed}") for seed in real_seeds(args)], "completions")
         return real_summary(args)
     if args.real_model:
-        return bench_real(args)
+        args.arm = rest
+        return bench_real(args, rest)
     if args.loo and args.summary_only:
         need_runs([d for _, _, d in loo_run_dirs(args.out, args.variants, args.seeds)])
         return loo_summary(args)

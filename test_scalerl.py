@@ -4144,6 +4144,8 @@ def example_edits(name):
     edits = [("    lm_head_fp32: bool = flag(", p["1"], 1)] if field else []
     if "3" in p:
         edits.append(("    return (weight * token_loss).sum(), metrics", p["3"], 0))
+    if name in ("opsm", "icepop"):  # a loss term with no other piece: piece 2 before the return of policy_loss
+        return edits + [("    return (weight * token_loss).sum(), metrics", p["2"], 0)], []
     second = p["2"] if field else p["1"]
     fn = {"kl": S.frozen_models, "entropy": S.token_terms, "rollout-metric": S.rollout_metrics,
           "curriculum-rule": S.removal_rule}[name]
