@@ -61,7 +61,9 @@ import csv
 import ctypes
 import dataclasses
 import datetime
+import errno
 import gc
+import hashlib
 import importlib.util
 import inspect
 import itertools
@@ -76,6 +78,7 @@ import queue
 import re
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import time
@@ -902,7 +905,21 @@ def parse_args(argv=None):
     typed = vars(p.parse_args(argv))
     cfg = Config(**typed)
     cfg.typed = set(typed)
-    return validate(fill_defaults(cfg))
+    config_in_force(cfg)  # (the checks; a resumed run's flags against its checkpoint's settings)
+    return cfg
+
+
+def config_in_force(cfg):
+    """The settings a run uses, checked, and the checkpoint's state it resumes (None for a new run): the flags with
+    their derived defaults (fill_defaults), or for a resumed run the checkpoint's settings with the flags typed now,
+    which must agree with them (resumed_config): its typed flags are checked against the run's values, not against
+    the defaults."""
+    cfg = fill_defaults(cfg)
+    if not cfg.resume:
+        return validate(cfg), None
+    check_resume(cfg)
+    merged, saved = resumed_config(cfg, cfg.resume)
+    return validate(merged), saved
 
 
 def fill_defaults(cfg):
@@ -947,8 +964,19 @@ def fill_defaults(cfg):
     return cfg
 
 
-def validate(cfg):
-    """Refuse impossible settings before any model is loaded (one line, status 2). Returns cfg."""
+def check_resume(cfg):
+    """What --resume names, before it is read: every number typed within its bounds, and a checkpoint in a run (or
+    --out, the run it branches into)."""
+    check_numbers(cfg)
+    if not os.path.isfile(os.path.join(cfg.resume, "trainer_state.pt")):
+        die(f"--resume {cfg.resume}: not a checkpoint directory (no trainer_state.pt)")
+    if "out" not in cfg.typed and os.path.basename(os.path.dirname(cfg.resume)) != "checkpoints":
+        die(f"--resume {cfg.resume}: not in a run's checkpoints directory (RUN/checkpoints/step_N), so there is no run "
+            "to continue: pass --out DIR, a new directory for the run")
+
+
+def check_numbers(cfg):
+    """Each number finite (nan and inf pass every comparison the wrong way), then within the bounds its flag() gives."""
     flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
     for f in dataclasses.fields(cfg):  # each number finite (nan and inf pass every comparison the wrong way), then
         value, meta = getattr(cfg, f.name), f.metadata  # within its bounds
@@ -958,6 +986,12 @@ def validate(cfg):
                                    ("below", "<", operator.ge)):
             if meta.get(key) is not None and value is not None and outside(value, meta[key]):
                 die(f"{flag(f.name)} must be {sign} {meta[key]} (got {value})")
+
+
+def validate(cfg):
+    """Refuse impossible settings before any model is loaded (one line, status 2). Returns cfg."""
+    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
+    check_numbers(cfg)
     if cfg.length_control == "interrupt" and cfg.answer_budget >= cfg.max_new_tokens:
         die(f"--answer-budget {cfg.answer_budget} leaves no thinking budget within --max-new-tokens "
             f"{cfg.max_new_tokens}: it must be smaller")
@@ -992,6 +1026,11 @@ def validate(cfg):
         die("--reward math needs math-verify: pip install math-verify (it is in requirements.txt)")
     if cfg.wandb and importlib.util.find_spec("wandb") is None:
         die("--wandb needs the wandb package: pip install wandb")
+    if cfg.wandb and os.environ.get("WANDB_MODE", "online") not in ("offline", "disabled", "dryrun"):
+        import wandb  # (logged in: an API key in WANDB_API_KEY, a settings file or ~/.netrc; nothing is asked)
+        if not wandb.login(prompt=False, verify=False):
+            die(f"--wandb {cfg.wandb}: not logged in to Weights & Biases: run `wandb login` (or set WANDB_API_KEY), or "
+                "log offline with WANDB_MODE=offline")
     if cfg.wandb_name and not cfg.wandb:
         die("--wandb-name needs --wandb")
     if cfg.engine == "vllm" and not launched() and re.fullmatch(r"cuda:0*[1-9]\d*", cfg.device):
@@ -1032,14 +1071,12 @@ def validate(cfg):
     if cfg.refresh_kv and not streaming:
         die("--refresh-kv applies to sequences in flight at an update: it needs --engine vllm, --off-policy pipeline "
             "and --max-lag > 0")
-    if cfg.resume and not os.path.isfile(os.path.join(cfg.resume, "trainer_state.pt")):
-        die(f"--resume {cfg.resume}: not a checkpoint directory (no trainer_state.pt)")
-    if cfg.resume and "out" not in cfg.typed and os.path.basename(os.path.dirname(cfg.resume)) != "checkpoints":
-        die(f"--resume {cfg.resume}: not in a run's checkpoints directory (RUN/checkpoints/step_N), so there is no run "
-            "to continue: pass --out DIR, a new directory for the run")
     if cfg.out:  # the run directory: a directory this process can write, or one it can make
         there = os.path.abspath(cfg.out)
         while not os.path.exists(there):
+            if os.path.lexists(there):  # a symbolic link that leads nowhere: a missing target or a loop
+                die(f"--out {cfg.out}: {there} is a symbolic link to {os.readlink(there)}, which does not resolve (a "
+                    "missing target or a loop): point it at a directory, or choose another --out")
             there = os.path.dirname(there)
         if not os.path.isdir(there):
             die(f"--out {cfg.out}: {there} {'exists and ' * (there == cfg.out)}is not a directory")
@@ -1224,8 +1261,8 @@ def json_or_error(line):
 def gold_answer(answer):
     """A reference answer as a string: a number is written out, a worked solution (MATH's `solution`) is cut to
     its last \\boxed{}, and a GSM8K answer to the part after '####'."""
-    if not isinstance(answer, str):
-        return str(int(answer)) if float(answer).is_integer() else repr(answer)
+    if not isinstance(answer, str):  # (an int as it is: float() of a 400-digit one overflows)
+        return str(answer) if isinstance(answer, int) else str(int(answer)) if answer.is_integer() else repr(answer)
     return (last_boxed(answer) if "\\boxed" in answer else answer.rpartition("####")[2]).strip()
 
 
@@ -1247,6 +1284,8 @@ def row_problem(row, pk, ak):
         return f"no '{ak}' field (choose another with --answer-key)"
     if isinstance(a, bool) or not isinstance(a, (str, int, float)):
         return f"'{ak}' is {type(a).__name__}, not a string or a number"
+    if isinstance(a, str) and "\\boxed" in a and last_boxed(a) is None:
+        return f"'{ak}' has a \\boxed{{ that is not closed ({a[-40:]!r})"
     if isinstance(a, float) and not math.isfinite(a) or not gold_answer(a):
         return f"empty or non-finite answer '{ak}' ({a!r})"
     return None
@@ -1541,9 +1580,14 @@ def make_char_tokenizer():
 def save_atomically(model, tok, path):
     """Write model and tokenizer to a temporary directory, then rename it into place: a crash or a concurrent
     writer never leaves half a model at `path`."""
+    from safetensors import SafetensorError
     tmp = f"{path}.tmp{os.getpid()}"
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+    except (OSError, RuntimeError, SafetensorError) as e:  # (a full disk, safetensors' way)
+        shutil.rmtree(tmp, ignore_errors=True)
+        die(f"cannot write {path} ({' '.join(str(e).split())[:160]})", 1)
     try:
         os.replace(tmp, path)
     except OSError:  # another process won the race; its copy is the same
@@ -1576,11 +1620,17 @@ def load_tokenizer(cfg, path=None):
         hf_logging.disable_progress_bar()
         cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "scalerl")
         path = build_tiny_model(cache, cfg.seed, cfg.tie_word_embeddings)
+    try:  # (any error reading a user's files is a file that cannot be loaded, named as such)
+        config = AutoConfig.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001  (a wrong type in config.json is a TypeError, bad JSON a ValueError, ...)
+        cannot_load(cfg, path, e, "config.json")
+    if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
+        cannot_load(cfg, path, f"no tokenizer: none of {', '.join(TOKENIZER_FILES)} is there", "its tokenizer")
     try:
-        config = AutoConfig.from_pretrained(path)  # (first: a config.json it cannot read is named as such)
         tok = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        cannot_load(cfg, path, e)
+    except Exception as e:  # noqa: BLE001
+        cannot_load(cfg, path, e, "its tokenizer: " + ", ".join(f for f in TOKENIZER_FILES
+                                                               if os.path.isfile(os.path.join(path, f))))
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok, config, path
@@ -1598,14 +1648,22 @@ def load_model(cfg, device, path=None, empty=False):
                 model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, cfg.param_dtype))
         else:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.param_dtype))
-    except (OSError, ValueError, SafetensorError) as e:
-        cannot_load(cfg, path, e)
+    except (OSError, ValueError, TypeError, RuntimeError, SafetensorError) as e:
+        cannot_load(cfg, path, e, "its weights")
     return model if empty else model.to(device), tok, path
 
 
-def cannot_load(cfg, path, e):
-    die(f"cannot load {'the checkpoint --resume' if path == cfg.resume else '--model'} {path}: "
-        f"{' '.join(str(e).split())}")  # (the whole message, on one line)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def cannot_load(cfg, path, e, part):
+    """One line for a model directory that cannot be loaded: whose it is (the checkpoint, --model, or the embedded
+    model's cached copy, which the user never named: deleting it makes the next run build it again), the part, why."""
+    why = " ".join(str(e).split())  # (the whole message, on one line)
+    if path not in (cfg.resume, cfg.model):
+        die(f"cannot load the embedded model's cached copy {path} ({part}: {why}): delete that directory, and the next "
+            "run builds it again")
+    die(f"cannot load {'the checkpoint --resume' if path == cfg.resume else '--model'} {path} ({part}): {why}")
 
 
 def fp32_head_hook(module, inputs, output):
@@ -2654,6 +2712,7 @@ class State:
     requeue: collections.deque = field(default_factory=collections.deque)  # in flight at a resumed checkpoint
     policy: object = None     # the Policy module that trains `model` (FSDP2-sharded under torchrun)
     frozen: dict = field(default_factory=dict)  # frozen_models(): the models the loss needs besides the policy
+    digests: dict = field(default_factory=dict)  # sha256 of the --data and --val-data files: a resume checks a move
 
 
 def setup(cfg):
@@ -2661,16 +2720,17 @@ def setup(cfg):
     the run before a model is loaded), the grading pool, the model, the optimiser, the engine (from exactly the
     trainer's weights), a resumed run's state. Returns (State, the config in force, its Recorder). From claim() on the
     run directory is this run's: a failure before its Recorder holds it releases it (release(undo=True))."""
-    validate(fill_defaults(cfg))
+    cfg, saved = config_in_force(cfg)
     if rank():  # under torchrun only rank 0 prints (errors still show)
         sys.stdout = open(os.devnull, "w")
-    cfg, saved = resumed_config(cfg, cfg.resume) if cfg.resume else (cfg, None)
     quiet_libraries(cfg.verbose)
     release = claim(cfg, saved["step"] if saved else None)
     try:
         return build(cfg, saved, release)
-    except BaseException:
-        release(undo=True)
+    except BaseException as e:
+        undone = release(undo=True)
+        if isinstance(e, KeyboardInterrupt):  # (a Ctrl-C before the first step: nothing of the run was written)
+            print(f"\ninterrupted while starting: {undone or cfg.out + ' is as it was'}", file=sys.stderr, flush=True)
         raise
 
 
@@ -2698,14 +2758,25 @@ def build(cfg, saved, release):
         torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(cfg.seed)
     tok, config, path = load_tokenizer(cfg, cfg.resume or None)  # (the embedded model built before a process group)
+    if cfg.max_new_tokens >= getattr(config, "max_position_embeddings", math.inf):
+        die(f"--max-new-tokens {cfg.max_new_tokens} leaves no room for a prompt: the model has "
+            f"{config.max_position_embeddings} positions, prompt and completion together")
     chars = prompt_chars(tok, config, cfg)
     train_ids, val_ids = ([encode_prompt(tok, p, cfg, chars) for p, _, _ in items] for items in (train, val))
     longest = max(map(len, train_ids + val_ids)) + cfg.max_new_tokens
     if cfg.length_control == "interrupt":
         phrase_len = len(tok(" " + cfg.interruption_phrase, add_special_tokens=False).input_ids)  # (Rollouts)
         longest = max(longest, longest - cfg.max_new_tokens + cfg.think_budget[1] + phrase_len + cfg.answer_budget)
-    if longest > getattr(config, "max_position_embeddings", longest):
-        die(f"prompts + completions need {longest} positions; the model has {config.max_position_embeddings}")
+    positions = getattr(config, "max_position_embeddings", longest)
+    if longest > positions:  # (named: the longest prompt, and what would fit)
+        ids = train_ids + val_ids
+        k = max(range(len(ids)), key=lambda i: len(ids[i]))
+        excess, need = longest - positions, longest - len(ids[k])
+        die(f"prompts + completions need {longest} positions and the model has {positions}: the longest prompt, "
+            f"{len(ids[k])} tokens ({str((train + val)[k][0])[:40]!r}), and {need} of completion (--max-new-tokens "
+            f"{cfg.max_new_tokens}{', and the interruption phrase' * (cfg.length_control == 'interrupt')}): " +
+            (f"lower --max-new-tokens to {cfg.max_new_tokens - excess}" if cfg.max_new_tokens > excess else
+             "that prompt alone is too long for the model: leave it out"))
     if 0 < cfg.vllm_max_model_len < longest and cfg.engine == "vllm":
         die(f"--vllm-max-model-len {cfg.vllm_max_model_len} is shorter than the longest prompt + completion "
             f"({longest})")
@@ -2740,7 +2811,8 @@ def build(cfg, saved, release):
     state = State(model, tok, opt, sched, autocast, engine, Rollouts(cfg, engine, tok), grader, train, train_ids,
                   val, val_ids, Curriculum(len(train), cfg.seed, rank(), world()),
                   {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0, "skipped_updates": 0},
-                  serial=rank(), policy=policy, frozen=frozen)
+                  serial=rank(), policy=policy, frozen=frozen,
+                  digests={k: file_digest(getattr(cfg, k)) for k in ("data", "val_data") if getattr(cfg, k)})
     rows = restore(saved, state) if saved else []
     engine.push(model, state.version)  # the engine starts from exactly the trainer's weights
     ceiling = hidden_task_ceiling([p for p, _, _ in val]) if not cfg.data and cfg.task == "hidden" else None
@@ -2849,19 +2921,18 @@ class Recorder:
         n_params = sum(p.numel() for p in state.model.parameters())
         const, const_rate = best_constant_pass_rate([a for _, a, _ in state.val])
         on = f"{device} x {world()} ranks" if launched() else device
-        path = os.path.join(self.out, "metrics.jsonl")
-        if self.writer:  # the rows up to a resumed checkpoint (or none), then the config in force, each whole at once
-            write_atomically(path, "".join(json.dumps(r) + "\n" for r in rows))
-            write_atomically(os.path.join(self.out, "config.json"), json.dumps(
-                {**dataclasses.asdict(cfg), "n_params": n_params, "device": str(on), "world_size": world(),
-                 "best_constant_answer": const, "best_constant_pass_rate": const_rate,
-                 "best_possible_pass_rate": ceiling}, indent=2))
+        self.tracker = start_wandb(cfg, self.out) if cfg.wandb and self.writer else None
+        # the rows up to a resumed checkpoint (or none) and the config in force, written with the first row of this
+        # run's own (log): a start that fails before it leaves a resumed run's records as they were
+        self.records = {"metrics.jsonl": "".join(json.dumps(r) + "\n" for r in rows), "config.json": json.dumps(
+            {**dataclasses.asdict(cfg), "n_params": n_params, "device": str(on), "world_size": world(),
+             "best_constant_answer": const, "best_constant_pass_rate": const_rate, "best_possible_pass_rate": ceiling,
+             "data_sha256": state.digests}, indent=2)} if self.writer else {}
+        self.metrics = None  # (metrics.jsonl, open for appending once the records are written)
         print(f"scalerl: {n_params / 1e6:.2f}M parameters on {on} | {len(state.train)} train / {len(state.val_ids)} val"
               f" prompts | best constant answer '{const}' scores {const_rate:.3f}"
               + (f" | best possible pass rate {ceiling:.3f}" if ceiling else "") + f" | writing {self.out}"
               + (f" | resuming after step {first - 1}" if cfg.resume else ""), flush=True)
-        self.metrics = open(path if self.writer else os.devnull, "a")  # then each row in one write
-        self.tracker = start_wandb(cfg, self.out) if cfg.wandb and self.writer else None
 
     def __enter__(self):
 
@@ -2902,6 +2973,10 @@ class Recorder:
         self.unlogged, errors = None, all_gather(errors)[0]
         row["reward_errors"] = len(errors)
         self.rows.append(row)
+        if self.metrics is None:  # the first row of this run's own: the records first, each whole at once
+            for name, text in self.records.items():
+                write_atomically(os.path.join(self.out, name), text)
+            self.metrics = open(os.path.join(self.out, "metrics.jsonl") if self.writer else os.devnull, "a")
         self.metrics.write(json.dumps(row) + "\n")
         self.metrics.flush()
         if self.tracker:
@@ -2972,7 +3047,8 @@ class Recorder:
         finally:
             for sig, handler in self.handlers.items():
                 signal.signal(sig, handler)
-            self.metrics.close()
+            if self.metrics:
+                self.metrics.close()
             self.state.grader.close()
             self.state.engine.abort()
             self.state.engine.close()  # after the last collective; no generator left, nor (CUDA) an allocator held
@@ -3029,15 +3105,16 @@ def stall_reason(rows, cfg, n=STALL_STEPS):
 def collapse_reason(rows, cfg):
     """The warning for a held-out pass rate that fell far below its best, or None: the mean of the last two evaluations
     is below the best one before them by more than COLLAPSE_FALL of the rise from step 0 to that best, and by more than
-    0.1 (an evaluation of 80 completions moves by about 0.05 from noise alone). It gives what the rows since the best
-    show, each with the flag that bounds it: the lag, the trainer-generator mismatch, the share cut at the length
+    0.1 (an evaluation of 80 completions moves by about 0.05 from noise alone); the rise itself over 0.1. It gives what
+    the rows since the best show, each with the flag that bounds it: the lag, the trainer-generator mismatch, the share cut at the length
     limit, the prompts trained on and the learning rate (docs/outputs.md)."""
     ev = [r for r in rows if "val_pass_rate" in r]
     if len(ev) < 4:
         return None
     best, last = max(ev[:-2], key=lambda r: r["val_pass_rate"]), ev[-2:]
     now, top = sum(r["val_pass_rate"] for r in last) / 2, best["val_pass_rate"]
-    if top - now <= max(COLLAPSE_FALL * (top - ev[0]["val_pass_rate"]), 0.1):
+    rise = top - ev[0]["val_pass_rate"]
+    if rise <= 0.1 or top - now <= max(COLLAPSE_FALL * rise, 0.1):  # (a fall from where it started is not one)
         return None
     since = [r for r in rows if r["step"] > best["step"]]
     mean = lambda k: float(np.mean([r[k] for r in since if k in r] or [np.nan]))  # noqa: E731
@@ -3116,10 +3193,14 @@ def save_completions(cfg, step, tok, data, groups, correct):
 
 def start_wandb(cfg, out):
     """Weights & Biases, when asked for: the config, then every metrics row as it is logged (metrics.jsonl stays
-    the record, and what fit_curve.py reads). Files go under the run directory."""
+    the record, and what fit_curve.py reads). Files go under the run directory. (validate checked the login.)"""
     import wandb
-    return wandb.init(project=cfg.wandb, name=cfg.wandb_name or os.path.basename(os.path.abspath(out)),
-                      config=dataclasses.asdict(cfg), dir=out)
+    try:
+        return wandb.init(project=cfg.wandb, name=cfg.wandb_name or os.path.basename(os.path.abspath(out)),
+                          config=dataclasses.asdict(cfg), dir=out)
+    except Exception as e:  # noqa: BLE001  (wandb raises its own types: no network, a bad project name, ...)
+        die(f"--wandb {cfg.wandb}: Weights & Biases did not start ({type(e).__name__}: "
+            f"{' '.join(str(e).split())[:200]}); WANDB_MODE=offline logs without network", 1)
 
 # --------------------------------------------------------------------------------------------------
 # Checkpoints: written atomically, resumed exactly (the synchronous loop) or with the groups in flight
@@ -3127,11 +3208,13 @@ def start_wandb(cfg, out):
 # --------------------------------------------------------------------------------------------------
 
 
-def list_checkpoints(out):
-    """Complete checkpoints in out/checkpoints, oldest first (a half-written one is still *.tmp*)."""
+def list_checkpoints(out, complete=True):
+    """Complete checkpoints in out/checkpoints, oldest first (a half-written one is still *.tmp*); complete=False: the
+    incomplete ones, step_N directories without trainer_state.pt (optimiser state deleted to save space, say)."""
     root = os.path.join(out, "checkpoints")
     names = sorted(n for n in os.listdir(root) if re.fullmatch(r"step_\d+", n)) if os.path.isdir(root) else []
-    return [os.path.join(root, n) for n in names if os.path.isfile(os.path.join(root, n, "trainer_state.pt"))]
+    return [os.path.join(root, n) for n in names
+            if os.path.isfile(os.path.join(root, n, "trainer_state.pt")) == complete]
 
 
 def run_of(ckpt):
@@ -3164,6 +3247,9 @@ def check_out(cfg, step=None):
                 "choose another directory")
         there = os.path.dirname(there)
     held = sorted(set(os.listdir(out)) - {LOCK}) if os.path.isdir(out) else []
+    if incomplete := list_checkpoints(out, complete=False):
+        die(f"{incomplete[0]} is an incomplete checkpoint (no trainer_state.pt): a run in {out} would write over it; "
+            "move it out of the checkpoints directory (or delete it), then run again")
     if in_place(cfg):
         later = [c for c in list_checkpoints(out) if int(c.rsplit("_", 1)[1]) > step]
         if later:
@@ -3195,10 +3281,17 @@ def claim(cfg, step=None):
     import fcntl
     check_out(cfg, step)
     if rank():
-        return lambda undo=False: None
+        return lambda undo=False: ""
     out, made = cfg.out, not os.path.isdir(cfg.out)
     os.makedirs(out, exist_ok=True)
-    fd = os.open(os.path.join(out, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:  # never through a link: a .lock planted as one would have the file it points to overwritten
+        fd = os.open(os.path.join(out, LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        die(f"--out {out}: {LOCK} cannot be opened as the run's lock ({e.strerror}): a run's lock is a plain file it "
+            f"makes itself; remove {os.path.join(out, LOCK)}")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        die(f"--out {out}: {LOCK} is not a plain file; a run's lock is one it makes itself: remove it")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -3214,15 +3307,25 @@ def claim(cfg, step=None):
         os.close(fd)
         raise
     fresh = not in_place(cfg)  # (check_out: then the directory was new or empty)
+    root = os.path.join(out, "checkpoints")
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:  # a writer killed mid-write left it (the
+        if re.fullmatch(r"step_\d+\.tmp\d+", name):                       # lock held now: no writer is alive)
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            print(f"scalerl: removed {os.path.join(root, name)}, a checkpoint whose writing did not finish", flush=True)
 
     def release(undo=False):
+        """Unlock; with undo, what it did to the directory, in words (or '')."""
+        done = ""
         if undo and fresh and made:
             shutil.rmtree(out, ignore_errors=True)
+            done = f"{out}, which this run made, is removed"
         elif undo and fresh:  # a directory the user made stays, empty again
             for path in (os.path.join(out, name) for name in os.listdir(out)):
                 with contextlib.suppress(OSError):
                     shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+            done = f"{out} is empty again"
         os.close(fd)
+        return done
     return release
 
 
@@ -3260,6 +3363,7 @@ def save_checkpoint(out, step, state, cfg):
     last checkpoint intact): the model (safetensors, for from_pretrained), optimiser and scheduler, the step, the
     counters, the config, the weight version, and per rank the curriculum, the RNG state, the group counter and the
     prompts in flight (a resumed run generates them again). Under torchrun rank 0 gathers it whole, in CPU memory."""
+    from safetensors import SafetensorError
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                          get_optimizer_state_dict)
     whole = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -3277,19 +3381,24 @@ def save_checkpoint(out, step, state, cfg):
             state.model.save_pretrained(tmp, state_dict=weights)
             state.tok.save_pretrained(tmp)
             torch.save({"step": step, "totals": dict(state.totals), "loop": {"version": state.version}, "ranks": ranks,
+                        "digests": state.digests,
                         "optimizer": optimizer, "scheduler": state.sched.state_dict(),
                         "config": dataclasses.asdict(cfg)}, os.path.join(tmp, "trainer_state.pt"))
-            shutil.rmtree(final, ignore_errors=True)
+            if os.path.exists(final):  # (a run never writes a step twice; a directory there is not to be lost)
+                raise FileExistsError(errno.EEXIST, f"{final} exists: not written over")
             os.replace(tmp, final)
             for old in list_checkpoints(out)[:-cfg.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
             for name in os.listdir(os.path.dirname(final)):  # what a writer killed mid-write left (its own pid)
                 if re.fullmatch(r"step_\d+\.tmp\d+", name):
                     shutil.rmtree(os.path.join(os.path.dirname(final), name), ignore_errors=True)
-    except OSError as e:
+    except (OSError, RuntimeError, SafetensorError) as e:  # (torch.save and safetensors wrap a full disk their way)
         shutil.rmtree(tmp, ignore_errors=True)
-        die(f"cannot write checkpoint {final} ({e.strerror or e}); the last good checkpoint is "
-            f"{last_checkpoint(out)}", 1)
+        size, free = checkpoint_cost(state.model, cfg)[0], shutil.disk_usage(os.path.dirname(final)).free
+        why = " ".join(str(getattr(e, "strerror", None) or e).split())[:160]
+        die(f"cannot write checkpoint {final} ({why}): it needs about {size / 1e9:.2g} GB (the weights and AdamW's "
+            f"moments), {free / 1e9:.3g} GB is free there; the part written is removed, and the last good checkpoint "
+            f"is {last_checkpoint(out)}", 1)
     if world() > 1:  # the checkpoint is complete before any rank goes on (or exits): the other ranks wait for rank 0's
         dist.barrier(group=checkpoint_group(state.model, cfg))  # write, on a group whose timeout is sized for it
     return final
@@ -3321,7 +3430,8 @@ RANK_STATE = {"curriculum", "serial", "pending", "torch_rng", "cuda_rng"}  # eac
 
 def resumed_config(cfg, ckpt):
     """The checkpoint's config, every setting of the run kept but those of MAY_CHANGE typed now (cfg.typed); a flag
-    typed with another value than the run's is refused. Returns it and the checkpoint's state, checked, with the rows
+    typed with another value than the run's is refused, but a data file's new path with the run's content (moved_data).
+    Returns it and the checkpoint's state, checked, with the rows
     of its run up to its step (run_rows) under "rows". It reads only: what is wrong stops the run in one line."""
     try:  # tensors and plain data only: a pickle that would run code is refused, not run
         state = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=True, mmap=True)
@@ -3351,7 +3461,8 @@ def resumed_config(cfg, ckpt):
         die(f"--resume {ckpt}: the run had {len(state['ranks'])} ranks; resume it with as many (this has {world()})")
     saved = {**state["config"], "think_budget": tuple(state["config"].get("think_budget", (0, 0)))}
     default = {f.name: f.default for f in dataclasses.fields(Config)}  # (a flag newer than the checkpoint: its default)
-    changed = [k for k in default if k in cfg.typed and k not in MAY_CHANGE
+    moved = moved_data(cfg, saved, state.get("digests") if isinstance(state.get("digests"), dict) else {}, ckpt)
+    changed = [k for k in default if k in cfg.typed and k not in MAY_CHANGE and k not in moved
                and getattr(cfg, k) != saved.get(k, default[k])]
     was = {k: saved[k] if k in saved else f"{default[k]}, the default: the checkpoint predates the flag"
            for k in changed}
@@ -3364,8 +3475,41 @@ def resumed_config(cfg, ckpt):
         die(f"--steps {steps}: the checkpoint is of step {step}; a resumed run goes on from there")
     if steps == step:
         raise ScaleRLError(f"{ckpt} is step {step} of {steps}: nothing to do (--steps N, N > {step}, goes on)", 0)
-    return Config(**{**saved, **{k: getattr(cfg, k) for k in MAY_CHANGE if k in cfg.typed}, "steps": steps,
+    return Config(**{**saved, **moved, **{k: getattr(cfg, k) for k in MAY_CHANGE if k in cfg.typed}, "steps": steps,
                      "resume": ckpt, "out": cfg.out}), {**state, "rows": run_rows(ckpt, step)}
+
+
+def file_digest(path):
+    """The sha256 of a data file, as hex (None for a directory or a hub name): what a resume checks a moved --data
+    against."""
+    if not os.path.isfile(path):
+        return None
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def moved_data(cfg, saved, digests, ckpt):
+    """{name: new path} of the data files (--data, --val-data) typed now with another path than the run's whose content
+    is the run's (its sha256 in the checkpoint): a file that moved. Another file, or a run's file that is gone with no
+    new path typed, stops the resume in one line naming both."""
+    moved = {}
+    for k in ("data", "val_data"):
+        old, new, name = saved.get(k) or "", getattr(cfg, k), "--" + k.replace("_", "-")
+        if old and k in cfg.typed and new != old:
+            if not digests.get(k):
+                die(f"{name} {new}: the run read {old}, and its checkpoint predates the data's digest, so a move "
+                    f"cannot be checked: put the file back at {old}")
+            if file_digest(new) != digests[k]:
+                die(f"{name} {new}: not the data the run trained on ({old}, sha256 {digests[k][:12]}...): a resumed "
+                    "run keeps its data; give the run's file at its new path, or start a new run")
+            moved[k] = new
+        elif old and os.path.isabs(old) and not os.path.exists(old):
+            die(f"--resume {ckpt}: the run's {name} {old} is gone: if it moved, resume with {name} NEW_PATH (its "
+                "content is checked against the run's)")
+    return moved
 
 
 def run_rows(ckpt, step):

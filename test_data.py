@@ -340,7 +340,7 @@ def test_a_model_config_no_class_reads_is_named_whole_in_one_line(tmp_path, capf
     directory made for it is gone."""
     model = broken_model(tmp_path)
     code, lines = main_lines(["--model", model, "--engine", "hf", "--out", tmp_path / "run"], capfd)
-    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"scalerl.py: error: cannot load --model {model}: ")
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"scalerl.py: error: cannot load --model {model} (config.json): ")
     assert "Should have a `model_type` key in its config.json" in lines[0] and not (tmp_path / "run").exists()
 
 

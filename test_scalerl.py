@@ -1,6 +1,7 @@
 """Tests of scalerl.py: every recipe component against values computed by hand or by a slow, obviously
 correct reference; then the whole loop end to end on the CPU. Run: python -m pytest -q"""
 import collections
+import contextlib
 import copy
 import dataclasses
 import importlib.util
@@ -2451,6 +2452,7 @@ def test_wandb_logging_reaches_a_stand_in_module(tmp_path, monkeypatch):
             calls.append(("finish",))
 
     fake.init = lambda **kw: calls.append(("init", kw)) or Run()
+    fake.login = lambda prompt, verify: not prompt and not verify  # (logged in, asked without a prompt or the network)
     monkeypatch.setitem(sys.modules, "wandb", fake)
     rows = S.run(small_cfg(tmp_path, engine="hf", steps=2, eval_every=100, wandb="proj", wandb_name="nm",
                            prompts_per_step=4, val_size=8, length_control="truncate"))
@@ -2932,13 +2934,165 @@ def test_every_damaged_file_of_a_run_is_one_line_naming_it(tiny_run, tmp_path, c
                                           "missing or not as this script writes it"),
             (weights, b"\xff" * 8 + weights.read_bytes()[8:], f"--resume {ckpt}: model.safetensors is damaged "
                                                               "(Error while deserializing header"),
-            (ckpt / "config.json", "{}", f"cannot load the checkpoint --resume {ckpt}: Unrecognized model")]:
+            (ckpt / "config.json", "{}", f"cannot load the checkpoint --resume {ckpt} (config.json): Unrecognized "
+                                         "model"),
+            (ckpt / "config.json", (ckpt / "config.json").read_text().replace('"hidden_size": 128', '"hidden_size": '
+                                                                              '"big"'),
+             f"cannot load the checkpoint --resume {ckpt} (config.json): "),  # (a TypeError inside transformers)
+            (ckpt / "tokenizer.json", "{\n", f"cannot load the checkpoint --resume {ckpt} (its tokenizer: "
+                                             "tokenizer.json, tokenizer_config.json): ")]:
         kept = path.read_bytes()
         path.write_bytes(damage if isinstance(damage, bytes) else damage.encode())
         before = snapshot(run)
         assert refused(["--resume", "auto", "--out", run, "--steps", "4"], capfd).startswith(message)
         assert snapshot(run) == before
         path.write_bytes(kept)
+
+
+def test_nothing_of_a_run_is_lost_to_a_failed_resume_an_incomplete_checkpoint_or_a_planted_lock(
+        tiny_run, tmp_path, monkeypatch, capfd):
+    """A checkpoint without trainer_state.pt (optimiser state deleted to save space) is named and refused, not written
+    over by the resumed run. A resume that fails at its start (here: --wandb, not logged in; then a failure in its first
+    step) leaves metrics.jsonl and config.json as they were: they are rewritten with the first row of its own. A
+    .lock planted as a symbolic link is refused and the file it points to keeps its bytes. A half-written checkpoint
+    (a killed writer's step_N.tmpPID) is removed by the next run in the directory once it holds it, which says so."""
+    run = run_copy(tiny_run, tmp_path)
+    ckpts = run / "checkpoints"
+    (ckpts / "step_000003" / "trainer_state.pt").unlink()
+    before = snapshot(run)
+    assert refused(["--resume", "auto", "--out", run, "--steps", "5"], capfd) == (
+        f"{ckpts / 'step_000003'} is an incomplete checkpoint (no trainer_state.pt): a run in {run} would write over "
+        "it; move it out of the checkpoints directory (or delete it), then run again")
+    assert snapshot(run) == before
+    shutil.rmtree(ckpts / "step_000003")  # rows 0-3, the newest checkpoint at step 2
+    (ckpts / "step_000002.tmp4242").mkdir()  # and what a writer killed mid-write left
+    (ckpts / "step_000002.tmp4242" / "model.safetensors").write_bytes(b"half")
+    before = snapshot(run)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no W&B login here
+    for k in ("WANDB_API_KEY", "WANDB_MODE", "NETRC"):
+        monkeypatch.delenv(k, raising=False)
+    assert refused(["--resume", "auto", "--out", run, "--steps", "5", "--wandb", "proj"], capfd) == (
+        "--wandb proj: not logged in to Weights & Biases: run `wandb login` (or set WANDB_API_KEY), or log offline with "
+        "WANDB_MODE=offline")
+    monkeypatch.setattr(S, "rl_step", lambda state, cfg: (_ for _ in ()).throw(RuntimeError("the engine died")))
+    with pytest.raises(RuntimeError, match="the engine died"):
+        S.run(S.parse_args(["--resume", "auto", "--out", str(run), "--steps", "5"]))
+    assert f"removed {ckpts / 'step_000002.tmp4242'}, a checkpoint whose writing did not finish" in capfd.readouterr().out
+    assert {k: v for k, v in snapshot(run).items() if "vllm-start" not in k} == \
+        {k: v for k, v in before.items() if ".tmp4242" not in k}
+    monkeypatch.undo()
+    victim, new = tmp_path / "victim.txt", tmp_path / "new"
+    victim.write_text("the user's own")
+    new.mkdir()
+    (new / ".lock").symlink_to(victim)
+    assert refused([*TINY, "--out", new], capfd) == (
+        f"--out {new}: .lock cannot be opened as the run's lock (Too many levels of symbolic links): a run's lock is a "
+        f"plain file it makes itself; remove {new / '.lock'}")
+    assert victim.read_text() == "the user's own"
+
+
+@pytest.mark.parametrize("limit,error", [(1 << 20, "File too large"), (3 << 20, "enforce fail")])
+def test_a_checkpoint_that_fills_the_disk_is_one_line_and_leaves_nothing_behind(tmp_path, limit, error):
+    """A checkpoint write that runs out of room (here the file size limit, ulimit -f: 1 MiB stops the weights in
+    safetensors, 3 MiB the optimiser state in torch.save; neither raises an OSError) stops the run in one line with
+    what the checkpoint needs and what is free, exit 1; its temporary directory is gone and the rows are kept."""
+    import resource
+    out = tmp_path / "run"
+    S.build_tiny_model(str(tmp_path / "cache" / "scalerl"), 0, False)  # (the model, before the limit)
+    p = subprocess.run([sys.executable, os.path.join(HERE, "scalerl.py"), *TINY, "--steps", "1", "--out", str(out),
+                        "--no-zero-variance-filter"],  # (an update: AdamW's moments in the checkpoint, 4.3 MB)
+                       capture_output=True, text=True, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")},
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and len(lines) == 1, p.stderr[-2000:]
+    assert re.fullmatch(rf"scalerl.py: error: cannot write checkpoint {out}/checkpoints/step_000001 \(.*{error}.*\): "
+                        r"it needs about [\d.]+ GB \(the weights and AdamW's moments\), [\d.]+ GB is free there; the part "
+                        r"written is removed, and the last good checkpoint is none", lines[0]), lines[0]
+    assert os.listdir(out / "checkpoints") == [] and len(read_metrics(out)) == 2
+
+
+def test_resume_takes_the_runs_own_values_and_a_moved_data_file(tmp_path, capfd):
+    """A flag typed on resume is checked against the run's settings, not the defaults: --data (the run's own file) with
+    the run's --model, --think-budget 12 14 with the run's --max-new-tokens 16. A data file that moved: the resume says
+    its path is gone and how to give the new one; the new path, with the run's content (its sha256 in the checkpoint),
+    is taken; another file is refused, naming both."""
+    model = S.build_tiny_model(str(tmp_path / "models"), 0, False)
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": a + b}) + "\n"
+                            for a in range(8) for b in range(8)))
+    run = tmp_path / "run"
+    flags = ["--model", model, "--data", data, "--reward", "exact", "--reward-workers", "1", "--val-size", "8",
+             "--max-new-tokens", "16", "--think-budget", "12", "14", "--steps", "1", *TINY[:6], "--eval-samples", "1"]
+    S.run(S.parse_args([*map(str, flags), "--out", str(run)]))
+    resume = ["--resume", "auto", "--out", run, "--steps", "2"]
+    cfg, _ = S.config_in_force(S.parse_args([*map(str, resume), "--data", str(data), "--think-budget", "12", "14"]))
+    assert cfg.data == str(data) and cfg.think_budget == (12, 14) and cfg.model == model
+    moved, other = tmp_path / "moved.jsonl", tmp_path / "other.jsonl"
+    data.rename(moved)
+    assert refused(resume, capfd) == (f"--resume {run}/checkpoints/step_000001: the run's --data {data} is gone: if "
+                                      "it moved, resume with --data NEW_PATH (its content is checked against the run's)")
+    other.write_text(moved.read_text().replace('"answer": 14', '"answer": 15'))
+    assert refused([*resume, "--data", other], capfd).startswith(
+        f"--data {other}: not the data the run trained on ({data}, sha256 ")
+    rows = S.run(S.parse_args([*map(str, resume), "--data", str(moved)]))
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert json.load(open(run / "config.json"))["data"] == str(moved)
+
+
+def test_messages_that_said_the_wrong_thing_say_what_to_do(tmp_path, monkeypatch, capfd):
+    """The embedded model's cached copy, damaged, is named as such with the way out (the user gave no --model); a
+    checkpoint without a tokenizer says so, not "install sentencepiece"; a context too short names the longest prompt
+    and the --max-new-tokens that fits (which then runs); a data answer of 400 digits is written out, and an answer
+    with an unclosed \\boxed{ names its line; a Ctrl-C while the model loads says what became of the directory."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cached = S.build_tiny_model(str(tmp_path / "cache" / "scalerl"), 0, False)
+    config = open(os.path.join(cached, "config.json")).read()
+    open(os.path.join(cached, "config.json"), "w").write("{")
+    assert re.fullmatch(rf"cannot load the embedded model's cached copy {cached} \(config\.json: .*\): delete that "
+                        "directory, and the next run builds it again", refused([*TINY, "--out", tmp_path / "a"], capfd))
+    open(os.path.join(cached, "config.json"), "w").write(config)
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(cached, ckpt)
+    for name in S.TOKENIZER_FILES:
+        with contextlib.suppress(FileNotFoundError):
+            (ckpt / name).unlink()
+    with pytest.raises(S.ScaleRLError, match=rf"cannot load --model {ckpt} \(its tokenizer\): no tokenizer: none of "
+                                             "tokenizer.json, tokenizer_config.json, tokenizer.model, vocab.json"):
+        S.load_tokenizer(S.Config(model=str(ckpt)))
+    assert refused([*TINY, "--max-new-tokens", "300", "--out", tmp_path / "b"], capfd) == (
+        "--max-new-tokens 300 leaves no room for a prompt: the model has 256 positions, prompt and completion together")
+    message = refused([*TINY, "--max-new-tokens", "250", "--out", tmp_path / "b"], capfd)
+    assert re.fullmatch(r"prompts \+ completions need (\d+) positions and the model has 256: the longest prompt, \d+ "
+                        r"tokens \('.*'\), and \d+ of completion \(--max-new-tokens 250, and the interruption phrase\): "
+                        r"lower --max-new-tokens to (\d+)", message), message
+    fits = re.search(r"to (\d+)$", message).group(1)
+    rows = S.run(S.parse_args([*TINY, "--max-new-tokens", fits, "--steps", "0", "--out", str(tmp_path / "c")]))
+    assert rows[0]["step"] == 0
+    assert S.gold_answer(10**400) == "1" + "0" * 400
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "p", "answer": 10**400}) + "\n" + json.dumps(
+        {"prompt": "q", "answer": "so \\boxed{5"}) + "\n")
+    with pytest.raises(S.ScaleRLError, match=r"line 2: 'answer' has a \\boxed\{ that is not closed \('so "):
+        S.load_rows(str(data), S.Config(model="m", data=str(data)))
+    monkeypatch.setattr(S, "load_model", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    code, _, err = main_in_process([*TINY, "--out", str(tmp_path / "e")], capfd)
+    assert code == 130 and err.strip() == f"interrupted while starting: {tmp_path / 'e'}, which this run made, is " \
+                                          "removed" and not (tmp_path / "e").exists()
+
+
+def test_an_out_that_is_a_broken_symbolic_link_is_one_line(tmp_path, capfd):
+    """--out a symbolic link to nothing, a loop of links, or a path under either: refused in one line, exit 2 (they
+    were tracebacks from makedirs), nothing written."""
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    before = sorted(os.listdir(tmp_path))
+    for out, link, target in ((tmp_path / "dangling", "dangling", tmp_path / "nowhere"),
+                              (tmp_path / "loop", "loop", tmp_path / "loop"),
+                              (tmp_path / "dangling" / "run", "dangling", tmp_path / "nowhere")):
+        assert refused([*TINY, "--out", out], capfd) == (
+            f"--out {out}: {tmp_path / link} is a symbolic link to {target}, which does not resolve (a missing target "
+            "or a loop): point it at a directory, or choose another --out")
+    assert sorted(os.listdir(tmp_path)) == before and not (tmp_path / "nowhere").exists()
 
 
 def test_outputs_that_cannot_be_written_are_refused_before_anything_is_written(tiny_run, tmp_path, monkeypatch,
@@ -3647,11 +3801,11 @@ def test_collapse_warning_on_seed_1_not_on_healthy_noisy_runs():
     """collapse_reason on the held-out pass rates of docs/real-model.md's three seeds (evaluations every 2 steps): seed 1
     rose to 0.89 at step 10 and fell; it is named at step 16, where its last two evaluations (0.56, 0.64) are below
     0.89 by more than a third of the rise from 0.04 (0.29 > 0.283), with what the rows show; seeds 0 and 2 (a dip of
-    0.19 on seed 2) and a run whose small rise is noise never are."""
+    0.19 on seed 2), a run whose small rise is noise and one that only fell from its start (a tiny model's) never are."""
     seeds = {0: "0.11 0.09 0.19 0.48 0.63 0.80 0.91 0.93 0.90 0.89 0.89 0.89 0.91 0.94 0.95 0.91 0.88",
              1: "0.04 0.33 0.55 0.66 0.75 0.89 0.83 0.56 0.64 0.68 0.39 0.75 0.63 0.60 0.19 0.14 0.16",
              2: "0.06 0.15 0.19 0.40 0.56 0.64 0.70 0.81 0.90 0.94 0.85 0.80 0.75 0.94 0.98 1.00 0.95",
-             "noise": "0.10 0.18 0.12 0.20 0.11 0.19 0.10 0.17 0.09"}
+             "noise": "0.10 0.18 0.12 0.20 0.11 0.19 0.10 0.17 0.09", "no rise": "0.125 0.06 0.0 0.0"}
     cfg = S.fill_defaults(S.Config(model="m", max_lag=8, max_new_tokens=64, prompts_per_step=8, data="d"))
     first = {}
     for seed, text in seeds.items():
@@ -3665,7 +3819,7 @@ def test_collapse_warning_on_seed_1_not_on_healthy_noisy_runs():
                          "0.400, 1e-06 on fresh", "30% of the completions cut at --max-new-tokens 64 and left out of "
                          "the batch (--mask-truncated)", "2.0 of 8 prompts trained on", "learning rate 3e-05 (--lr)"):
                 assert part in why, (part, why)
-    assert first == {0: None, 1: 16, 2: None, "noise": None}
+    assert first == {0: None, 1: 16, 2: None, "noise": None, "no rise": None}
 
 
 @pytest.mark.quick
