@@ -413,7 +413,9 @@ MEMORY_GRID = [("qwen2-0.5b", 0, 1024, []), ("qwen2-0.5b", 0, 1024, ["--no-activ
                ("qwen2.5-1.5b", 0, 1024, ["--micro-batch-tokens", "4096"]), ("qwen2.5-7b", 4, 1024, []),
                ("qwen2.5-7b", 4, 1024, ["--no-activation-checkpointing"]), ("qwen2.5-7b", 8, 1024, []),
                ("qwen2.5-7b", 8, 1024, ["--no-activation-checkpointing"]),
-               ("qwen2.5-7b", 8, 1024, ["--logprob-chunk", "4096"]), ("qwen2.5-7b", 8, 12288, [])]
+               ("qwen2.5-7b", 8, 1024, ["--logprob-chunk", "4096"]), ("qwen2.5-7b", 8, 12288, []),
+               ("qwen2-0.5b", 0, 1024, ["--fp32-head-product", "split"]),
+               ("qwen2.5-7b", 8, 1024, ["--fp32-head-product", "split"])]
 PLAN_BOUND = 1.15  # the plan's trainer may be up to this many times the tracker's peak, and never below it
 
 
@@ -558,25 +560,27 @@ PEAK_FACTOR = (0.8, 1.1)  # the 0.5B row's measured trainer peak, over the memor
 
 
 def check_head_cost(device):
-    """What the FP32 head costs (measured, not judged; nothing to pass or fail): vLLM sets float32 matmuls to "highest"
-    precision for its process, so the head's float32 products run without tensor cores. At the 0.5B shape (a CPU: the
-    135M one), the head's forward and backward for a training batch (scalerl.token_logprobs, as the trainer runs it)
-    in float32 and in bfloat16, against the whole model's forward and backward on those tokens; and the head's
-    product for one decode step's rows against the model's forward of one token for each (no KV cache: a lower bound
-    of a decode step). docs/engines.md says what these numbers decide (a split-bf16 product, or not)."""
+    """What the FP32 head costs, in each of its products and without it (measured, not judged; nothing to pass or
+    fail): at the 0.5B shape (a CPU: the 135M one, shorter), the trainer's update of two micro-batches
+    (compute_gradients, the second timed; activation checkpointing on) with --fp32-head-product float32, split and
+    --no-lm-head-fp32 (bf16 on a GPU); the head alone, forward and backward on one 1,024-token chunk; and each head's
+    mean |log p - float64's| of sampled targets, at logits of std ~4 (docs/engines.md holds the H200's numbers). vLLM
+    sets float32 matmuls to "highest" for its process, and so does this check."""
     import torch
+    import transformers
     cuda = device.startswith("cuda")
     arch, conf = SHAPES["qwen2-0.5b" if cuda else "llama-135m"]
-    import transformers
     torch.manual_seed(0)
-    model = getattr(transformers, f"{arch}ForCausalLM")(getattr(transformers, f"{arch}Config")(**conf)).to(
-        device, torch.bfloat16 if cuda else torch.float32)
     torch.set_float32_matmul_precision("highest")
-    n_seq, length, rows = (8, 512, 1024) if cuda else (2, 64, 64)
-    ids = torch.randint(0, conf["vocab_size"], (n_seq, length), device=device)
-    head = model.get_output_embeddings()
+    model = getattr(transformers, f"{arch}ForCausalLM")(getattr(transformers, f"{arch}Config")(**conf)).to(device)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    V, H = model.get_output_embeddings().weight.shape
+    n_seq, length, rows = (16, 1024, 1024) if cuda else (2, 256, 256)
+    samples = [scalerl.Sample(list(range(3, 3 + length // 4)), [5] * (length - length // 4), [0.0] * (length - length
+               // 4), [1] * (length - length // 4), None, 1.0, 1e-3) for _ in range(n_seq)]
+    autocast = torch.bfloat16 if cuda else None
 
-    def timed(fn, repeat=3):
+    def timed(fn, repeat=2):
         fn()
         if cuda:
             torch.cuda.synchronize()
@@ -587,22 +591,29 @@ def check_head_cost(device):
             torch.cuda.synchronize()
         return (time.perf_counter() - t0) / repeat * 1e3  # ms
 
-    def train_head(fp32):
-        hidden = torch.randn(n_seq * length, conf["hidden_size"], device=device, dtype=head.weight.dtype,
-                             requires_grad=True)
-        scalerl.token_logprobs(hidden, head, ids.flatten(), 1.0, fp32=fp32)["logp"].sum().backward()
-
-    whole = timed(lambda: model(ids).logits.float().logsumexp(-1).sum().backward())
-    h = torch.randn(rows, conf["hidden_size"], device=device, dtype=head.weight.dtype)
-    w32 = head.weight.float()
+    modes = {"float32": ["--fp32-head-product", "float32"], "split": ["--fp32-head-product", "split"],
+             "no FP32 head": ["--no-lm-head-fp32"]}
+    step, head_ms, err = {}, {}, {}
+    h = torch.randn(rows, H, device=device, requires_grad=True)
+    w = torch.nn.Linear(H, V, bias=False, device=device)
     with torch.no_grad():
-        step = timed(lambda: model(ids.flatten()[:rows, None]))  # one token for each of `rows` sequences
-        dec = {"fp32": timed(lambda: torch.nn.functional.linear(h.float(), w32)),
-               "bf16": timed(lambda: head(h).float())}
-    train = {k: timed(lambda: train_head(k == "fp32")) for k in ("fp32", "bf16")}
-    return "measured", (f"train step {whole:.0f} ms (forward and backward, {n_seq} x {length} tokens), its head "
-                  f"{train['fp32']:.0f} ms in float32, {train['bf16']:.0f} ms in {head.weight.dtype}; decode "
-                  f"{rows} rows: model {step:.1f} ms, head {dec['fp32']:.2f} ms float32, {dec['bf16']:.2f} ms")
+        w.weight.normal_(0, (16 / H) ** 0.5)  # logits of std ~4
+    y = torch.randint(0, V, (rows,), device=device)
+    ref = torch.log_softmax(h.detach().double() @ w.weight.detach().double().T, -1).gather(1, y[:, None])[:, 0]
+    for name, flags in modes.items():
+        cfg = scalerl.parse_args(["--device", device, *flags])
+        cfg.micro_batch_tokens = n_seq * length // 2  # two micro-batches
+        batches = scalerl.micro_batches(samples, cfg.micro_batch_tokens)
+        step[name] = timed(lambda: (scalerl.compute_gradients(model, batches, cfg, 0, autocast), model.zero_grad()))
+        fp32 = cfg.lm_head_fp32 and cfg.fp32_head_product
+        with torch.autocast(h.device.type, dtype=autocast, enabled=autocast is not None):
+            head_ms[name] = timed(lambda: scalerl.token_logprobs(h, w, y, 1.0, fp32)["logp"].sum().backward())
+            dt = autocast or torch.float32  # (without the FP32 head: the product in the compute dtype)
+            got = scalerl.token_logprobs(h.detach(), w, y, 1.0, fp32)["logp"] if fp32 else scalerl.token_terms(
+                (h.detach().to(dt) @ w.weight.detach().to(dt).T).float(), y)["logp"]
+        err[name] = (got.double() - ref).abs().mean().item()
+    return "measured", "; ".join(f"{k}: step {step[k]:.0f} ms, head {head_ms[k]:.1f} ms, mean |dlogp| {err[k]:.1e}"
+                                 for k in modes) + f" ({n_seq} x {length} tokens a step, a head chunk of {rows} rows)"
 
 
 # each torchrun rank's engine, made as scalerl.py makes it: where its weights are (argv: this checkout, cuda or cpu)

@@ -25,7 +25,7 @@ Each component can be switched to the alternative the paper ablates:
   loss aggregation       --loss-agg prompt|sample|token                            completion_weights
   No-Positive-Resampling --npr-threshold 0.9 (>= 1 disables it)                   removal_rule, next_prompts
   loss                   --loss cispo|dapo|gspo                                    cispo_loss, dapo_loss, gspo_loss
-  FP32 LM head           --lm-head-fp32 / --no-lm-head-fp32                        _chunk_terms, engine_fp32_head
+  FP32 LM head           --lm-head-fp32 / --no-lm-head-fp32                        fp32_head_logits, _chunk_terms
 
 The objective, as the paper writes it [Sec. 4]. For each prompt x of the batch, G completions y_1..y_G sampled by
 pi_gen (the engine's weights, at most K updates old) with binary rewards r_i:
@@ -553,13 +553,22 @@ def token_terms(logits, targets):
     return {"logp": logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)}
 
 
-def _chunk_terms(h, w, b, y, temperature, fp32, post):
+def fp32_head_logits(h, w, b=None, parts=None):
+    """The FP32 LM head [Sec. 3.2]: h W^T + b as float32, in the trainer (_chunk_terms) and the generator (the HF
+    engine's hook, vLLM's head) alike. parts: W as two bfloat16 parts (split_bf16), and the product of bf16 parts
+    accumulated in float32 (SplitProduct: float32's accuracy within 2-3x, on a GPU's tensor cores); None: float32
+    operands (--fp32-head-product float32, the CPU's default)."""
+    logits = F.linear(h.float(), w.float()) if parts is None else SplitProduct.apply(h, w, *parts)
+    return logits if b is None else logits + b.float()
+
+
+def _chunk_terms(h, w, b, y, temperature, fp32, post, parts):
     """One chunk of token_logprobs: the LM head's logits of the hidden states h [n, H], then token_terms of them.
-    With the FP32 head [Sec. 3.2] the product itself is float32 (weights and hidden states cast up, autocast off);
-    without it the head runs in the compute dtype and only its output is cast to float32."""
+    With the FP32 head the logits are float32 products (fp32_head_logits, autocast off); without it the head runs in
+    the compute dtype and only its output is cast to float32."""
     if fp32:
         with torch.autocast(h.device.type, enabled=False):
-            logits = F.linear(h.float(), w.float(), None if b is None else b.float())
+            logits = fp32_head_logits(h, w, b, parts)
     else:
         logits = F.linear(h, w, b).float()
     return token_terms((post(logits) if post else logits) / temperature, y)
@@ -567,17 +576,17 @@ def _chunk_terms(h, w, b, y, temperature, fp32, post):
 
 def token_logprobs(hidden, head, targets, temperature, fp32=True, chunk=1024, post=None):
     """{name: tensor [N]}: token_terms of head(hidden) / T for every row of hidden [N, H], "logp" = log softmax(...)
-    [target] among them [Sec. 3.2, FP32 LM head]; post: what the model does to its logits after the head, if anything
-    (soft-capping, scaling: logit_transform). Rows go `chunk` at a time, each recomputed in the backward pass
-    (activation checkpointing), so peak memory grows with chunk x vocabulary, never with N x vocabulary. (No rows:
-    one empty chunk, still part of the graph, so that a backward pass runs through the model.)"""
+    [target] among them [Sec. 3.2, FP32 LM head; fp32 "split": W split once a call]; post: what the model does to its
+    logits after the head (logit_transform). Rows go `chunk` at a time, each recomputed in backward, so memory grows
+    with chunk x V, not N x V (kept, the logits would take ~12 bytes x N x V; the recomputation costs a head product
+    a chunk, docs/engines.md). (No rows: one empty chunk, in the graph, so that a backward pass runs.)"""
     from torch.utils.checkpoint import checkpoint
-    parts = []
+    out, w_parts = [], split_bf16(head.weight.detach()) if fp32 == "split" else None
     for s in range(0, max(hidden.shape[0], 1), chunk):
-        args = (hidden[s:s + chunk], head.weight, head.bias, targets[s:s + chunk], temperature, fp32, post)
+        args = (hidden[s:s + chunk], head.weight, head.bias, targets[s:s + chunk], temperature, fp32, post, w_parts)
         grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
-        parts.append(checkpoint(_chunk_terms, *args, use_reentrant=False) if grad else _chunk_terms(*args))
-    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        out.append(checkpoint(_chunk_terms, *args, use_reentrant=False) if grad else _chunk_terms(*args))
+    return {k: torch.cat([p[k] for p in out]) for k in out[0]}
 
 # --------------------------------------------------------------------------------------------------
 # 6. The train step: AdamW with warm-up and clipping, gradients accumulated over micro-batches
@@ -799,6 +808,9 @@ class Config(Recipe):
                     ["auto", "float32", "bfloat16", "float16"])
     param_dtype: str = flag("float32", "dtype of the trained weights and optimiser state", ["float32", "bfloat16"])
     tie_word_embeddings: bool = flag(False, "embedded model only: tie the input embedding and the LM head")
+    fp32_head_product: str = flag("auto", "the FP32 head's product: float32 operands, or split (h and W each two bf16 "
+                                          "parts, three bf16 products summed in float32: float32's accuracy within "
+                                          "2-3x at tensor-core speed); auto: split on CUDA", ["auto", "float32", "split"])
     activation_checkpointing: bool = flag(None, "keep only each decoder layer's input for backward and recompute the "
                                               "rest there (memory for time: about a third more compute per update). "
                                               "Default: on with --model, off for the embedded model")
@@ -946,6 +958,9 @@ def fill_defaults(cfg):
         cfg.reward = "math" if cfg.data else "digit"
     if cfg.engine == "auto":
         cfg.engine = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+    if cfg.fp32_head_product == "auto":  # (a CPU gains nothing from bfloat16 products)
+        cuda = cfg.device.startswith("cuda") or cfg.device == "auto" and torch.cuda.is_available()
+        cfg.fp32_head_product = "split" if cuda else "float32"
     if cfg.resume == "auto":
         found = list_checkpoints(cfg.out) if cfg.out else []
         if not found:
@@ -1666,11 +1681,11 @@ def cannot_load(cfg, path, e, part):
     die(f"cannot load {'the checkpoint --resume' if path == cfg.resume else '--model'} {path} ({part}): {why}")
 
 
-def fp32_head_hook(module, inputs, output):
-    """Forward hook on the LM head: recompute its logits in float32 [Sec. 3.2, FP32 LM head]."""
+def fp32_head_hook(module, inputs, output, parts=None):
+    """Forward hook on the LM head: recompute its logits as the FP32 head does (fp32_head_logits; parts: its weight's
+    bf16 parts, for the split product) [Sec. 3.2]."""
     with torch.autocast(inputs[0].device.type, enabled=False):
-        b = None if module.bias is None else module.bias.float()
-        return F.linear(inputs[0].float(), module.weight.float(), b)
+        return fp32_head_logits(inputs[0], module.weight, module.bias, parts)
 
 
 def rollout(rollouts, prompts, n, seed, kind="eval", ids=None):
@@ -1682,11 +1697,12 @@ def rollout(rollouts, prompts, n, seed, kind="eval", ids=None):
     return [g.completions for g in rollouts.wait(keys)]
 
 
-def hf_generate(model, tok, prompts, max_tokens, temperature, seed, lm_head_fp32, autocast_dtype=None):
+def hf_generate(model, tok, prompts, max_tokens, temperature, seed, fp32_head, autocast_dtype=None):
     """Hugging Face `generate` on a batch of prompts, each with its own token limit (the batch runs to the largest,
     each row is cut at its own), plain sampling (no top-k/top-p: softmax(logits / T), as the importance ratio
-    assumes). A logits processor applies T and records log_softmax(logits / T) of each sampled token. Returns one
-    Completion per prompt and the number of sequences decoded, summed over decode steps."""
+    assumes). A logits processor applies T and records log_softmax(logits / T) of each sampled token. fp32_head: False,
+    or the FP32 head's product ("float32", "split": the head's parts made once a call). Returns one Completion per
+    prompt and the number of sequences decoded, summed over decode steps."""
     from transformers import GenerationConfig, LogitsProcessorList
     recorded, last = [], {}
 
@@ -1704,7 +1720,9 @@ def hf_generate(model, tok, prompts, max_tokens, temperature, seed, lm_head_fp32
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     gen_cfg = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max(max_tokens),
                                pad_token_id=pad, eos_token_id=eos)
-    hook = model.get_output_embeddings().register_forward_hook(fp32_head_hook) if lm_head_fp32 else None
+    head = model.get_output_embeddings()
+    parts = split_bf16(head.weight.detach()) if fp32_head == "split" else None
+    hook = head.register_forward_hook(lambda m, i, o: fp32_head_hook(m, i, o, parts)) if fp32_head else None
     was_training, shipped = model.training, model.generation_config
     model.eval()
     # generate fills the settings gen_cfg leaves unset (repetition_penalty, min_p, ...) from the model's own
@@ -1749,7 +1767,8 @@ class HFEngine:
             return [], 0, 0
         seed = int(np.random.SeedSequence([s for *_, s in reqs]).generate_state(1)[0])
         comps, decoded = hf_generate(self.model, self.tok, [r[1] for r in reqs], [r[2] for r in reqs],
-                                     self.cfg.temperature, seed, self.cfg.lm_head_fp32, self.autocast)
+                                     self.cfg.temperature, seed, self.cfg.lm_head_fp32 and self.cfg.fp32_head_product,
+                                     self.autocast)
         for c in comps:
             c.versions = [self.version] * len(c.tokens)
         return [(r[0], c) for r, c in zip(reqs, comps)], decoded, 1
@@ -1837,24 +1856,27 @@ def cpu_kv_cache_mb(cfg, kv_bytes, longest, n_val, available=None):
                 "; --vllm-kv-cache-mb sets it")
 
 
-def engine_fp32_head(model, weight=None):
-    """Inside the vLLM engine (apply_model): the FP32 LM head as the trainer computes it [Sec. 3.2], float32 weights
-    times float32 hidden states. vLLM's head_dtype override alone keeps the head's weight in the model's dtype, and on
-    CUDA multiplies bfloat16 hidden states by it with a float32 output only (logits_processor.py, _apply_head).
-    Without `weight`: give the head a float32 copy of its weight (rows padded as vLLM pads the vocabulary) and the
-    product F.linear(hidden.float(), copy), the path vLLM takes on CPU (a tied head without lm_head, as Gemma 2's:
-    the embedding's); False without a head or logits_processor. With `weight`: copy the trainer's head into it."""
+def engine_fp32_head(model, split):
+    """Inside the vLLM engine (apply_model): the FP32 LM head as the trainer computes it [Sec. 3.2], fp32_head_logits of
+    a float32 copy of the head's weight or (split) its two bf16 parts (rows padded as vLLM pads the vocabulary; a tied
+    head without lm_head, Gemma 2's: the embedding's; plain tensors, which sleep mode leaves). vLLM's head_dtype alone
+    keeps the weight in the model's dtype (logits_processor.py). False without a head or logits_processor."""
     head = getattr(model, "lm_head", None) or getattr(getattr(model, "model", None), "embed_tokens", None)  # (tied:
     lp = getattr(model, "logits_processor", None)                                           # Gemma 2 has no lm_head)
-    if weight is not None:
-        lp.fp32_weight[:weight.shape[0]].copy_(weight)
-        return True
     if not hasattr(head, "weight") or lp is None:
         return False
-    lp.fp32_weight = head.weight.detach().to(torch.float32, copy=True)  # (one copy; a plain tensor: sleep mode neither
-    # frees nor discards it)
-    lp._apply_head = lambda lm_head, h, b: F.linear(h.float(), lp.fp32_weight, None if b is None else b.float())
+    w = head.weight.detach().to(torch.float32, copy=True)
+    lp.fp32_head = split_bf16(w) if split else (w,)
+    lp._apply_head = lambda lm_head, h, b: fp32_head_logits(h, *((None, b, lp.fp32_head) if split else
+                                                                 (lp.fp32_head[0], b)))
     return True
+
+
+def load_engine_head(model, weight):
+    """Inside the vLLM engine: copy the trainer's float32 head (`weight`) into what engine_fp32_head made."""
+    lp = model.logits_processor
+    for mine, new in zip(lp.fp32_head, split_bf16(weight) if len(lp.fp32_head) == 2 else (weight,)):
+        mine[:new.shape[0]].copy_(new)
 
 
 def kv_capacity(blocks, groups, length):
@@ -1898,7 +1920,8 @@ class VLLMEngine:
             die(f"--lm-head-fp32: this vLLM ({vllm.__version__}) computes the LM head in {self.head_dtypes()}, not "
                 "float32: it does not honour hf_overrides head_dtype for this model. Use a vLLM that does (0.32 "
                 "does), or pass --no-lm-head-fp32", 1)
-        if cfg.lm_head_fp32 and not self.llm.apply_model(engine_fp32_head)[0]:
+        split = cfg.fp32_head_product == "split"
+        if cfg.lm_head_fp32 and not self.llm.apply_model(lambda m: engine_fp32_head(m, split))[0]:
             die("--lm-head-fp32: this vLLM model has no lm_head and logits_processor to give a float32 head; pass "
                 "--no-lm-head-fp32", 1)
         # each weight push logs that rotary embeddings got no weights: they have none to get (their cache is computed)
@@ -2010,7 +2033,7 @@ class VLLMEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         if head is not None:
             w = head()
-            self.llm.apply_model(lambda m: engine_fp32_head(m, w))
+            self.llm.apply_model(lambda m: load_engine_head(m, w))
         else:
             self.llm.apply_model(repack_tied_head)
         self.version = version
@@ -2304,6 +2327,52 @@ class SplitEngine:
         self.flush()
 
 
+def split_bf16(x):
+    """x as two bfloat16 parts, hi + lo, with hi + lo = x to about 2^-16 relative (lo is None for a bf16 x)."""
+    hi = x.to(torch.bfloat16)
+    return hi, None if x.dtype == torch.bfloat16 else (x - hi).to(torch.bfloat16)  # (x - hi: float32, no copy of hi)
+
+
+def mm_f32(a, b):
+    """a @ b of bf16 operands, accumulated and returned in float32: on a GPU's tensor cores (out_dtype); where no kernel
+    has that (a CPU) in float32, exactly: the product of two bf16 numbers is exact in float32, only the sums round."""
+    try:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    except NotImplementedError:
+        return a.float() @ b.float()
+
+
+def mm3(a_hi, a_lo, b_hi, b_lo):
+    """(a_hi + a_lo)(b_hi + b_lo) less a_lo b_lo (2^-16 relative): up to three bf16 products summed in float32 (a part
+    that is None, of a bf16 operand, is none)."""
+    out = mm_f32(a_hi, b_hi)
+    for a, b in ((a_hi, b_lo), (a_lo, b_hi)):
+        if a is not None and b is not None:
+            out += mm_f32(a, b)  # (in place: two V x H float32 tensors at most, for W's gradient)
+    return out
+
+
+class SplitProduct(torch.autograd.Function):
+    """h W^T from bf16 parts (mm3), and in backward g W and g^T h the same way (the gradient g split too): the head's
+    three products on tensor cores, its error 2-3x float32's, over 1,000x under bf16's (docs/engines.md). w: the
+    weight whose gradient is wanted (None in the engine); w_hi, w_lo: its parts (split_bf16), made once a forward."""
+
+    @staticmethod
+    def forward(ctx, h, w, w_hi, w_lo):
+        h_hi, h_lo = split_bf16(h)
+        ctx.save_for_backward(h_hi, h_lo, w_hi, w_lo)
+        ctx.dtypes = h.dtype, None if w is None else w.dtype
+        return mm3(h_hi, h_lo, w_hi.t(), None if w_lo is None else w_lo.t())
+
+    @staticmethod
+    def backward(ctx, g):
+        h_hi, h_lo, w_hi, w_lo = ctx.saved_tensors
+        g_hi, g_lo = split_bf16(g.contiguous())
+        gh = mm3(g_hi, g_lo, w_hi, w_lo).to(ctx.dtypes[0]) if ctx.needs_input_grad[0] else None
+        gw = mm3(g_hi.t(), g_lo.t(), h_hi, h_lo).to(ctx.dtypes[1]) if ctx.needs_input_grad[1] else None
+        return gh, gw, None, None
+
+
 class Policy(torch.nn.Module):
     """The trained model, its head applied by token_logprobs inside one forward pass: FSDP2 shards this module under
     torchrun, and its root must see the head's computation to gather its weights and reduce their gradients."""
@@ -2318,7 +2387,8 @@ class Policy(torch.nn.Module):
         hidden = self.model.get_decoder()(input_ids=x["ids"], attention_mask=x["attn"],
                                           use_cache=False).last_hidden_state
         terms = token_logprobs(hidden[x["row"], x["pos"]], self.model.get_output_embeddings(), x["targets"],
-                               cfg.temperature, cfg.lm_head_fp32, cfg.logprob_chunk, logit_transform(self.model.config))
+                               cfg.temperature, cfg.lm_head_fp32 and cfg.fp32_head_product, cfg.logprob_chunk,
+                               logit_transform(self.model.config))
         return {k: v[x["keep"]] for k, v in terms.items()}
 
 
@@ -2429,7 +2499,9 @@ def memory_plan(sizes, cfg, ranks, device_bytes, longest=0, sharded=None):
     torchrun, where FSDP2 also keeps the root, the embeddings and head, whole after forward); the activations kept for
     backward; the largest of three transients: the head's backward (per chunk 16 bytes x chunk x V of float32 logits
     and their gradients, a float32 V x H weight gradient, under torchrun an untied head's whole gradient, and a layer
-    being gathered), a layer's backward under activation checkpointing (its activations recomputed and their
+    being gathered; with --fp32-head-product split, W's two bf16 parts, 4 bytes x V x H, and where W's gradient is
+    made, if that is more, the chunk's gradient and its parts, 8 bytes x chunk x V, beside two float32 products of W's
+    size), a layer's backward under activation checkpointing (its activations recomputed and their
     gradients, about 2.25 x (37 H + 8 I) bytes a token, and FSDP2's buffers of three layers), AdamW's step (a
     moment-sized temporary); and 64 MiB for the small tensors. Kept for backward: each layer's input with
     checkpointing; without it, 37 H + 8 I bytes a token and layer and the layers' bf16 weight casts. A micro-batch
@@ -2453,8 +2525,9 @@ def memory_plan(sizes, cfg, ranks, device_bytes, longest=0, sharded=None):
     plan["activations"] = (L + 3) * T * H * b if cfg.activation_checkpointing else \
         L * T * per_token + L * layer * c * (c < b) + 3 * T * H * b
     gathered = layer * b * sharded  # one decoder layer, whole (FSDP2)
-    phases = {"head backward": 16 * min(cfg.logprob_chunk, T) * V + 4 * V * H * (1 + (sharded and not tied))
-              + 4 * T * H + gathered * (r > 1),
+    split, cV = cfg.lm_head_fp32 and cfg.fp32_head_product == "split", min(cfg.logprob_chunk, T) * V
+    phases = {"head backward": max(16 * cV, (8 * cV + 8 * V * H) * split) + 4 * V * H * (1 + split + (
+              sharded and not tied)) + 4 * T * H + gathered * (r > 1),
               "AdamW step": n * b / r - plan["activations"]}
     if cfg.activation_checkpointing:
         phases["layer backward"] = 2.25 * T * per_token + gathered * (1 + 2 * (r > 1))
@@ -3106,8 +3179,8 @@ def collapse_reason(rows, cfg):
     """The warning for a held-out pass rate that fell far below its best, or None: the mean of the last two evaluations
     is below the best one before them by more than COLLAPSE_FALL of the rise from step 0 to that best, and by more than
     0.1 (an evaluation of 80 completions moves by about 0.05 from noise alone); the rise itself over 0.1. It gives what
-    the rows since the best show, each with the flag that bounds it: the lag, the trainer-generator mismatch, the share cut at the length
-    limit, the prompts trained on and the learning rate (docs/outputs.md)."""
+    the rows since the best show, each with the flag that bounds it: the lag, the trainer-generator mismatch, the share
+    cut at the length limit, the prompts trained on and the learning rate (docs/outputs.md)."""
     ev = [r for r in rows if "val_pass_rate" in r]
     if len(ev) < 4:
         return None

@@ -337,6 +337,61 @@ def test_fp32_head_is_more_accurate_than_bf16_head():
     assert err32 < 1e-5 < err16 and err16 > 100 * err32
 
 
+def test_the_split_bf16_head_keeps_float32_accuracy_in_logprobs_and_gradients(monkeypatch):
+    """--fp32-head-product split, emulated on a CPU (bf16 parts multiplied in float32: exact products, float32 sums):
+    on a 150,000-token vocabulary at logits of std 4, token_logprobs' mean |log p - float64's| is at most 3e-5 (the
+    H200's split measured 1.3-1.8e-5), over 100 times under the bf16 head's, and not float32's own (the split product
+    ran: SplitProduct, its three products); the gradients of h and W within 3e-5 of float64's, relative. Checked by
+    dropping a product: the error is then ~5e-3."""
+    torch.manual_seed(0)
+    V, H, n = 150_000, 256, 32
+    head = torch.nn.Linear(H, V, bias=False)
+    with torch.no_grad():
+        head.weight.normal_(0, (16 / H) ** 0.5)
+    h, y = torch.randn(n, H, requires_grad=True), torch.randint(0, V, (n,))
+    hd, wd = h.detach().double().requires_grad_(), head.weight.detach().double().requires_grad_()
+    ref = torch.log_softmax(hd @ wd.T, -1).gather(1, y[:, None])[:, 0]
+    assert 3.8 < (hd @ wd.T).std().item() < 4.2
+    calls, real = [], S.SplitProduct.apply
+    monkeypatch.setattr(S.SplitProduct, "apply", lambda *a: calls.append(1) or real(*a))
+    got = {mode: S.token_logprobs(h, head, y, 1.0, fp32=mode, chunk=16)["logp"] for mode in ("split", True)}
+    got["bf16"] = S.token_terms((h.detach().bfloat16() @ head.weight.detach().bfloat16().T).float(), y)["logp"]
+    err = {mode: (lp.double() - ref).abs().mean().item() for mode, lp in got.items()}
+    assert len(calls) == 2 and err["split"] <= 3e-5 and err["split"] * 100 < err["bf16"]  # (two chunks of 16 rows)
+    assert (got["split"] - got[True]).abs().mean() > 1e-6
+    g_ref = torch.autograd.grad(ref.sum(), (hd, wd))
+    g_got = torch.autograd.grad(got["split"].sum(), (h, head.weight))
+    for a, b in zip(g_got, g_ref):
+        assert ((a.double() - b).norm() / b.norm()).item() <= 3e-5
+
+
+def test_trainer_and_generators_agree_with_the_split_head(default_model, monkeypatch):
+    """The split head forced on a CPU: the HF engine's hook and the vLLM engine's head give the sampled tokens the
+    log-probs the trainer computes with it, to 1e-6 (both through SplitProduct: counted)."""
+    model, tok = default_model
+    calls, real = [], S.SplitProduct.apply
+    monkeypatch.setattr(S.SplitProduct, "apply", lambda *a: calls.append(a[0].shape) or real(*a))
+    cfg = S.fill_defaults(S.Config(fp32_head_product="split", length_control="truncate", max_new_tokens=6))
+    prompts = [tok(p).input_ids for p in ("3941:", "27:", "88516:")]
+    comps, _ = S.hf_generate(model, tok, prompts, [6] * 3, 1.0, 0, "split")
+    engines = [("hf", comps)]
+    if importlib.util.find_spec("vllm"):
+        need_vllm()
+        engine = S.VLLMEngine(dataclasses.replace(cfg, engine="vllm"), S.load_tokenizer(cfg)[2], torch.device("cpu"),
+                              torch.float32, 64)
+        try:
+            engines.append(("vllm", [c for g in S.rollout(S.Rollouts(cfg, engine, tok), prompts, 1, 3) for c in g]))
+        finally:
+            engine.close()
+    n = len(calls)
+    for name, cs in engines:
+        for p, c in zip(prompts, cs):
+            with torch.no_grad():
+                now = S.sequence_logprobs(model, [S.Sample(p, c.tokens)], cfg, tok.pad_token_id)["logp"]
+            np.testing.assert_allclose(c.logprobs, now.tolist(), atol=1e-6, err_msg=name)
+    assert n >= 6 * len(engines) and len(calls) == n + 3 * len(engines)  # generation's steps, then the trainer's
+
+
 # ---------------------------------------------------------------------------------------------- engine
 @pytest.fixture(scope="module")
 def default_model(tmp_path_factory):
@@ -350,7 +405,7 @@ def test_hf_engine_logprobs_equal_trainer_logprobs(default_model, temperature):
     model, tok = default_model
     prompts = [tok("3941:").input_ids] * 5 + [tok("12:").input_ids] * 5
     limits = [6, 2, 6, 3, 6] * 2  # each row is cut at its own limit
-    comps, decoded = S.hf_generate(model, tok, prompts, limits, temperature, seed=1, lm_head_fp32=True)
+    comps, decoded = S.hf_generate(model, tok, prompts, limits, temperature, seed=1, fp32_head="float32")
     samples = [S.Sample(prompt=p, tokens=c.tokens) for p, c in zip(prompts, comps)]
     for c, limit in zip(comps, limits):
         assert c.finished == (c.tokens[-1] == tok.eos_token_id) and (c.finished or len(c.tokens) == limit)
@@ -378,7 +433,7 @@ def test_hf_engine_samples_from_the_full_distribution(default_model):
     n = 3000
     model.generation_config = GenerationConfig(do_sample=True, top_k=3, top_p=0.5, temperature=0.3,
                                                repetition_penalty=1.5, eos_token_id=2, pad_token_id=0)
-    group, _ = S.hf_generate(model, tok, [prompt] * n, [1] * n, 1.3, seed=2, lm_head_fp32=True)
+    group, _ = S.hf_generate(model, tok, [prompt] * n, [1] * n, 1.3, seed=2, fp32_head="float32")
     with torch.no_grad():
         logits = model(torch.tensor([prompt])).logits[0, -1].double()
     probs = torch.softmax(logits / 1.3, -1).numpy()
@@ -556,7 +611,7 @@ def test_dtype_bfloat16_reaches_the_trainer_and_the_hf_engine_in_a_run(tmp_path,
     monkeypatch.setattr(S, "hf_generate", lambda *a: seen["hf_generate"].add((a[7], a[6])) or real_generate(*a))
     rows = S.run(small_cfg(tmp_path, dtype="bfloat16", engine="hf", steps=2, prompts_per_step=4, val_size=8,
                            eval_every=100, zero_variance_filter=False, length_control="truncate"))
-    assert seen == {"train_step": {(torch.bfloat16, True)}, "hf_generate": {(torch.bfloat16, True)}}
+    assert seen == {"train_step": {(torch.bfloat16, True)}, "hf_generate": {(torch.bfloat16, "float32")}}
     assert rows[-1]["train_tokens"] > 0
     weights = load_params(S.list_checkpoints(str(tmp_path / "run"))[-1])
     assert {p.dtype for p in weights.values()} == {torch.float32}
@@ -1487,7 +1542,7 @@ def test_fp32_head_is_checked_at_engine_start_and_pushed_in_float32(default_mode
         head.add_(torch.randn_like(head) * 1e-3)  # float32 values that bfloat16 cannot hold
     assert not torch.equal(head.bfloat16().float(), head)
     engine.push(model, 1)
-    got = engine.llm.apply_model(lambda m: (m.logits_processor.fp32_weight.cpu(), m.lm_head.weight.cpu()))[0]
+    got = engine.llm.apply_model(lambda m: (m.logits_processor.fp32_head[0].cpu(), m.lm_head.weight.cpu()))[0]
     assert got[0].dtype == torch.float32 and torch.equal(got[0][:head.shape[0]], head.detach())
     assert got[1].dtype == torch.bfloat16 and not torch.equal(got[1][:head.shape[0]].float(), head.detach())
     # the engine's logits are the float32 product of its hidden states with that weight: its greedy token is the
@@ -3303,14 +3358,17 @@ def test_memory_plan_refusals_by_hand():
 
 def test_memory_plan_against_the_tracker_on_two_small_shapes(tmp_path):
     """bench.py --memory on a small shape (the 135M Llama's, 4 layers; tied) in one process without checkpointing, and
-    an untied one on 2 fake ranks with it: torch's memory tracker runs the update on fake tensors, and the plan's
-    trainer is 1 to 1.15 times its peak."""
+    an untied one on 2 fake ranks with it, and the tied one with it and the split head (its parts on fake tensors take
+    CUDA's path): torch's memory tracker runs the update on fake tensors, and the plan's trainer is 1 to 1.15 times its
+    peak."""
     import bench
     from transformers import LlamaConfig
-    for ranks, tied, argv in ((0, True, ["--no-activation-checkpointing"]), (2, False, [])):
+    for ranks, tied, argv in ((0, True, ["--no-activation-checkpointing"]), (2, False, []),
+                              (0, True, ["--fp32-head-product", "split"])):
+        d = tmp_path / f"{ranks}{tied}{len(argv)}"
         LlamaConfig(**{**bench.SHAPES["llama-135m"][1], "num_hidden_layers": 4, "tie_word_embeddings": tied}) \
-            .save_pretrained(tmp_path / str(ranks))
-        peak, plan = bench.memory_row(str(tmp_path / str(ranks)), ranks, 512, ["--micro-batch-tokens", "2048", *argv])
+            .save_pretrained(d)
+        peak, plan = bench.memory_row(str(d), ranks, 512, ["--micro-batch-tokens", "2048", *argv])
         assert 1 <= plan / peak <= bench.PLAN_BOUND, (ranks, plan / peak)
 
 
@@ -3772,7 +3830,7 @@ def test_a_generator_whose_head_differs_is_flagged_then_stopped_with_a_checkpoin
     resume accepts."""
     real = S.fp32_head_hook
     noise = torch.randn(len(S.SPECIALS) + len(S.CHARS), 128, generator=torch.Generator().manual_seed(0))
-    monkeypatch.setattr(S, "fp32_head_hook", lambda m, i, o: real(m, i, o) + torch.nn.functional.linear(
+    monkeypatch.setattr(S, "fp32_head_hook", lambda m, i, o, parts: real(m, i, o, parts) + torch.nn.functional.linear(
         i[0].float(), 0.05 * noise))
     cfg = small_cfg(tmp_path, engine="hf", steps=6, prompts_per_step=4, val_size=4, eval_every=100,
                     mask_truncated=False, zero_variance_filter=False)
