@@ -483,7 +483,7 @@ def check_mismatch(device):
     if importlib.util.find_spec("vllm") is None:
         arms = {k: v for k, v in arms.items() if not k.startswith("vllm")}
     with tempfile.TemporaryDirectory() as tmp:
-        shape = ["--tie-word-embeddings"]
+        shape = ["--tie-word-embeddings", "--prompts-per-step", "8", "--val-size", "8", "--eval-samples", "1"]
         if cuda:
             build("qwen2-0.5b", os.path.join(tmp, "m"))
             shape = ["--model", os.path.join(tmp, "m"), "--prompts-per-step", "16", "--generations-per-prompt", "8",

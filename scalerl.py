@@ -93,15 +93,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+
 # ==================================================================================================
-# PART I -- THE RECIPE
+# PART I -- THE RECIPE: the config, rl_step (the algorithm box), its components in the order it calls them (sections
+# 1-6, numbered as its arrows), then run() (7). Part II names it uses: State; the engines' contract; step_seed, RNG_*;
+# special_ids, completion_text, find_subsequence; Policy, as_policy, batch_tensors, micro_batches, even_out,
+# mismatch_sums, SplitProduct, backward_sum, gpu_peak; all_sum, all_max, full_tensor, mean_over_ranks (torchrun's
+# reductions: in one process the identity); setup, Recorder, live_fit, save_completions.
 # ==================================================================================================
-# Part II names that Part I uses: State, what the loop carries (model; policy, the model as trained; opt, sched; engine;
-# rollouts; grader; train, val and their token ids; curriculum; version, updates so far; serial, groups started;
-# requeue; totals; frozen); the engines' contract (submit, step, push, capacity, unfinished, sleep); special_ids,
-# completion_text, find_subsequence, step_seed and RNG_*; Policy, as_policy, batch_tensors, micro_batches, even_out,
-# mismatch_sums, gpu_peak; all_sum, all_max, world, full_tensor (torchrun's sums over ranks; in one process, the
-# identity); setup, Recorder, live_fit, save_completions (run).
 
 
 def flag(default, help, choices=None, nargs=None, above=None, at_least=None, below=None):
@@ -174,14 +173,12 @@ class Recipe:
     eval_samples: int = flag(8, "samples per held-out prompt: k of mean@k (the paper: 16)", above=0)
 
 # --------------------------------------------------------------------------------------------------
-# One ScaleRL step: the algorithm box of the module docstring, one call per arrow
+# One ScaleRL step: the algorithm box of the module docstring, one call per arrow, each numbered as its section
 
 
 def rl_step(state, cfg):
-    """One update. Returns what happened, for the metrics row (run() times it), or None when no prompt is left.
-    Where each call is: next_batch, section 7 (it streams section 1's rollouts across updates and waits where the lag
-    bound needs it); score, 2; build_batch, 3; update_curriculum, 4; train_step, 6 (its loss, policy_loss, is 5);
-    push_weights, 7."""
+    """One update: each call's number is its section's. Returns what happened, for the metrics row (run() times it),
+    or None when no prompt is left."""
     groups, stale = next_batch(state, cfg)                                     # 1. [Sec. 3.1, 4] P complete groups
     if all_max(groups is None):  # no prompt left (under torchrun: on some rank; every rank stops)
         return None
@@ -199,8 +196,71 @@ def rl_step(state, cfg):
                 push_seconds=push_seconds, rollout=rollout_metrics(comps, correct, rewards))
 
 # --------------------------------------------------------------------------------------------------
-# 1. Rollouts with forced length interruptions [Sec. 2, 4]: a group is one prompt's G completions, streamed
-#    through an engine (Part II); every token keeps the generator's log-prob and the weight version that sampled it.
+# 1. Rollouts [Sec. 2, 3.1, 4]: the next batch of P complete groups (a group is one prompt's G completions) under the
+#    lag bound of PipelineRL-k; groups admitted while the engine has room, streamed through it (Part II) with forced
+#    length interruptions; every token keeps the generator's log-prob and the weight version that sampled it.
+
+
+def next_batch(state, cfg):
+    """The next update's P complete groups, oldest first, under the lag bound [Sec. 3.1]. Returns (groups, stale):
+    stale counts the groups dropped for a token more than K updates old (none: admission and the wait keep the
+    bound); groups is None when nothing is left to generate."""
+    # The bound: the weights updated are at most K updates newer than any token trained on (group_lag <= K), the
+    # paper's k seen from the data's side (the trainer runs at most k updates ahead of its data): K = k.
+    stale, rollouts, engine = 0, state.rollouts, state.engine
+    while True:
+        fresh = sorted((g for g in rollouts.done if group_lag(g, state.version) <= cfg.max_lag),
+                       key=lambda g: (-group_lag(g, state.version), g.key))  # among equals, the first started
+        stale, rollouts.done = stale + len(rollouts.done) - len(fresh), fresh
+        share = cfg.prompts_per_step // state.curriculum.world  # under torchrun: this rank's share of the P groups
+        admit(state, cfg, admission(cfg, len(rollouts.open), len(rollouts.done), engine.unfinished(), engine.capacity,
+                                    state.curriculum.world))
+        # The wait rule. A group not in this batch must be trained at a version no later than its deadline, its
+        # oldest token's version + K (in flight: its start's + K). The updates after this one take P groups each,
+        # earliest deadline first, so the k-th group to fall due (k = 0, 1, ...) needs k + 1 slots up to its deadline;
+        # where one would not get them, this update waits and the engine decodes on. Check it: K = 2, P = 2, trainer
+        # at v, four slow groups started at v - 1 still decoding, two others complete. Train the two now, and the four
+        # (deadline v + 1) have one update, 2 slots, left: the third needs 3, so the trainer waits (a rule waiting only
+        # for groups due at this very update would let two of them pass the bound).
+        deadlines = sorted([g.oldest + cfg.max_lag for g in fresh[share:]] +
+                           [g.started + cfg.max_lag for g in rollouts.open.values()])
+        slots = [(d - state.version) * share for d in deadlines]  # what the updates after this one, to d, can train
+        wait = any(slots_to_deadline < k + 1 for k, slots_to_deadline in enumerate(slots))
+        if len(fresh) >= share and not wait:  # (the groups just admitted decode meanwhile, where generators are apart)
+            batch, rollouts.done = fresh[:share], fresh[share:]
+            return batch, stale
+        if not rollouts.open:
+            return None, stale
+        rollouts.poll()
+
+
+def admission(cfg, in_flight, ready, unfinished, capacity, ranks=1):
+    """How many new groups to start now. pipeline (PipelineRL-k, ScaleRL): keep the engine full (its `capacity`
+    sequences decoding at once), but never hold over (K + 1) x P groups between admission and training, so that the
+    updates to come can train each in time. ppo: K batches at a time, with the same weights, once the previous K are
+    trained. K = 0: the synchronous loop. ranks: under torchrun each rank admits for its share of P."""
+    P, K, G = cfg.prompts_per_step // ranks, cfg.max_lag, cfg.generations_per_prompt  # P: this rank's share
+    if cfg.off_policy == "ppo" or K == 0:
+        return 0 if in_flight or ready else P * (max(K, 1) if cfg.off_policy == "ppo" else 1)
+    free = (capacity - unfinished) // G if in_flight else max(1, (capacity - unfinished) // G)
+    return int(max(0, min((K + 1) * P - in_flight - ready, free)))
+
+
+def admit(state, cfg, n):
+    """Start n new groups: the prompts in flight at a resumed checkpoint first, then the curriculum's next ones."""
+    again = [state.requeue.popleft() for _ in range(min(n, len(state.requeue)))]
+    idx = [i for i in again if i not in state.curriculum.removed]
+    for i in idx + next_prompts(state.curriculum, n - len(idx)):
+        state.rollouts.add(("train", state.serial), state.train_ids[i], cfg.generations_per_prompt,
+                           step_seed(cfg.seed, RNG_ROLLOUT, state.serial), prompt_index=i)
+        state.serial += state.curriculum.world  # under torchrun rank r numbers its groups r, r + W, ...: own streams
+
+
+def group_lag(g, version):
+    """Updates between the weights that sampled the group's oldest token and the weights being updated."""
+    if g.oldest is None:  # the group is complete: its versions no longer change
+        g.oldest = min(v for c in g.completions for v, m in zip(c.versions, c.mask) if m)
+    return version - g.oldest
 
 
 @dataclass
@@ -225,19 +285,6 @@ class Group:
     left: int = 0         # completions not yet complete
     oldest: int = None    # the oldest weight version of its sampled tokens, once complete (see group_lag)
     started: int = 0      # the engine's weight version when it started: none of its tokens is older
-
-
-def next_request(c, budget, cfg, think_end):
-    """Forced length interruptions [Sec. 2, 4]: what a completion needs when a piece of it comes back.
-    Returns 'done', 'continue' or 'interrupt'."""
-    at_budget = len(c.tokens) == budget  # its first request (at most its thinking budget, drawn in [LO, HI]) ran out
-    if cfg.length_control != "interrupt" or c.finished or c.interrupted or not at_budget:
-        return "done"  # ended by itself, answered after an interruption, or the rest of a closed reasoning
-    if find_subsequence(c.tokens, think_end) is not None:
-        return "continue"  # it closed its reasoning within the budget: it goes on to --max-new-tokens in all
-    # It did not: the phrase is appended, and it gets --answer-budget more tokens to answer. (A model without a
-    # thinking format never closes its reasoning, so every completion of it that reaches the budget is interrupted.)
-    return "interrupt"
 
 
 class Rollouts:
@@ -303,6 +350,17 @@ class Rollouts:
         return [got[k] for k in keys]
 
 
+def next_request(c, budget, cfg, think_end):
+    """Forced length interruptions [Sec. 2, 4]: what a completion needs when a piece of it comes back."""
+    at_budget = len(c.tokens) == budget  # its first request (at most its thinking budget, drawn in [LO, HI]) ran out
+    if cfg.length_control != "interrupt" or c.finished or c.interrupted or not at_budget:
+        return "done"  # ended by itself, answered after an interruption, or the rest of a closed reasoning
+    if find_subsequence(c.tokens, think_end) is not None:
+        return "continue"  # it closed its reasoning within the budget: it goes on to --max-new-tokens in all
+    # It did not: the phrase is appended, and it gets --answer-budget more tokens to answer. (A model without a
+    # thinking format never closes its reasoning, so every completion of it that reaches the budget is interrupted.)
+    return "interrupt"
+
 # --------------------------------------------------------------------------------------------------
 # 2. Scoring [Sec. 2]: a verifiable, binary reward (the reward functions and the grading pool are in Part II)
 
@@ -344,6 +402,30 @@ def overlong_penalty(length, max_len, cache_len):
 # 3. The batch [Sec. 3.2]: truncated completions out, zero-variance filtering, advantages, aggregation
 
 
+def build_batch(prompt_ids, groups, correct, rewards, version, cfg):
+    """From one step's rollouts to the training batch: truncated completions out (--mask-truncated), zero-variance
+    filter, advantages, aggregation weights, each completion's values for the loss (completion_values) and its tokens'
+    lags from `version`, the weights it updates. Returns (samples, stats). Tokens with mask 0 (injected) and excluded
+    completions count in no normaliser."""
+    # valid[i, j]: completion j of prompt i is in the batch (it ended, or --no-mask-truncated keeps every one)
+    valid = np.array([[c.finished or not cfg.mask_truncated for c in g] for g in groups]).reshape(rewards.shape)
+    varied = zero_variance_keep(rewards, valid)  # prompts whose valid completions' rewards differ
+    trained = np.flatnonzero(varied if cfg.zero_variance_filter else valid.any(axis=1))  # the prompts in the loss
+    stats = {"zero_variance_frac": float(1 - varied.mean()), "active_prompts": len(trained),
+             "truncated_excluded": int((~valid).sum())}
+    adv = compute_advantages(rewards[trained], cfg.adv_norm, valid[trained])  # row a: prompt trained[a]
+    completions = [[j for j in range(len(groups[i])) if valid[i, j]] for i in trained]  # each one's valid ones
+    lengths = [[sum(groups[i][j].mask) for j in js] for i, js in zip(trained, completions)]  # sampled tokens
+    weights = completion_weights(lengths, cfg.loss_agg)
+    samples = []
+    for a, (i, js) in enumerate(zip(trained, completions)):
+        for j, w in zip(js, weights[a]):
+            c = groups[i][j]
+            samples.append(Sample(prompt_ids[i], c.tokens, c.logprobs, c.mask, [version - v for v in c.versions],
+                                  float(adv[a, j]), w, completion_values(c, correct[i, j], rewards[i, j])))
+    return samples, stats
+
+
 def zero_variance_keep(rewards, valid=None):
     """Zero-variance filtering [Sec. 3.2]: True for the prompts whose G rewards (over the `valid` completions, see
     --mask-truncated) are not all equal. A flat group has zero advantage everywhere and only dilutes the loss; it
@@ -353,12 +435,10 @@ def zero_variance_keep(rewards, valid=None):
 
 
 def compute_advantages(rewards, norm, valid=None, eps=1e-6):
-    """Group-centred advantages A_i = r_i - mean_j r_j [Sec. 2], then normalised:
+    """Group-centred advantages A_i = r_i - mean_j r_j [Sec. 2], normalised over the `valid` completions (others: 0):
     batch  -- divided by the std of all advantages in the batch (ScaleRL) [Sec. 3.2]
-    prompt -- divided by the std of the prompt's own rewards (GRPO)
-    none   -- left as they are (Dr. GRPO).  Standard deviations are population ones (ddof=0).
-    Means and standard deviations run over the `valid` completions only; the others get advantage 0. Rewards are
-    0/1 here and +-1 in the paper: the same advantages with batch and prompt norms; with none, the paper's are twice."""
+    prompt -- divided by the std of the prompt's own rewards (GRPO);   none -- as they are (Dr. GRPO).
+    Population stds. Rewards are 0/1 here, +-1 in the paper: the same advantages, but with none ours are half its."""
     valid = np.ones(rewards.shape, bool) if valid is None else valid
     n = np.maximum(valid.sum(axis=1, keepdims=True), 1)
     adv = np.where(valid, rewards - (rewards * valid).sum(axis=1, keepdims=True) / n, 0.0)
@@ -373,13 +453,11 @@ def compute_advantages(rewards, norm, valid=None, eps=1e-6):
 
 
 def completion_weights(groups_lengths, agg):
-    """Loss aggregation [Sec. 3.2] as one weight per completion, applied to each of its tokens, so that the
-    step's loss is sum(weight * token_loss) however the tokens are split into micro-batches.
-    prompt -- per prompt: sum over its G completions / its total tokens; mean over prompts (ScaleRL; the paper
-              attributes it to DAPO, whose objective normalises by the tokens of each prompt's group)
+    """Loss aggregation [Sec. 3.2] as one weight per completion, on each of its tokens, so that the loss is
+    sum(weight * token_loss) however the tokens are split into micro-batches (counts over every rank's prompts):
+    prompt -- per prompt: sum over its G completions / their tokens; mean over prompts (ScaleRL; the paper credits DAPO)
     sample -- per completion: mean over its tokens; mean over completions (GRPO)
-    token  -- sum over all tokens / all tokens of the batch (no grouping; common in DAPO implementations)
-    Under torchrun the counts are the whole batch's, every rank's prompts (each rank's loss is then its share)."""
+    token  -- sum over all tokens / all tokens of the batch (common in DAPO implementations)"""
     n_prompts, n_samples, n_tokens = all_sum(len(groups_lengths), sum(len(g) for g in groups_lengths),
                                              sum(sum(g) for g in groups_lengths))
     if agg == "prompt":
@@ -402,37 +480,14 @@ class Sample:
     values: dict = field(default_factory=dict)  # completion_values: policy_loss gets each, repeated over its tokens
 
 
-def build_batch(prompt_ids, groups, correct, rewards, version, cfg):
-    """From one step's rollouts to the training batch: truncated completions out (--mask-truncated), zero-variance
-    filter, advantages, aggregation weights, and each completion's values for the loss (Sample.values; a fork's
-    per-completion value goes there). correct, rewards: score's arrays; version: the weights the batch updates (each
-    token's lag is counted from it). Returns (samples, stats): a list of Sample and the filters' counts. Tokens with
-    mask 0 (injected, not sampled) and excluded completions count in no normaliser."""
-    # valid[i, j]: completion j of prompt i is in the batch (it ended, or --no-mask-truncated keeps every one)
-    valid = np.array([[c.finished or not cfg.mask_truncated for c in g] for g in groups]).reshape(rewards.shape)
-    varied = zero_variance_keep(rewards, valid)  # prompts whose valid completions' rewards differ
-    trained = np.flatnonzero(varied if cfg.zero_variance_filter else valid.any(axis=1))  # the prompts in the loss
-    stats = {"zero_variance_frac": float(1 - varied.mean()), "active_prompts": len(trained),
-             "truncated_excluded": int((~valid).sum())}
-    adv = compute_advantages(rewards[trained], cfg.adv_norm, valid[trained])  # row a: prompt trained[a]
-    completions = [[j for j in range(len(groups[i])) if valid[i, j]] for i in trained]  # each one's valid ones
-    lengths = [[sum(groups[i][j].mask) for j in js] for i, js in zip(trained, completions)]  # sampled tokens
-    weights = completion_weights(lengths, cfg.loss_agg)
-    samples = []
-    for a, (i, js) in enumerate(zip(trained, completions)):
-        for j, w in zip(js, weights[a]):
-            c = groups[i][j]
-            samples.append(Sample(prompt_ids[i], c.tokens, c.logprobs, c.mask, [version - v for v in c.versions],
-                                  float(adv[a, j]), w, completion_values(c, correct[i, j], rewards[i, j])))
-    return samples, stats
-
 def completion_values(c, correct, reward):
     """What the loss knows of a completion besides its tokens, {name: number}: policy_loss receives each one under its
     name, repeated over the completion's trained tokens. A fork's per-completion value goes here (docs/fork.md)."""
     return {"correct": float(correct), "reward": float(reward), "length": sum(c.mask)}  # length: sampled tokens
 
 # --------------------------------------------------------------------------------------------------
-# 4. Curriculum [Sec. 3.2]: epochs over the training prompts, with No-Positive-Resampling
+# 4. Curriculum [Sec. 3.2]: epochs over the training prompts, with No-Positive-Resampling (next_prompts is section
+#    1's: admit draws from it)
 
 
 @dataclass
@@ -448,6 +503,24 @@ class Curriculum:
     order: list = field(default_factory=list)
     history: dict = field(default_factory=dict)  # prompt index -> its pass rate at each draw, oldest first
     removed: dict = field(default_factory=dict)  # prompt index -> the name of the rule that removed it
+
+
+def update_curriculum(curriculum, indices, pass_rates, cfg):
+    """Record the pass rate of each prompt just drawn, and remove the prompts that removal_rule says to."""
+    for i, r in zip(indices, pass_rates):
+        curriculum.history.setdefault(i, []).append(float(r))
+        rule = removal_rule(curriculum.history[i], cfg)
+        if rule and i not in curriculum.removed:  # removed for good: next_prompts never draws it again
+            curriculum.removed[i] = rule  # metrics.jsonl counts each rule's removals: RULE_removed
+
+
+def removal_rule(history, cfg):
+    """Whether a prompt leaves the later epochs, from its pass rates (one per draw, oldest first): the name of the
+    rule that removes it, or None. A fork's rule goes here (docs/fork.md)."""
+    # No-Positive-Resampling [Sec. 3.2]: the paper does not define the history it reads; here, the last draw.
+    if cfg.npr_threshold < 1.0 and history[-1] >= cfg.npr_threshold:
+        return "npr"
+    return None
 
 
 def next_prompts(curriculum, k):
@@ -469,34 +542,57 @@ def next_prompts(curriculum, k):
             out.append(i)
     return out
 
-
-def update_curriculum(curriculum, indices, pass_rates, cfg):
-    """Record the pass rate of each prompt just drawn, and remove the prompts that removal_rule says to."""
-    for i, r in zip(indices, pass_rates):
-        curriculum.history.setdefault(i, []).append(float(r))
-        rule = removal_rule(curriculum.history[i], cfg)
-        if rule and i not in curriculum.removed:  # removed for good: next_prompts never draws it again
-            curriculum.removed[i] = rule  # metrics.jsonl counts each rule's removals: RULE_removed
-
-
-def removal_rule(history, cfg):
-    """Whether a prompt leaves the later epochs, from its pass rates (one per draw, oldest first): the name of the
-    rule that removes it, or None. A fork's rule goes here (docs/fork.md)."""
-    # No-Positive-Resampling [Sec. 3.2]: the paper does not define the history it reads; here, the last draw.
-    if cfg.npr_threshold < 1.0 and history[-1] >= cfg.npr_threshold:
-        return "npr"
-    return None
-
 # --------------------------------------------------------------------------------------------------
-# 5. The loss [Sec. 3.2, 4]: -J of a micro-batch from plain tensors, one value per trained token
+# 5. The update [Sec. 3.2, 4]: AdamW on -J, its gradient accumulated over micro-batches; -J from plain tensors, one
+#    value per trained token: the CISPO loss, and the FP32 LM head's log-probs (make_optimizer and frozen_models serve
+#    setup, Part II)
+
+
+def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None, frozen=None):
+    """One optimiser step on the batch: -J's gradient accumulated over the micro-batches (compute_gradients), clipped,
+    then AdamW. Returns the update's metrics, policy_loss's and mismatch_sums' as total / count over the batch."""
+    t0, peak = time.time(), gpu_peak(model, opt)  # (CUDA: the memory peak)
+    model.train()
+    batches = even_out(micro_batches(samples, cfg.micro_batch_tokens), pad_id)  # as many on every rank (FSDP)
+    loss, n_tok, metrics = compute_gradients(model, batches, cfg, pad_id, autocast_dtype, frozen)
+    grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)).item()
+    loss, n_tok = all_sum(float(loss), n_tok)  # (the whole batch's: summed over the ranks)
+    skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
+    lr = opt.param_groups[0]["lr"]  # the rate of this update (the scheduler moves on after it)
+    if not skipped:  # a non-finite loss or gradient would poison the weights and AdamW's moments: skip it
+        opt.step()
+        sched.step()
+    opt.zero_grad(set_to_none=True)
+    return {"loss": loss, "grad_norm": grad_norm, "skipped": skipped, "trained_tokens": 0 if skipped else int(n_tok),
+            "lr": lr, "train_seconds": time.time() - t0, **peak(), **mean_over_ranks(metrics)}
+
+
+def compute_gradients(model, batches, cfg, pad_id, autocast_dtype=None, frozen=None):
+    """The update's tensor part, nothing read back from the device (bench.py --memory runs it on fake tensors): for each
+    micro-batch its forward pass (under autocast, without its cast cache: it would keep a bf16 copy of every layer's
+    float32 weights until the backward pass), -J and its backward, the gradients accumulating. Returns -J over the
+    batch (float64), the trained tokens and {name: (total, count)} of the metrics, this rank's."""
+    policy, device, loss_sum, n_tok, metrics = as_policy(model), next(model.parameters()).device, 0.0, 0, {}
+    for mb in batches:
+        x = batch_tensors(mb, pad_id, device)
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None, cache_enabled=False):
+            terms = policy(x, cfg)  # token_terms of the trained tokens, "logp" among them
+            with torch.no_grad():
+                terms.update({f"{k}_logp": as_policy(m)(x, cfg)["logp"] for k, m in (frozen or {}).items()})
+        logp = terms.pop("logp")
+        loss, mb_metrics = policy_loss(logp, x["logp_gen"], x["A"], x["weight"], x["seq"], cfg, **x["values"], **terms)
+        backward_sum(loss)  # (this rank's share of the sum: under torchrun the gradient is the sum's, Part II)
+        loss_sum, n_tok = loss_sum + loss.detach().double(), n_tok + len(logp)
+        for k, (total, count) in {**mb_metrics, **mismatch_sums(logp, x["logp_gen"], x["fresh"], cfg.eps_max)}.items():
+            metrics[k] = (metrics.get(k, (0.0, 0))[0] + total.double(), metrics.get(k, (0.0, 0))[1] + count)
+    return loss_sum, n_tok, metrics
 
 
 def policy_loss(logp, logp_gen, A, weight, seq, cfg, **terms):
-    """-J on a micro-batch's trained tokens, sum(weight * token_loss), and its metrics {name: (total, count)}:
-    train_step logs total / count over the batch. One value per trained token (batch_tensors): logp = log pi_train
-    (with its gradient), logp_gen = log pi_gen, A = A_i^norm of its completion, weight = its aggregation weight, seq =
-    its completion's number. terms: token_terms' others, NAME_logp for each of frozen_models', and each value of
-    completion_values (correct, reward, length) repeated over the completion's tokens."""
+    """-J on a micro-batch's trained tokens, sum(weight * token_loss), and its metrics {name: (total, count)}, one value
+    per trained token (batch_tensors): logp = log pi_train (with its gradient), logp_gen = log pi_gen, A = A_i^norm
+    and weight of its completion, seq = its completion's number. terms: token_terms' others, NAME_logp for each of
+    frozen_models', and completion_values' (correct, reward, length) repeated over the completion's tokens."""
     # rho = pi_train / pi_gen, pi_gen as the engine recorded it while sampling (not a recomputed pi_old: the engine's
     # weights can change mid-completion, so one completion can mix versions)
     rho = gspo_ratio(logp, logp_gen, seq) if cfg.loss == "gspo" else torch.exp(logp - logp_gen)
@@ -563,9 +659,8 @@ def fp32_head_logits(h, w, b=None, parts=None):
 
 
 def _chunk_terms(h, w, b, y, temperature, fp32, post, parts):
-    """One chunk of token_logprobs: the LM head's logits of the hidden states h [n, H], then token_terms of them.
-    With the FP32 head the logits are float32 products (fp32_head_logits, autocast off); without it the head runs in
-    the compute dtype and only its output is cast to float32."""
+    """One chunk of token_logprobs: the LM head's logits of h [n, H], then their token_terms; without the FP32 head the
+    head runs in the compute dtype, only its output cast to float32."""
     if fp32:
         with torch.autocast(h.device.type, enabled=False):
             logits = fp32_head_logits(h, w, b, parts)
@@ -575,11 +670,9 @@ def _chunk_terms(h, w, b, y, temperature, fp32, post, parts):
 
 
 def token_logprobs(hidden, head, targets, temperature, fp32=True, chunk=1024, post=None):
-    """{name: tensor [N]}: token_terms of head(hidden) / T for every row of hidden [N, H], "logp" = log softmax(...)
-    [target] among them [Sec. 3.2, FP32 LM head; fp32 "split": W split once a call]; post: what the model does to its
-    logits after the head (logit_transform). Rows go `chunk` at a time, each recomputed in backward, so memory grows
-    with chunk x V, not N x V (kept, the logits would take ~12 bytes x N x V; the recomputation costs a head product
-    a chunk, docs/engines.md). (No rows: one empty chunk, in the graph, so that a backward pass runs.)"""
+    """{name: tensor [N]}: token_terms of head(hidden) / T for every row of hidden [N, H], "logp" among them [Sec. 3.2,
+    FP32 LM head]; post: logit_transform. Rows go `chunk` at a time, each recomputed in backward, so memory grows with
+    chunk x V, not N x V (docs/engines.md). (No rows: one empty chunk, in the graph.)"""
     from torch.utils.checkpoint import checkpoint
     out, w_parts = [], split_bf16(head.weight.detach()) if fp32 == "split" else None
     for s in range(0, max(hidden.shape[0], 1), chunk):
@@ -587,9 +680,6 @@ def token_logprobs(hidden, head, targets, temperature, fp32=True, chunk=1024, po
         grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
         out.append(checkpoint(_chunk_terms, *args, use_reentrant=False) if grad else _chunk_terms(*args))
     return {k: torch.cat([p[k] for p in out]) for k in out[0]}
-
-# --------------------------------------------------------------------------------------------------
-# 6. The train step: AdamW with warm-up and clipping, gradients accumulated over micro-batches
 
 
 def make_optimizer(model, cfg):
@@ -606,114 +696,8 @@ def frozen_models(cfg, load_initial):
     {"ref": load_initial()} (docs/fork.md); train_step gives policy_loss each one's log-probs as NAME_logp."""
     return {}
 
-
-def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None, frozen=None):
-    """One optimiser step on the batch: -J's gradient accumulated over the micro-batches (compute_gradients), clipped,
-    then AdamW. Returns the update's metrics: loss, gradient norm, learning rate, time, and each metric of
-    policy_loss and mismatch_sums as total / count over the batch. metrics_row logs every one."""
-    t0, peak = time.time(), gpu_peak(model, opt)  # (CUDA: the memory peak)
-    model.train()
-    batches = even_out(micro_batches(samples, cfg.micro_batch_tokens), pad_id)  # as many on every rank (FSDP)
-    loss, n_tok, metrics = compute_gradients(model, batches, cfg, pad_id, autocast_dtype, frozen)
-    grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)).item()
-    loss, n_tok, *flat = all_sum(float(loss), n_tok, *(float(v) for pair in metrics.values() for v in pair))
-    skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))  # (the whole batch's: summed over the ranks)
-    lr = opt.param_groups[0]["lr"]  # the rate of this update (the scheduler moves on after it)
-    if not skipped:  # a non-finite loss or gradient would poison the weights and AdamW's moments: skip it
-        opt.step()
-        sched.step()
-    opt.zero_grad(set_to_none=True)
-    return {"loss": loss, "grad_norm": grad_norm, "skipped": skipped, "trained_tokens": 0 if skipped else int(n_tok),
-            "lr": lr, "train_seconds": time.time() - t0, **peak(),
-            **{k: flat[2 * a] / flat[2 * a + 1] for a, k in enumerate(metrics) if flat[2 * a + 1]}}
-
-
-def compute_gradients(model, batches, cfg, pad_id, autocast_dtype=None, frozen=None):
-    """The update's tensor part, nothing read back from the device (bench.py --memory runs it on fake tensors): for each
-    micro-batch its forward pass (under autocast, without its cast cache: it would keep a bf16 copy of every layer's
-    float32 weights until the backward pass), -J and its backward, the gradients accumulating. Returns -J over the
-    batch (float64), the trained tokens and {name: (total, count)} of the metrics, this rank's."""
-    policy, device, loss_sum, n_tok, metrics = as_policy(model), next(model.parameters()).device, 0.0, 0, {}
-    for mb in batches:
-        x = batch_tensors(mb, pad_id, device)
-        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None, cache_enabled=False):
-            terms = policy(x, cfg)  # token_terms of the trained tokens, "logp" among them
-            with torch.no_grad():
-                terms.update({f"{k}_logp": as_policy(m)(x, cfg)["logp"] for k, m in (frozen or {}).items()})
-        logp = terms.pop("logp")
-        loss, mb_metrics = policy_loss(logp, x["logp_gen"], x["A"], x["weight"], x["seq"], cfg, **x["values"], **terms)
-        (loss * world()).backward()  # FSDP2 averages the ranks' gradients: each rank's loss is its share of the sum
-        loss_sum, n_tok = loss_sum + loss.detach().double(), n_tok + len(logp)
-        for k, (total, count) in {**mb_metrics, **mismatch_sums(logp, x["logp_gen"], x["fresh"], cfg.eps_max)}.items():
-            metrics[k] = (metrics.get(k, (0.0, 0))[0] + total.double(), metrics.get(k, (0.0, 0))[1] + count)
-    return loss_sum, n_tok, metrics
-
-
 # --------------------------------------------------------------------------------------------------
-# 7. The off-policy loop [Sec. 3.1]: which groups generate while the trainer updates, which are trained when
-
-
-def admission(cfg, in_flight, ready, unfinished, capacity, ranks=1):
-    """How many new groups to start now.
-    pipeline (PipelineRL-k, ScaleRL): keep the engine full (its `capacity` sequences decoding at once), but never hold
-    more than (K + 1) x P groups between admission and training: the updates to come can then train each in time.
-    ppo (PPO-off-policy-k): K batches at a time, all with the same weights, once the previous K are trained.
-    K = 0: the synchronous loop, one batch at a time. ranks: under torchrun each rank admits for its share of P."""
-    P, K, G = cfg.prompts_per_step // ranks, cfg.max_lag, cfg.generations_per_prompt  # P: this rank's share
-    if cfg.off_policy == "ppo" or K == 0:
-        return 0 if in_flight or ready else P * (max(K, 1) if cfg.off_policy == "ppo" else 1)
-    free = (capacity - unfinished) // G if in_flight else max(1, (capacity - unfinished) // G)
-    return int(max(0, min((K + 1) * P - in_flight - ready, free)))
-
-
-def admit(state, cfg, n):
-    """Start n new groups: the prompts in flight at a resumed checkpoint first, then the curriculum's next ones."""
-    again = [state.requeue.popleft() for _ in range(min(n, len(state.requeue)))]
-    idx = [i for i in again if i not in state.curriculum.removed]
-    for i in idx + next_prompts(state.curriculum, n - len(idx)):
-        state.rollouts.add(("train", state.serial), state.train_ids[i], cfg.generations_per_prompt,
-                           step_seed(cfg.seed, RNG_ROLLOUT, state.serial), prompt_index=i)
-        state.serial += state.curriculum.world  # under torchrun rank r numbers its groups r, r + W, ...: own streams
-
-
-def group_lag(g, version):
-    """Updates between the weights that sampled the group's oldest token and the weights being updated."""
-    if g.oldest is None:  # the group is complete: its versions no longer change
-        g.oldest = min(v for c in g.completions for v, m in zip(c.versions, c.mask) if m)
-    return version - g.oldest
-
-
-def next_batch(state, cfg):
-    """The next update's P complete groups, oldest first, under the lag bound [Sec. 3.1]. Returns (groups, stale):
-    stale counts the groups dropped for a token more than K updates old (none: admission and the wait keep the
-    bound); groups is None when nothing is left to generate."""
-    # The bound: the weights updated are at most K updates newer than any token trained on (group_lag <= K), the
-    # paper's k seen from the data's side (the trainer runs at most k updates ahead of its data): K = k.
-    stale, rollouts, engine = 0, state.rollouts, state.engine
-    while True:
-        fresh = sorted((g for g in rollouts.done if group_lag(g, state.version) <= cfg.max_lag),
-                       key=lambda g: (-group_lag(g, state.version), g.key))  # among equals, the first started
-        stale, rollouts.done = stale + len(rollouts.done) - len(fresh), fresh
-        share = cfg.prompts_per_step // state.curriculum.world  # under torchrun: this rank's share of the P groups
-        admit(state, cfg, admission(cfg, len(rollouts.open), len(rollouts.done), engine.unfinished(), engine.capacity,
-                                    state.curriculum.world))
-        # The wait rule. A group not in this batch must be trained at a version no later than its deadline, its
-        # oldest token's version + K (in flight: its start's + K). The updates after this one take P groups each,
-        # earliest deadline first, so the k-th group to fall due (k = 0, 1, ...) needs k + 1 slots up to its deadline;
-        # where one would not get them, this update waits and the engine decodes on. Check it: K = 2, P = 2, trainer
-        # at v, four slow groups started at v - 1 still decoding, two others complete. Train the two now, and the four
-        # (deadline v + 1) have one update, 2 slots, left: the third needs 3, so the trainer waits (a rule waiting only
-        # for groups due at this very update would let two of them pass the bound).
-        deadlines = sorted([g.oldest + cfg.max_lag for g in fresh[share:]] +
-                           [g.started + cfg.max_lag for g in rollouts.open.values()])
-        slots = [(d - state.version) * share for d in deadlines]  # what the updates after this one, to d, can train
-        wait = any(slots_to_deadline < k + 1 for k, slots_to_deadline in enumerate(slots))
-        if len(fresh) >= share and not wait:  # (the groups just admitted decode meanwhile, where generators are apart)
-            batch, rollouts.done = fresh[:share], fresh[share:]
-            return batch, stale
-        if not rollouts.open:
-            return None, stale
-        rollouts.poll()
+# 6. The push [Sec. 3.1]: the new weights into the engine, in flight
 
 
 def push_weights(state, cfg):
@@ -726,7 +710,7 @@ def push_weights(state, cfg):
     return time.time() - t0
 
 # --------------------------------------------------------------------------------------------------
-# 8. The run: setup, then rl_step after rl_step, evaluating every --eval-every steps
+# 7. The run: setup, then rl_step after rl_step, evaluating every --eval-every steps
 
 
 def evaluate(state, cfg, step):
@@ -775,15 +759,148 @@ def run(cfg):
                 break
     return recorder.rows
 
+
 # ==================================================================================================
-# PART II -- PLUMBING. Nothing below this line changes the recipe: the command line and its checks, the data
-# readers, rewards and the grading pool, the models and engines, setup, logging and checkpoints.
+# PART II -- PLUMBING. Nothing below changes the recipe. A run meets it in this order, and so does the reader:
+#   1. Setup                        setup, start_run: checks, data, model, grading pool, engine, optimiser, Recorder
+#   2. The command line             Config, parse_args, config_in_force, fill_defaults, validate, the hub check
+#   3. Data                         the built-in tasks, --data's readers, prompts encoded
+#   4. Models                       the embedded tiny model, loading a model and its tokenizer
+#   5. The memory plan              what each GPU will hold, before any weight loads; the trainer's peak and RSS
+#   6. torchrun                     ranks and their sums, FSDP2's shards, the weights gathered for a push
+#   7. Engines                      the contract, Hugging Face generate, in-process vLLM, the generator-trainer split
+#   8. Rewards and grading          the reward functions and the pool of processes that runs them with a time limit
+#   9. The trainer's forward pass   Policy, the micro-batch's tensors, the FP32 head's split-bf16 product
+#  10. Metrics and the screen       metrics_row, Recorder (records, signals, stops), the progress line, the warnings
+#  11. Run directories, checkpoints the lock, checkpoints written atomically, resume
 # ==================================================================================================
+
+# --------------------------------------------------------------------------------------------------
+# 1. Setup: what run() calls first; start_run's body is the table of contents of the sections below
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class State:
+    """What the loop carries from step to step; setup() in Part II builds it."""
+    model: object
+    tok: object
+    opt: object
+    sched: object
+    autocast: object          # the compute dtype under autocast (bfloat16 on CUDA), or None
+    engine: object            # HFEngine or VLLMEngine (Part II)
+    rollouts: Rollouts
+    grader: object            # Grader (Part II)
+    train: list               # training (prompt, answer, row) items (load_data) and their prompts' token ids
+    train_ids: list
+    val: list                 # held-out items, and their prompts' token ids
+    val_ids: list
+    curriculum: Curriculum
+    totals: dict              # cumulative counters: device_hours, flops, ... (the scaling curve's x-axes)
+    version: int = 0          # optimiser updates so far: the version of the trainer's weights
+    serial: int = 0           # training groups started so far
+    requeue: collections.deque = field(default_factory=collections.deque)  # in flight at a resumed checkpoint
+    policy: object = None     # the Policy module that trains `model` (FSDP2-sharded under torchrun)
+    frozen: dict = field(default_factory=dict)  # frozen_models(): the models the loss needs besides the policy
+    digests: dict = field(default_factory=dict)  # sha256 of the --data and --val-data files: a resume checks a move
+
+
+def setup(cfg):
+    """Everything the loop needs, spending nothing on bad input: the checks, the run directory claimed, start_run."""
+    cfg, saved = config_in_force(cfg)
+    if rank():  # under torchrun only rank 0 prints (errors still show)
+        sys.stdout = open(os.devnull, "w")
+    quiet_libraries(cfg.verbose)
+    release = claim(cfg, saved["step"] if saved else None)
+    try:
+        return start_run(cfg, saved, release)
+    except BaseException as e:
+        undone = release(undo=True)
+        if isinstance(e, KeyboardInterrupt):  # (a Ctrl-C before the first step: nothing of the run was written)
+            print(f"\ninterrupted while starting: {undone or cfg.out + ' is as it was'}", file=sys.stderr, flush=True)
+        raise
+
+
+def start_run(cfg, saved, release):
+    """setup() once the run directory is claimed: the sections of Part II in the order a run meets them."""
+    start_notes(cfg)                                                    # 1. what the flags alone do not say
+    train, val = load_data(cfg)                                         # 3. (bad data stops the run here)
+    device, dtype = run_device(cfg)
+    tok, config, path = load_tokenizer(cfg, cfg.resume or None)         # 4. (the embedded model built first)
+    train_ids, val_ids, longest = encode_prompts(tok, config, train, val, cfg)  # 3. within the model's positions
+    check_memory_plan(cfg, config, device, longest)                     # 5. before any weight is loaded
+    grader = Grader(REWARDS[cfg.reward], grading_workers(cfg), cfg.reward_timeout)  # 8.
+    model, policy, frozen = load_trainer(cfg, device, path)             # 4, 6. (FSDP2 under torchrun)
+    autocast = None if dtype == getattr(torch, cfg.param_dtype) else dtype
+    engine = make_engine(cfg, config, path, device, dtype, longest, len(val), model, tok, autocast)  # 7.
+    opt, sched = make_optimizer(model, cfg)                             # Part I, 5.
+    state = State(model, tok, opt, sched, autocast, engine, Rollouts(cfg, engine, tok), grader, train, train_ids,
+                  val, val_ids, Curriculum(len(train), cfg.seed, rank(), world()),
+                  {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0, "skipped_updates": 0},
+                  serial=rank(), policy=policy, frozen=frozen,
+                  digests={k: file_digest(getattr(cfg, k)) for k in ("data", "val_data") if getattr(cfg, k)})
+    rows = restore(saved, state) if saved else []                       # 11. a resumed run's state
+    engine.push(model, state.version)  # the engine starts from exactly the trainer's weights
+    ceiling = hidden_task_ceiling([p for p, _, _ in val]) if not cfg.data and cfg.task == "hidden" else None
+    return state, cfg, Recorder(cfg, state, rows, saved["step"] + 1 if saved else 1, device, ceiling, release)  # 10.
+
+
+def start_notes(cfg):
+    """The start-up lines for what the flags alone do not say (docs/off-policy.md)."""
+    if cfg.engine == "hf" and cfg.off_policy == "pipeline" and cfg.max_lag > 0:
+        print("scalerl: --engine hf cannot stream; running the synchronous loop (--max-lag 0)", flush=True)
+        cfg.max_lag = 0
+    if note := npr_note(cfg):
+        print(note, flush=True)
+    if cfg.off_policy == "pipeline" and cfg.max_lag > 0 and not cfg.generators:
+        print(f"scalerl: PipelineRL-{cfg.max_lag} in one process: generation pauses while the trainer updates; the "
+              f"groups decoding or waiting across an update are off-policy, up to {cfg.max_lag} updates (within 2 on "
+              "the CPU default; more where groups pile up, as during evaluations); --generators 1 decodes in a process "
+              "of its own, beside training", flush=True)
+
+
+def run_device(cfg):
+    """(device, compute dtype): under torchrun each rank its own GPU; bfloat16 on CUDA, float32 on a CPU (--dtype)."""
+    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if cfg.device == "auto" else cfg.device)
+    if launched() and device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    torch.manual_seed(cfg.seed)
+    return device, getattr(torch, cfg.dtype) if cfg.dtype != "auto" else \
+        torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def npr_note(cfg):
+    """The start-up line, or None, for when G makes --npr-threshold coarser than it reads."""
+    t, G = cfg.npr_threshold, cfg.generations_per_prompt
+    need = math.ceil(t * G - 1e-9)  # (0.9 * 10 is 9.000000000000002)
+    return None if t >= 1 or need / G <= t + 1e-9 else (f"scalerl: NPR removes a prompt once {need} of its {G} "
+                                                        f"completions pass (--npr-threshold {t:g} over G = {G} "
+                                                        f"completions is a pass rate of {need / G:g})")
+
+
+def quiet_libraries(verbose):
+    """Without --verbose, the libraries' own chatter stays off the screen: the first lines a user sees are ours."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if verbose else "ERROR")
+    if verbose:
+        return
+    from transformers.utils import logging as hf_logging
+    warnings.filterwarnings("ignore")
+    sys.warnoptions.append("ignore")  # and in the Python processes this one starts (multiprocessing passes -W on)
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+# --------------------------------------------------------------------------------------------------
+# 2. The command line: one Config, its flags and their checks (one line, status 2, before anything is spent)
+# --------------------------------------------------------------------------------------------------
 
 
 # what a resumed run takes from the flags typed now: its length, checkpoints, display, outputs and guard, its place
 MAY_CHANGE = ("steps", "save_every", "keep_last", "verbose", "save_completions", "wandb", "wandb_name",
               "max_fresh_mismatch", "resume", "out")
+
+
 CHANGEABLE = ", ".join("--" + k.replace("_", "-") for k in MAY_CHANGE[:-2])  # (the flags a user types to change)
 
 
@@ -810,7 +927,8 @@ class Config(Recipe):
     tie_word_embeddings: bool = flag(False, "embedded model only: tie the input embedding and the LM head")
     fp32_head_product: str = flag("auto", "the FP32 head's product: float32 operands, or split (h and W each two bf16 "
                                           "parts, three bf16 products summed in float32: float32's accuracy within "
-                                          "2-3x at tensor-core speed); auto: split on CUDA", ["auto", "float32", "split"])
+                                          "2-3x at tensor-core speed); auto: split on CUDA",
+                                  ["auto", "float32", "split"])
     activation_checkpointing: bool = flag(None, "keep only each decoder layer's input for backward and recompute the "
                                               "rest there (memory for time: about a third more compute per update). "
                                               "Default: on with --model, off for the embedded model")
@@ -887,8 +1005,7 @@ def step_seed(seed, stream, n):
 
 
 class ScaleRLError(Exception):
-    """Bad input (status 2, found before any compute is spent) or a failure later (status 1). The command line
-    prints it as one line and exits with the status; a notebook or a fork gets the exception."""
+    """Bad input (status 2, before compute is spent) or a later failure (status 1); a notebook gets the exception."""
 
     def __init__(self, msg, status=2, resumable=False):
         super().__init__(msg)
@@ -900,20 +1017,19 @@ def die(msg, status=2):
 
 
 def parse_args(argv=None):
-    """Turn every Config field into a flag: --name-with-dashes; booleans get --x / --no-x. Returns a checked Config
-    with its derived defaults filled in, and in cfg.typed the names of the flags typed (a resumed run changes those)."""
+    """Every Config field a flag: the checked Config, cfg.typed naming the flags typed (a resumed run changes those)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
                                 argument_default=argparse.SUPPRESS)  # (a flag not typed is not in the namespace)
     p.error = die  # argparse's own errors end in one line, status 2, too
     for f in dataclasses.fields(Config):
-        flag, kw = "--" + f.name.replace("_", "-"), {"help": f.metadata["help"]}
+        option, kw = "--" + f.name.replace("_", "-"), {"help": f.metadata["help"]}
         if f.type is bool:
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+            p.add_argument(option, action=argparse.BooleanOptionalAction, **kw)
         elif f.metadata["nargs"]:
-            p.add_argument(flag, type=type(f.default[0]), nargs=f.metadata["nargs"], metavar=("LO", "HI"), **kw)
+            p.add_argument(option, type=type(f.default[0]), nargs=f.metadata["nargs"], metavar=("LO", "HI"), **kw)
         else:
             choices = f.metadata["choices"]  # (a function: the names of a table in Part II)
-            p.add_argument(flag, type=f.type, choices=choices() if callable(choices) else choices, **kw)
+            p.add_argument(option, type=f.type, choices=choices() if callable(choices) else choices, **kw)
     typed = vars(p.parse_args(argv))
     cfg = Config(**typed)
     cfg.typed = set(typed)
@@ -922,10 +1038,8 @@ def parse_args(argv=None):
 
 
 def config_in_force(cfg):
-    """The settings a run uses, checked, and the checkpoint's state it resumes (None for a new run): the flags with
-    their derived defaults (fill_defaults), or for a resumed run the checkpoint's settings with the flags typed now,
-    which must agree with them (resumed_config): its typed flags are checked against the run's values, not against
-    the defaults."""
+    """(the settings a run uses, checked; the checkpoint's state, or None): the flags with their derived defaults, or
+    for a resumed run the checkpoint's settings with the flags typed now, checked on those, not on the defaults."""
     cfg = fill_defaults(cfg)
     if not cfg.resume:
         return validate(cfg), None
@@ -935,8 +1049,7 @@ def config_in_force(cfg):
 
 
 def fill_defaults(cfg):
-    """Fill in the settings whose default depends on others (0, '' or 'auto' means 'derive it'). A Config made in
-    Python, not by parse_args, counts the settings it gives other than their defaults as typed."""
+    """Fill in the settings whose default depends on others (0, '' or 'auto' means 'derive it')."""
     if not hasattr(cfg, "typed"):
         cfg.typed = {f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != f.default}
     if cfg.mask_truncated is None:
@@ -968,9 +1081,8 @@ def fill_defaults(cfg):
         cfg.resume = found[-1]
     if cfg.steps is None and not cfg.resume:  # (resumed: the run's own, resumed_config)
         cfg.steps = 150
-    # the run directory: --out, else a resumed checkpoint's run (RUN/checkpoints/step_N), else runs/<time>-<pid> (under
-    # torchrun the launcher's pid, which every rank shares); it and every local path are kept absolute, so that the run
-    # resumes from any working directory
+    # the run directory (under torchrun the launcher's pid, which every rank shares) and every local path kept absolute:
+    # the run resumes from any working directory
     cfg.out = cfg.out or (run_of(cfg.resume) if cfg.resume else os.path.join(
         "runs", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getppid() if launched() else os.getpid()}"))
     for name in ("out", "resume", "model", "data", "val_data"):  # (a hub name stays as it is)
@@ -980,8 +1092,7 @@ def fill_defaults(cfg):
 
 
 def check_resume(cfg):
-    """What --resume names, before it is read: every number typed within its bounds, and a checkpoint in a run (or
-    --out, the run it branches into)."""
+    """What --resume names, before it is read: a checkpoint in a run (or --out, the run it branches into)."""
     check_numbers(cfg)
     if not os.path.isfile(os.path.join(cfg.resume, "trainer_state.pt")):
         die(f"--resume {cfg.resume}: not a checkpoint directory (no trainer_state.pt)")
@@ -992,159 +1103,159 @@ def check_resume(cfg):
 
 def check_numbers(cfg):
     """Each number finite (nan and inf pass every comparison the wrong way), then within the bounds its flag() gives."""
-    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
-    for f in dataclasses.fields(cfg):  # each number finite (nan and inf pass every comparison the wrong way), then
-        value, meta = getattr(cfg, f.name), f.metadata  # within its bounds
+    dashed = lambda name: "--" + name.replace("_", "-")  # noqa: E731
+    for f in dataclasses.fields(cfg):
+        value, meta = getattr(cfg, f.name), f.metadata
         if isinstance(value, float) and not math.isfinite(value):
-            die(f"{flag(f.name)} must be a finite number (got {value})")
+            die(f"{dashed(f.name)} must be a finite number (got {value})")
         for key, sign, outside in (("above", ">", operator.le), ("at_least", ">=", operator.lt),
                                    ("below", "<", operator.ge)):
             if meta.get(key) is not None and value is not None and outside(value, meta[key]):
-                die(f"{flag(f.name)} must be {sign} {meta[key]} (got {value})")
+                die(f"{dashed(f.name)} must be {sign} {meta[key]} (got {value})")
 
 
 def validate(cfg):
-    """Refuse impossible settings before any model is loaded (one line, status 2). Returns cfg."""
-    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
+    """Refuse impossible settings before any model loads (status 2); the hub check last: it may wait for the network."""
     check_numbers(cfg)
-    if cfg.length_control == "interrupt" and cfg.answer_budget >= cfg.max_new_tokens:
-        die(f"--answer-budget {cfg.answer_budget} leaves no thinking budget within --max-new-tokens "
-            f"{cfg.max_new_tokens}: it must be smaller")
-    lo, hi = cfg.think_budget
-    if min(lo, hi) < 0 or cfg.length_control == "interrupt" and not 1 <= lo <= hi < cfg.max_new_tokens:
-        die(f"--think-budget {lo} {hi}: need 1 <= LO <= HI < --max-new-tokens ({cfg.max_new_tokens})")
-    if cfg.length_control == "penalty" and not 0 < cfg.cache_len < cfg.max_len <= cfg.max_new_tokens:
-        die(f"--cache-len {cfg.cache_len} --max-len {cfg.max_len}: need 0 < L_cache < L_max <= --max-new-tokens")
-    if cfg.reward_workers == 0 and cfg.reward == "math":
-        die("--reward-workers 0 grades in this process with no time limit, and math-verify can hang (sympy never "
-            "returns on some answers): --reward math needs grading processes (--reward-workers -1 or >= 1)")
-    if cfg.model and not is_hub_id(cfg.model) and not os.path.isfile(os.path.join(cfg.model, "config.json")):
-        die(f"--model {cfg.model}: no such model directory (a local model needs config.json)")
-    if cfg.model and cfg.tie_word_embeddings:
-        die("--tie-word-embeddings applies to the embedded model only; a --model brings its own head")
-    if cfg.data and not cfg.model:
-        die("--data needs --model: the embedded model's character tokenizer covers only the built-in task")
-    if cfg.data and cfg.task != "largest":
-        die("--task chooses a built-in task; it does not apply with --data")
-    for name in ("val_data", "prompt_key", "answer_key", "system_prompt", "skip_bad_rows"):
-        if getattr(cfg, name) and not cfg.data:
-            die(f"{flag(name)} needs --data")
-    if not cfg.data and cfg.train_size + cfg.val_size > MAX_TASK_PROMPTS:
-        die(f"--train-size + --val-size must be <= {MAX_TASK_PROMPTS} for the built-in task")
-    if not cfg.data and cfg.prompts_per_step > cfg.train_size:
-        die(f"--prompts-per-step {cfg.prompts_per_step} exceeds --train-size {cfg.train_size}")
-    try:  # a reward written for another signature would fail on every completion, each an error worth 0
-        inspect.signature(REWARDS[cfg.reward]).bind("text", "answer", {})
-    except TypeError:
-        die(f"--reward {cfg.reward}: {REWARDS[cfg.reward].__name__} must take (completion_text, answer, row)")
-    if cfg.reward == "math" and importlib.util.find_spec("math_verify") is None:
-        die("--reward math needs math-verify: pip install math-verify (it is in requirements.txt)")
-    if cfg.wandb and importlib.util.find_spec("wandb") is None:
-        die("--wandb needs the wandb package: pip install wandb")
-    if cfg.wandb and os.environ.get("WANDB_MODE", "online") not in ("offline", "disabled", "dryrun"):
-        import wandb  # (logged in: an API key in WANDB_API_KEY, a settings file or ~/.netrc; nothing is asked)
-        if not wandb.login(prompt=False, verify=False):
-            die(f"--wandb {cfg.wandb}: not logged in to Weights & Biases: run `wandb login` (or set WANDB_API_KEY), or "
-                "log offline with WANDB_MODE=offline")
-    if cfg.wandb_name and not cfg.wandb:
-        die("--wandb-name needs --wandb")
-    if cfg.engine == "vllm" and not launched() and re.fullmatch(r"cuda:0*[1-9]\d*", cfg.device):
-        die(f"--device {cfg.device}: the vLLM engine runs on the first visible GPU; choose the GPU with "
-            f"CUDA_VISIBLE_DEVICES={cfg.device[5:]} and --device cuda")
-    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
-        die(f"--device {cfg.device}: CUDA is not available on this machine")
-    if cfg.device not in ("auto", "cpu") and not re.fullmatch(r"cuda(:\d+)?", cfg.device):
-        die(f"--device must be auto, cpu, cuda or cuda:N (got {cfg.device})")
-    if launched() and ":" in cfg.device:
-        die(f"--device {cfg.device}: under torchrun each rank takes cuda:LOCAL_RANK; pass --device cuda (or auto)")
-    if launched() and cfg.prompts_per_step % world():
-        die(f"--prompts-per-step {cfg.prompts_per_step} must be a multiple of the {world()} ranks: each rank "
-            "generates and trains an equal share of every step's prompts")
-    if cfg.engine == "vllm" and importlib.util.find_spec("vllm") is None:
-        die("--engine vllm: vllm is not installed (pip install -r requirements.txt; on CPU see the README), "
-            "or use --engine hf")
-    if cfg.generators:
-        local, cuda = int(os.environ.get("LOCAL_WORLD_SIZE", 1)), cfg.device.startswith("cuda") or \
-            cfg.device == "auto" and torch.cuda.is_available()
-        have = torch.cuda.device_count() if cuda else len(os.sched_getaffinity(0))
-        if cfg.engine != "vllm" or cfg.vllm_sleep:
-            die("--generators needs --engine vllm, and no --vllm-sleep (a generator never waits for the trainer)")
-        if launched() and local != world():
-            die("--generators runs on one node for now: its weights go through shared memory")
-        if cfg.generators % world():
-            die(f"--generators {cfg.generators} must be a multiple of the {world()} ranks")
-        if local + cfg.generators > have:
-            die(f"--generators {cfg.generators}: {local} trainer and {cfg.generators} generator processes need "
-                f"{local + cfg.generators} {'GPUs' if cuda else 'cores'}, one each; this machine has {have}")
-    streaming = cfg.engine == "vllm" and cfg.off_policy == "pipeline" and cfg.max_lag > 0
-    if cfg.vllm_sleep and cfg.engine != "vllm":
-        die("--vllm-sleep needs --engine vllm")
-    if cfg.vllm_sleep and streaming:
-        die("--vllm-sleep frees the KV cache of sequences in flight: it needs --max-lag 0 or --off-policy ppo")
-    if cfg.vllm_sleep and (cfg.device == "cpu" or cfg.device == "auto" and not torch.cuda.is_available()):
-        die("--vllm-sleep: vLLM's sleep mode needs CUDA; it is refused on CPU")
-    if cfg.refresh_kv and not streaming:
-        die("--refresh-kv applies to sequences in flight at an update: it needs --engine vllm, --off-policy pipeline "
-            "and --max-lag > 0")
-    if cfg.out:  # the run directory: a directory this process can write, or one it can make
-        there = os.path.abspath(cfg.out)
-        while not os.path.exists(there):
-            if os.path.lexists(there):  # a symbolic link that leads nowhere: a missing target or a loop
-                die(f"--out {cfg.out}: {there} is a symbolic link to {os.readlink(there)}, which does not resolve (a "
-                    "missing target or a loop): point it at a directory, or choose another --out")
-            there = os.path.dirname(there)
-        if not os.path.isdir(there):
-            die(f"--out {cfg.out}: {there} {'exists and ' * (there == cfg.out)}is not a directory")
-        if not os.access(there, os.W_OK | os.X_OK):
-            die(f"--out {cfg.out}: {there} is not writable")
-    check_hub(cfg)  # (last: it may wait a few seconds for the network)
+    for refused, why in itertools.chain(refusals(cfg), device_refusals(cfg), out_refusals(cfg)):
+        if refused:
+            die(why)
+    check_hub(cfg)
     return cfg
 
 
-def npr_steps(cfg):
-    """The start-up line, or None, for when G makes --npr-threshold coarser than it reads (a pass rate over G moves
-    in steps of 1/G)."""
-    t, G = cfg.npr_threshold, cfg.generations_per_prompt
-    need = math.ceil(t * G - 1e-9)  # (0.9 * 10 is 9.000000000000002)
-    return None if t >= 1 or need / G <= t + 1e-9 else (f"scalerl: NPR removes a prompt once {need} of its {G} "
-                                                        f"completions pass (--npr-threshold {t:g} over G = {G} "
-                                                        f"completions is a pass rate of {need / G:g})")
+def refusals(cfg):
+    """(refused, why) for each combination of flags that cannot run, lazily: a check runs only if those before pass."""
+    lo, hi = cfg.think_budget
+    interrupt, streaming = cfg.length_control == "interrupt", cfg.engine == "vllm" and cfg.off_policy == "pipeline" \
+        and cfg.max_lag > 0
+    yield interrupt and cfg.answer_budget >= cfg.max_new_tokens, (
+        f"--answer-budget {cfg.answer_budget} leaves no thinking budget within --max-new-tokens {cfg.max_new_tokens}: "
+        "it must be smaller")
+    yield min(lo, hi) < 0 or interrupt and not 1 <= lo <= hi < cfg.max_new_tokens, (
+        f"--think-budget {lo} {hi}: need 1 <= LO <= HI < --max-new-tokens ({cfg.max_new_tokens})")
+    yield cfg.length_control == "penalty" and not 0 < cfg.cache_len < cfg.max_len <= cfg.max_new_tokens, (
+        f"--cache-len {cfg.cache_len} --max-len {cfg.max_len}: need 0 < L_cache < L_max <= --max-new-tokens")
+    yield cfg.reward_workers == 0 and cfg.reward == "math", (
+        "--reward-workers 0 grades in this process with no time limit, and math-verify can hang (sympy never returns "
+        "on some answers): --reward math needs grading processes (--reward-workers -1 or >= 1)")
+    yield cfg.model and not is_hub_id(cfg.model) and not os.path.isfile(os.path.join(cfg.model, "config.json")), (
+        f"--model {cfg.model}: no such model directory (a local model needs config.json)")
+    yield cfg.model and cfg.tie_word_embeddings, (
+        "--tie-word-embeddings applies to the embedded model only; a --model brings its own head")
+    yield cfg.data and not cfg.model, (
+        "--data needs --model: the embedded model's character tokenizer covers only the built-in task")
+    yield cfg.data and cfg.task != "largest", "--task chooses a built-in task; it does not apply with --data"
+    for name in ("val_data", "prompt_key", "answer_key", "system_prompt", "skip_bad_rows"):
+        yield getattr(cfg, name) and not cfg.data, f"--{name.replace('_', '-')} needs --data"
+    yield not cfg.data and cfg.train_size + cfg.val_size > MAX_TASK_PROMPTS, (
+        f"--train-size + --val-size must be <= {MAX_TASK_PROMPTS} for the built-in task")
+    yield not cfg.data and cfg.prompts_per_step > cfg.train_size, (
+        f"--prompts-per-step {cfg.prompts_per_step} exceeds --train-size {cfg.train_size}")
+    yield not accepts(REWARDS[cfg.reward], "text", "answer", {}), (  # (else an error worth 0 on every completion)
+        f"--reward {cfg.reward}: {REWARDS[cfg.reward].__name__} must take (completion_text, answer, row)")
+    yield cfg.reward == "math" and importlib.util.find_spec("math_verify") is None, (
+        "--reward math needs math-verify: pip install math-verify (it is in requirements.txt)")
+    yield cfg.wandb and importlib.util.find_spec("wandb") is None, "--wandb needs the wandb package: pip install wandb"
+    yield cfg.wandb and not wandb_logged_in(), (
+        f"--wandb {cfg.wandb}: not logged in to Weights & Biases: run `wandb login` (or set WANDB_API_KEY), or log "
+        "offline with WANDB_MODE=offline")
+    yield cfg.wandb_name and not cfg.wandb, "--wandb-name needs --wandb"
+    yield cfg.vllm_sleep and cfg.engine != "vllm", "--vllm-sleep needs --engine vllm"
+    yield cfg.vllm_sleep and streaming, (
+        "--vllm-sleep frees the KV cache of sequences in flight: it needs --max-lag 0 or --off-policy ppo")
+    yield cfg.refresh_kv and not streaming, (
+        "--refresh-kv applies to sequences in flight at an update: it needs --engine vllm, --off-policy pipeline and "
+        "--max-lag > 0")
 
 
-def find_subsequence(seq, sub):
-    """Index of the first occurrence of sub in seq, or None."""
-    return next((i for i in range(len(seq) - len(sub) + 1) if seq[i:i + len(sub)] == sub), None)
+def device_refusals(cfg):
+    """(refused, why) for the devices: the one asked for, torchrun's ranks and the split's generators."""
+    cuda = cfg.device.startswith("cuda") or cfg.device == "auto" and torch.cuda.is_available()
+    yield cfg.engine == "vllm" and not launched() and re.fullmatch(r"cuda:0*[1-9]\d*", cfg.device), (
+        f"--device {cfg.device}: the vLLM engine runs on the first visible GPU; choose the GPU with "
+        f"CUDA_VISIBLE_DEVICES={cfg.device[5:]} and --device cuda")
+    yield cfg.device.startswith("cuda") and not torch.cuda.is_available(), (
+        f"--device {cfg.device}: CUDA is not available on this machine")
+    yield cfg.device not in ("auto", "cpu") and not re.fullmatch(r"cuda(:\d+)?", cfg.device), (
+        f"--device must be auto, cpu, cuda or cuda:N (got {cfg.device})")
+    yield launched() and ":" in cfg.device, (
+        f"--device {cfg.device}: under torchrun each rank takes cuda:LOCAL_RANK; pass --device cuda (or auto)")
+    yield launched() and cfg.prompts_per_step % world(), (
+        f"--prompts-per-step {cfg.prompts_per_step} must be a multiple of the {world()} ranks: each rank generates "
+        "and trains an equal share of every step's prompts")
+    yield cfg.engine == "vllm" and importlib.util.find_spec("vllm") is None, (
+        "--engine vllm: vllm is not installed (pip install -r requirements.txt; on CPU see the README), or use "
+        "--engine hf")
+    yield cfg.vllm_sleep and not cuda, "--vllm-sleep: vLLM's sleep mode needs CUDA; it is refused on CPU"
+    if cfg.generators:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        have = torch.cuda.device_count() if cuda else len(os.sched_getaffinity(0))
+        yield cfg.engine != "vllm" or cfg.vllm_sleep, (
+            "--generators needs --engine vllm, and no --vllm-sleep (a generator never waits for the trainer)")
+        yield launched() and local != world(), (
+            "--generators runs on one node for now: its weights go through shared memory")
+        yield cfg.generators % world(), f"--generators {cfg.generators} must be a multiple of the {world()} ranks"
+        yield local + cfg.generators > have, (
+            f"--generators {cfg.generators}: {local} trainer and {cfg.generators} generator processes need "
+            f"{local + cfg.generators} {'GPUs' if cuda else 'cores'}, one each; this machine has {have}")
+
+
+def out_refusals(cfg):
+    """(refused, why) for --out: a directory this process can write, or one it can make."""
+    there = os.path.abspath(cfg.out)
+    while not os.path.exists(there):
+        if os.path.lexists(there):
+            yield True, (f"--out {cfg.out}: {there} is a symbolic link to {os.readlink(there)}, which does not resolve "
+                         "(a missing target or a loop): point it at a directory, or choose another --out")
+        there = os.path.dirname(there)
+    yield not os.path.isdir(there), f"--out {cfg.out}: {there} {'exists and ' * (there == cfg.out)}is not a directory"
+    yield not os.access(there, os.W_OK | os.X_OK), f"--out {cfg.out}: {there} is not writable"
+
+
+def accepts(fn, *args):
+    """Whether fn can be called with args (its signature binds them)."""
+    try:
+        inspect.signature(fn).bind(*args)
+        return True
+    except TypeError:
+        return False
+
+
+def wandb_logged_in():
+    """W&B credentials without asking (WANDB_API_KEY, a settings file, ~/.netrc), or a mode that needs none."""
+    if os.environ.get("WANDB_MODE", "online") in ("offline", "disabled", "dryrun"):
+        return True
+    import wandb
+    return wandb.login(prompt=False, verify=False)
 
 
 def check_hub(cfg):
-    """A hub name given to --model, --data or --val-data needs the hub or the local cache. Without a network the
-    libraries retry for up to a minute (22 lines for a model) before they fail: so when the hub's API does not answer
-    (or HF_HUB_OFFLINE is set), a name missing from the cache stops the run in one line, and a cached one is loaded
-    with the libraries told to stay offline."""
+    """A hub name given to --model, --data or --val-data needs the hub or the local cache: offline, a name missing from
+    the cache stops the run in one line (the libraries would retry for a minute); a cached one loads offline."""
     home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
                                                      os.path.expanduser("~/.cache"), "huggingface")
     hub, sets = os.environ.get("HF_HUB_CACHE") or os.path.join(home, "hub"), \
         os.environ.get("HF_DATASETS_CACHE") or os.path.join(home, "datasets")
-    names = [(flag, name) for flag, name in (("--model", cfg.model), ("--data", cfg.data.partition(":")[0]),
-                                             ("--val-data", cfg.val_data.partition(":")[0]))
-             if name and not os.path.exists(name) and (flag == "--model" and is_hub_id(name) or flag != "--model"
+    names = [(option, name) for option, name in (("--model", cfg.model), ("--data", cfg.data.partition(":")[0]),
+                                                 ("--val-data", cfg.val_data.partition(":")[0]))
+             if name and not os.path.exists(name) and (option == "--model" and is_hub_id(name) or option != "--model"
                                                         and not name.endswith((".jsonl", ".json", ".csv", ".parquet")))]
     endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
     url = urllib.parse.urlsplit(endpoint)
-    if not names or os.environ.get("HF_HUB_OFFLINE", "0") in ("0", "") and hub_answers(endpoint):
+    if not names or os.environ.get("HF_HUB_OFFLINE", "0") in ("0", "") and hub_reachable(endpoint):
         return
-    for flag, name in names:
-        kind, flat = "models" if flag == "--model" else "datasets", name.replace("/", "--")
+    for option, name in names:
+        kind, flat = "models" if option == "--model" else "datasets", name.replace("/", "--")
         if not (os.path.isdir(os.path.join(hub, f"{kind}--{flat}", "snapshots")) or
                 kind == "datasets" and os.path.isdir(os.path.join(sets, name.replace("/", "___")))):
-            die(f"{flag} {name}: not in the local cache ({hub}) and the hub ({url.hostname}) cannot be reached: "
+            die(f"{option} {name}: not in the local cache ({hub}) and the hub ({url.hostname}) cannot be reached: "
                 "download it where there is a network, or give a local path")
     os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
 
 
-def hub_answers(endpoint, timeout=3.0):
-    """Whether the hub's API answers at endpoint within the timeout: a JSON list from /api/models?limit=1. A host that
-    takes the connection but is not the hub (a proxy, a captive portal) answers something else, or nothing."""
+def hub_reachable(endpoint, timeout=3.0):
+    """Whether the hub's API answers (a proxy or captive portal that takes the connection answers no JSON list)."""
     import http.client
     import urllib.request
     try:
@@ -1159,22 +1270,24 @@ def is_hub_id(name):
     return not os.path.exists(name) and re.fullmatch(r"[\w-][\w.-]*/[\w.-]+", name) is not None
 
 # --------------------------------------------------------------------------------------------------
-# Data: the built-in task, or --data read from a file, a directory or the hub
+# 3. Data: the built-in tasks, or --data read from a file, a directory or the hub; prompts encoded
 # --------------------------------------------------------------------------------------------------
-# Tasks: "what is the largest digit of this list?"  Prompt "3941:", answer "9". Answers cycle through 2-9, so
-# they are exactly uniform and the best constant answer scores 1/8 (with a skewed answer distribution a policy
-# looks good by always answering the most common digit). 0 and 1 are left out because too few distinct lists
-# have them as their largest digit. "hidden": the same lists with two digits hidden behind "." ("3.4.:"), so
-# that some answers cannot be known: the best possible pass rate is below 1 (hidden_task_ceiling). "second": the
-# second-largest distinct digit ("3941:" -> "4"), answers 1-8.
+
+
+# Tasks: "what is the largest digit of this list?"  Prompt "3941:", answer "9". Answers cycle through 2-9, so they are
+# exactly uniform and the best constant answer scores 1/8 (skewed answers would reward always giving the most common
+# digit). 0 and 1 are left out because too few distinct lists have them as their largest digit. "hidden": the same
+# lists with two digits hidden behind "." ("3.4.:"), so that some answers cannot be known: the best possible pass rate
+# is below 1 (hidden_task_ceiling). "second": the second-largest distinct digit ("3941:" -> "4"), answers 1-8.
 CHARS = "0123456789: " + "".join(sorted(set(Config.interruption_phrase.replace("</think>", "")) - set("0123456789: ")))
+
+
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<think>", "</think>"]
 MAX_TASK_PROMPTS = 20_000  # 8 answers x 3,019 distinct lists of length 3-7 whose largest digit is 2
 
 
 def make_task(n_train, n_val, seed, task="largest"):
-    """Return (train, val): lists of (prompt_text, answer, row) items (the row: {"prompt", "answer"}), all prompts
-    distinct, none shared between them."""
+    """(train, val): lists of (prompt_text, answer, row) items, all prompts distinct, none shared between them."""
     rng = np.random.default_rng([seed, RNG_TASK])
     seen, items = set(), []
     while len(items) < n_train + n_val:
@@ -1199,12 +1312,9 @@ def make_task(n_train, n_val, seed, task="largest"):
 
 
 def hidden_task_ceiling(prompts, answers=None):
-    """The best pass rate any policy can expect on "hidden" prompts: the mean over prompts of the posterior
-    probability of the most likely answer t under make_task's generator (t uniform on 2-9, the digits uniform on
-    0..t with one position forced to t, m positions hidden). With V visible digits, P(visible digits | t) up to
-    factors that do not depend on t: the forced position is one of the m hidden ones, m (t+1)^-V, or a visible
-    one showing t, (t+1)^-(V-1) each; 0 when a visible digit exceeds t. With the answers: what the most likely
-    answers score on these prompts (a fixed held-out set's own ceiling, around that expectation by chance)."""
+    """The best pass rate any policy can expect on "hidden" prompts: the mean posterior probability of the most likely
+    answer under make_task's generator (P(visible digits | t): m (t+1)^-V for the forced digit hidden, (t+1)^-(V-1) for
+    each visible t, 0 past a visible digit above t); with the answers, what those answers score on these prompts."""
     total = 0.0
     for k, p in enumerate(prompts):
         visible = [int(c) for c in p.rstrip(":") if c != "."]
@@ -1221,8 +1331,7 @@ PROMPT_KEYS, ANSWER_KEYS = ("prompt", "problem", "question"), ("answer", "final_
 
 
 def read_records(path):
-    """Rows of a .jsonl/.json/.parquet file, a datasets.save_to_disk directory or a hub dataset NAME[:SPLIT], as
-    (where, row) pairs: `where` names the line or row for error messages, `row` is a dict or what is wrong."""
+    """Rows of a --data source as (where, row): `where` names it for errors, `row` is a dict or what is wrong."""
     ext = os.path.splitext(path)[1]
     if os.path.isfile(path) != (ext in (".jsonl", ".json", ".parquet", ".csv")):  # another kind of file, or none
         die(f"{path}: {'no such file' if not os.path.exists(path) else 'unsupported format'}; --data takes a .jsonl, "
@@ -1274,8 +1383,7 @@ def json_or_error(line):
 
 
 def gold_answer(answer):
-    """A reference answer as a string: a number is written out, a worked solution (MATH's `solution`) is cut to
-    its last \\boxed{}, and a GSM8K answer to the part after '####'."""
+    """A reference answer as text: MATH's `solution` cut to its last \\boxed{}, GSM8K's to the part after '####'."""
     if not isinstance(answer, str):  # (an int as it is: float() of a 400-digit one overflows)
         return str(answer) if isinstance(answer, int) else str(int(answer)) if answer.is_integer() else repr(answer)
     return (last_boxed(answer) if "\\boxed" in answer else answer.rpartition("####")[2]).strip()
@@ -1307,9 +1415,7 @@ def row_problem(row, pk, ak):
 
 
 def load_rows(path, cfg):
-    """(prompt, answer, row) items of one data source: the prompt field, the answer as text (gold_answer) and the
-    whole row, every field as read, for the reward. Bad rows stop the run with their line numbers (exit 2), or
-    are dropped and counted with --skip-bad-rows."""
+    """(prompt, answer, row) items of one data source, the row whole for the reward; bad rows stop the run (exit 2)."""
     records = read_records(path)
     keys = set().union(*(r for _, r in records if isinstance(r, dict)))
     if records and not keys:  # no row is an object with a field (broken JSON, say): what the first row is
@@ -1317,10 +1423,10 @@ def load_rows(path, cfg):
         die(f"{path}: no row has a field; {where}: {row_problem(row, PROMPT_KEYS[0], ANSWER_KEYS[0])}")
     pk = cfg.prompt_key or next((k for k in PROMPT_KEYS if k in keys), PROMPT_KEYS[0])
     ak = cfg.answer_key or next((k for k in ANSWER_KEYS if k in keys), ANSWER_KEYS[0])
-    for key, flag, known in ((pk, "--prompt-key", PROMPT_KEYS), (ak, "--answer-key", ANSWER_KEYS)):
+    for key, option, known in ((pk, "--prompt-key", PROMPT_KEYS), (ak, "--answer-key", ANSWER_KEYS)):
         if records and key not in keys:
             die(f"{path}: no field '{key}' (looked for {', '.join(known) if key in known else key}; found: "
-                f"{', '.join(sorted(keys))}); name the field with {flag}")
+                f"{', '.join(sorted(keys))}); name the field with {option}")
     rows, bad = [], []
     for where, r in records:
         problem = row_problem(r, pk, ak)
@@ -1339,9 +1445,8 @@ def load_rows(path, cfg):
 
 
 def load_data(cfg):
-    """Return (train, val) lists of (prompt, answer, row) items: the built-in task, or --data with its held-out part
-    (--val-data, or --val-size prompts split off by the seed [Sec. 2]). A training prompt equal to a held-out
-    one is dropped, so validation prompts are never trained on."""
+    """(train, val) lists of (prompt, answer, row) items: the built-in task, or --data with its held-out part [Sec. 2].
+    A training prompt equal to a held-out one is dropped, so validation prompts are never trained on."""
     if not cfg.data:
         return make_task(cfg.train_size, cfg.val_size, cfg.seed, cfg.task)
     rows = load_rows(cfg.data, cfg)
@@ -1363,10 +1468,8 @@ def load_data(cfg):
 
 
 def encode_prompt(tok, prompt, cfg, chars=None):
-    """Token ids of one prompt. A --data prompt (a string or chat messages) gets --instruction appended to its
-    last message and --system-prompt in front, and goes through the model's chat template when it has one
-    (plain text joined by blank lines otherwise). The built-in task's prompts are encoded as they are. A text of more
-    than `chars` characters is refused before it is tokenised (prompt_chars)."""
+    """Token ids of one prompt: a --data prompt through the model's chat template when it has one, the built-in task's
+    as they are. A text of more than `chars` characters is refused before it is tokenised (prompt_chars)."""
     text, templated = prompt, False
     if cfg.data:
         msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
@@ -1390,28 +1493,1170 @@ def prompt_chars(tok, config, cfg):
     return None if positions is None else max(0, positions - cfg.max_new_tokens) * max(map(len, tok.get_vocab()))
 
 
+def encode_prompts(tok, config, train, val, cfg):
+    """(train_ids, val_ids, the longest prompt + completion), refused in one line where the model cannot hold it."""
+    positions = getattr(config, "max_position_embeddings", math.inf)
+    if cfg.max_new_tokens >= positions:
+        die(f"--max-new-tokens {cfg.max_new_tokens} leaves no room for a prompt: the model has {positions} positions, "
+            "prompt and completion together")
+    if cfg.data:
+        print(f"scalerl: {len(train)} training and {len(val)} held-out prompts read; loading {cfg.model}", flush=True)
+    chars = prompt_chars(tok, config, cfg)
+    ids = [encode_prompt(tok, p, cfg, chars) for p, _, _ in train + val]
+    k = max(range(len(ids)), key=lambda i: len(ids[i]))  # the longest prompt
+    completion = cfg.max_new_tokens
+    if cfg.length_control == "interrupt":  # (Rollouts puts the phrase in after a space)
+        phrase = len(tok(" " + cfg.interruption_phrase, add_special_tokens=False).input_ids)
+        completion = max(completion, cfg.think_budget[1] + phrase + cfg.answer_budget)
+    longest, excess = len(ids[k]) + completion, len(ids[k]) + completion - positions
+    phrase = ", and the interruption phrase" * (cfg.length_control == "interrupt")
+    if excess > 0:
+        die(f"prompts + completions need {longest} positions and the model has {positions}: the longest prompt, "
+            f"{len(ids[k])} tokens ({str((train + val)[k][0])[:40]!r}), and {completion} of completion "
+            f"(--max-new-tokens {cfg.max_new_tokens}{phrase}): " + (
+                f"lower --max-new-tokens to {cfg.max_new_tokens - excess}" if cfg.max_new_tokens > excess else
+                "that prompt alone is too long for the model: leave it out"))
+    if 0 < cfg.vllm_max_model_len < longest and cfg.engine == "vllm":
+        die(f"--vllm-max-model-len {cfg.vllm_max_model_len} is shorter than the longest prompt + completion "
+            f"({longest})")
+    return ids[:len(train)], ids[len(train):], longest
+
+
 def best_constant_pass_rate(answers):
     """Pass rate of always giving the most common answer: the floor a policy must beat to have learned."""
     values, counts = np.unique(answers, return_counts=True)
     return values[counts.argmax()], counts.max() / len(answers)
 
 # --------------------------------------------------------------------------------------------------
-# Rewards, fn(completion_text, answer, row) -> float, and the grading pool that runs them with a time limit.
-# answer: the reference answer as text (--answer-key's field, see gold_answer); row: the whole data row, every field
-# as read (the built-in tasks': prompt and answer), for a reward that needs more than the answer.
+# 4. Models: the embedded tiny model, and loading any model with its tokenizer
+# --------------------------------------------------------------------------------------------------
+
+
+def make_char_tokenizer():
+    """A character-level tokenizer (one token per character of CHARS, plus SPECIALS), made with `tokenizers`."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+    vocab = {t: i for i, t in enumerate(SPECIALS + list(CHARS))}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tk.add_special_tokens(SPECIALS)
+    tk.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="<unk>")
+
+
+def save_atomically(model, tok, path):
+    """Write model and tokenizer to a temporary directory renamed into place: no crash or race leaves half a model."""
+    from safetensors import SafetensorError
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+    except (OSError, RuntimeError, SafetensorError) as e:  # (a full disk, safetensors' way)
+        shutil.rmtree(tmp, ignore_errors=True)
+        die(f"cannot write {path} ({' '.join(str(e).split())[:160]})", 1)
+    try:
+        os.replace(tmp, path)
+    except OSError:  # another process won the race; its copy is the same
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def build_tiny_model(cache_dir, seed, tied):
+    """Build (once) the embedded default: a 2-layer Llama with head size 32 (vLLM's CPU backend needs 32 or
+    more) and the character tokenizer, saved to a cache directory and then loaded like any --model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    path = os.path.join(cache_dir, f"tiny-llama-v2-seed{seed}-{'tied' if tied else 'untied'}")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        conf = LlamaConfig(vocab_size=len(SPECIALS) + len(CHARS), hidden_size=128, intermediate_size=512,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, head_dim=32,
+                           max_position_embeddings=256, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2,
+                           pad_token_id=0)
+        torch.manual_seed(seed)
+        os.makedirs(cache_dir, exist_ok=True)
+        save_atomically(LlamaForCausalLM(conf), make_char_tokenizer(), path)
+    return path
+
+
+def load_tokenizer(cfg, path=None):
+    """(tokenizer, config, path) of --model or of `path` (a checkpoint), the embedded default built first."""
+    from transformers import AutoConfig, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+    path = path or cfg.model
+    if not path:
+        hf_logging.disable_progress_bar()
+        cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "scalerl")
+        path = build_tiny_model(cache, cfg.seed, cfg.tie_word_embeddings)
+    try:  # (any error reading a user's files is a file that cannot be loaded, named as such)
+        config = AutoConfig.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001  (a wrong type in config.json is a TypeError, bad JSON a ValueError, ...)
+        cannot_load(cfg, path, e, "config.json")
+    if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
+        cannot_load(cfg, path, f"no tokenizer: none of {', '.join(TOKENIZER_FILES)} is there", "its tokenizer")
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001
+        cannot_load(cfg, path, e, "its tokenizer: " + ", ".join(f for f in TOKENIZER_FILES
+                                                               if os.path.isfile(os.path.join(path, f))))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok, config, path
+
+
+def load_model(cfg, device, path=None, empty=False):
+    """Load (model, tokenizer, path), the embedded default too; empty: the architecture only, on the meta device."""
+    from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM
+    tok, config, path = load_tokenizer(cfg, path)
+    try:
+        if empty:
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, cfg.param_dtype))
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.param_dtype))
+    except (OSError, ValueError, TypeError, RuntimeError, SafetensorError) as e:
+        cannot_load(cfg, path, e, "its weights")
+    return model if empty else model.to(device), tok, path
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def cannot_load(cfg, path, e, part):
+    """One line for a model directory that cannot be loaded: whose it is, the part, why."""
+    why = " ".join(str(e).split())  # (the whole message, on one line)
+    if path not in (cfg.resume, cfg.model):
+        die(f"cannot load the embedded model's cached copy {path} ({part}: {why}): delete that directory, and the next "
+            "run builds it again")
+    die(f"cannot load {'the checkpoint --resume' if path == cfg.resume else '--model'} {path} ({part}): {why}")
+
+
+def load_trainer(cfg, device, path):
+    """(model, policy, frozen): the model to train, with activation checkpointing (before FSDP2 wraps its layers), the
+    Policy that trains it (under torchrun: see shard) and frozen_models' (sharded the same way)."""
+    load = lambda path: load_model(cfg, torch.device("cpu") if launched() else device, path,  # noqa: E731
+                                   empty=launched() and rank() > 0)[0]
+    model = load(path)
+    if cfg.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    init_distributed(cfg, device, model)
+    policy = shard(model, device)  # (before the engine starts: it sizes itself to the memory left)
+    return model, policy, frozen_models(cfg, lambda: shard(load(None).requires_grad_(False), device))
+
+# --------------------------------------------------------------------------------------------------
+# 5. The memory plan: what each GPU will hold, planned from the config before any weight loads (docs/benchmarks.md);
+#    what the trainer's update peaked at (CUDA) and the process's resident memory
+# --------------------------------------------------------------------------------------------------
+
+
+GiB = 2**30
+
+
+def model_sizes(config):
+    """What the memory plan needs of a model, counted on the meta device from its config."""
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    (V, H), heads = model.get_output_embeddings().weight.shape, config.num_attention_heads
+    units = [m for m in model.modules() if type(m).__name__ in (getattr(model, "_no_split_modules", None) or [])]
+    return {"params": sum(p.numel() for p in model.parameters()), "V": V, "H": H,
+            "I": getattr(config, "intermediate_size", 4 * H), "L": len(units),
+            "layer": sum(p.numel() for p in units[0].parameters()),
+            "tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight,
+            "kv": 2 * len(units) * getattr(config, "num_key_value_heads", heads) *
+            (getattr(config, "head_dim", None) or H // heads)}
+
+
+# The plan's constants, each checked against torch's memory tracker or read in vLLM (docs/benchmarks.md):
+KEPT_PER_TOKEN = (37, 8)  # bytes a token and layer that backward keeps without checkpointing: 37 x H + 8 x I
+RECOMPUTED = 2.25  # a checkpointed layer's backward: its activations recomputed and their gradients, x KEPT_PER_TOKEN
+HEAD_PER_LOGIT = 16  # the head's backward: float32 logits, their gradients and softmax, bytes a token and vocab entry
+SAMPLER_PER_LOGIT = 28  # vLLM's profiling run: the sampler's float32 logits and their sort, bytes a row and vocab entry
+SMALL_TENSORS, GRAPHS = 64 * 2**20, 1.5 * GiB  # inputs, masks, step counters; vLLM's CUDA graphs and buffers
+
+
+def memory_plan(sizes, cfg, ranks, device_bytes, longest=0, sharded=None):
+    """What a GPU will hold, before any weight is loaded: the trainer, a reserve no simulation sees, the engine and what
+    is left (docs/benchmarks.md; bench.py --memory checks the trainer's part against torch's memory tracker)."""
+    sharded = launched() if sharded is None else sharded
+    plan = trainer_plan(sizes, cfg, ranks if sharded else 1, longest, sharded)
+    plan["reserve"] = 2 * GiB + 0.1 * plan["trainer"]
+    plan.update(engine_plan(sizes, cfg, ranks, device_bytes, longest, sharded))
+    plan["left"] = device_bytes - plan["trainer"] - plan["reserve"] - plan["engine"] * (not cfg.generators)
+    return plan
+
+
+def trainer_plan(sizes, cfg, ranks, longest, sharded):
+    """The trainer's part: what stays (weights, gradients and AdamW's moments sharded over the ranks, and FSDP2's root,
+    the embeddings and head whole after forward), what backward keeps, and the largest of three phases' transients."""
+    V, H, I, L = sizes["V"], sizes["H"], sizes["I"], sizes["L"]
+    params, param_bytes = sizes["params"], getattr(torch, cfg.param_dtype).itemsize
+    compute_bytes = (getattr(torch, cfg.dtype) if cfg.dtype != "auto" else torch.bfloat16).itemsize
+    tokens = max(cfg.micro_batch_tokens, longest)
+    chunk_logits = min(cfg.logprob_chunk, tokens) * V
+    shard = params * param_bytes / ranks
+    plan = {"params": params, "weights": shard, "gradients": shard, "adam": 2 * shard,
+            "root": param_bytes * V * H * (1 if sizes["tied"] else 2) * sharded}
+    kept = KEPT_PER_TOKEN[0] * H + KEPT_PER_TOKEN[1] * I  # bytes a token and layer
+    if cfg.activation_checkpointing:  # each layer's input
+        plan["activations"] = (L + 3) * tokens * H * param_bytes
+    else:  # everything, and each layer's weights cast to the compute dtype
+        plan["activations"] = L * tokens * kept + L * sizes["layer"] * compute_bytes * (compute_bytes < param_bytes) \
+            + 3 * tokens * H * param_bytes
+    gathered = sizes["layer"] * param_bytes * sharded  # one decoder layer whole (FSDP2)
+    split = cfg.lm_head_fp32 and cfg.fp32_head_product == "split"
+    phases = {  # the head's backward: per chunk its logits, a float32 gradient of W (and of an untied head whole under
+        # torchrun); split, W's two bf16 parts and, where W's gradient is made, the chunk's gradient and its parts
+        # beside two float32 products of W's size
+        "head backward": max(HEAD_PER_LOGIT * chunk_logits, (8 * chunk_logits + 8 * V * H) * split)
+        + 4 * V * H * (1 + split + (sharded and not sizes["tied"])) + 4 * tokens * H + gathered * (ranks > 1),
+        "AdamW step": shard - plan["activations"]}  # (a moment-sized temporary)
+    if cfg.activation_checkpointing:  # a layer's activations recomputed, and FSDP2's buffers of three layers
+        phases["layer backward"] = RECOMPUTED * tokens * kept + gathered * (1 + 2 * (ranks > 1))
+    plan["phase"] = max(phases, key=phases.get)
+    plan["transient"] = phases[plan["phase"]]
+    plan["trainer"] = sum(plan[k] for k in ("weights", "gradients", "adam", "root", "activations", "transient")) \
+        + SMALL_TENSORS
+    return plan
+
+
+def engine_plan(sizes, cfg, ranks, device_bytes, longest, sharded):
+    """The engine's part (an estimate, read in vLLM 0.32): a device share, claimed whole: weights, FP32 head, profiling
+    peak, CUDA graphs, KV cache; hf: a replica under torchrun, the KV cache and logits of what it generates at once."""
+    V, H, I, params = sizes["V"], sizes["H"], sizes["I"], sizes["params"]
+    compute_bytes = (getattr(torch, cfg.dtype) if cfg.dtype != "auto" else torch.bfloat16).itemsize
+    kv_token = sizes["kv"] * compute_bytes
+    if cfg.engine == "hf":
+        seqs = max(cfg.prompts_per_step * cfg.generations_per_prompt, (cfg.val_size or 200) * cfg.eval_samples) / ranks
+        replica = params * getattr(torch, cfg.param_dtype).itemsize * sharded
+        return {"kv_token": kv_token, "engine": replica + seqs * (longest * kv_token + 8 * V), "kv": 0.0}
+    share = (0.9 if cfg.generators else cfg.vllm_gpu_memory_utilization) * device_bytes
+    big = device_bytes >= 70 * GiB  # vLLM's defaults on H100-class GPUs: 16,384 tokens and 1,024 sequences a step
+    seqs, tokens = cfg.vllm_max_num_seqs or (1024 if big else 256), 16384 if big else 8192
+    plan = {"kv_token": kv_token, "engine": share, "engine_weights": params * compute_bytes,
+            "fp32_head": 4 * V * H * cfg.lm_head_fp32, "graphs": GRAPHS,
+            "profile": max(tokens * compute_bytes * (3 * I + 4 * H), SAMPLER_PER_LOGIT * seqs * V)}
+    plan["kv"] = share - sum(plan[k] for k in ("engine_weights", "fp32_head", "profile", "graphs"))
+    return plan
+
+
+def plan_line(plan, cfg, device_bytes):
+    """The start-up line of a memory plan."""
+    gb = lambda b: f"{b / GiB:.1f}"  # noqa: E731  (GiB, as gpu_peak_gb)
+    p = plan
+    engine = (f"engine {gb(p['engine'])} GiB{' on each generator GPU' if cfg.generators else ''} (weights "
+              f"{gb(p['engine_weights'])}, float32 head {gb(p['fp32_head'])}, profiling peak {gb(p['profile'])}, CUDA "
+              f"graphs {gb(p['graphs'])}, KV cache ~{gb(p['kv'])} GiB = ~{max(p['kv'], 0) / p['kv_token'] / 1e3:.0f}k "
+              "tokens: an estimate)") if cfg.engine != "hf" else f"HF engine {gb(p['engine'])} GiB"
+    return (f"scalerl: memory plan per GPU ({gb(device_bytes)} GiB): trainer {gb(p['trainer'])} GiB (weights "
+            f"{gb(p['weights'])}, gradients {gb(p['gradients'])}, AdamW {gb(p['adam'])}"
+            + (f", unsharded root {gb(p['root'])}" if p["root"] else "") + f", activations {gb(p['activations'])}"
+            f"{' checkpointed' * cfg.activation_checkpointing}, {p['phase']} {gb(p['transient'])}) + reserve "
+            f"{gb(p['reserve'])} | {engine} | {gb(p['left'])} GiB left")
+
+
+def plan_error(sizes, cfg, ranks, device_bytes, longest, sharded=None):
+    """Why the run cannot fit its GPUs by the memory plan, in one line with the figures and what would fit, or None."""
+    plan = memory_plan(sizes, cfg, ranks, device_bytes, longest, sharded)
+    gb = lambda b: f"{b / GiB:.1f} GiB"  # noqa: E731
+    engine = 0 if cfg.generators else plan["engine"]
+    room = device_bytes - engine - plan["reserve"]
+    need = next((k for k in range(1, 4097) if memory_plan(sizes, cfg, k, device_bytes, longest, True)["left"] >= 0),
+                None)
+    ranks_hint = f"at least {need} ranks (torchrun --nproc-per-node {need}, by the whole plan)" if need else \
+        "a smaller model"
+    resident = sum(plan[k] for k in ("weights", "gradients", "adam", "root"))
+    if resident > room:
+        return (f"memory plan: the trainer's weights, gradients and AdamW moments"
+                f"{' and its unsharded root' * bool(plan['root'])} need {gb(resident)} a GPU "
+                f"({plan['params'] / 1e9:.2f}B parameters in {cfg.param_dtype}"
+                f"{f' over {ranks} ranks' if ranks > 1 else ''}), and {gb(room)} is left beside the engine's "
+                f"{gb(engine)} and the reserve: use {ranks_hint}, or a lower --vllm-gpu-memory-utilization")
+    if plan["left"] < 0:
+        return (f"memory plan: the trainer needs {gb(plan['trainer'])} a GPU at its peak (resident {gb(resident)}, "
+                f"activations {gb(plan['activations'])}, {plan['phase']} {gb(plan['transient'])}) and {gb(room)} is "
+                f"left beside the engine's {gb(engine)} and the reserve: use {ranks_hint}, or lower "
+                "--micro-batch-tokens or --logprob-chunk" + (", or turn on --activation-checkpointing"
+                                                              if not cfg.activation_checkpointing else ""))
+    if cfg.engine != "hf" and plan["kv"] < longest * plan["kv_token"]:
+        share = cfg.vllm_gpu_memory_utilization + (longest * plan["kv_token"] - plan["kv"]) / device_bytes
+        return (f"memory plan: vLLM's KV cache would hold ~{gb(max(plan['kv'], 0))} (an estimate: its share, less its "
+                f"weights, the float32 head, the profiling peak and CUDA graphs), less than one longest prompt + "
+                f"completion ({longest} tokens, {gb(longest * plan['kv_token'])}): raise --vllm-gpu-memory-utilization "
+                f"to {share:.2f} or more, lower --vllm-max-num-seqs, or give the engine GPUs of its own (--generators)")
+    return None
+
+
+def check_memory_plan(cfg, config, device, longest):
+    """On CUDA with a model of the user's: print what each GPU will hold, and refuse in one line what will not fit."""
+    if device.type == "cuda" and (cfg.resume or cfg.model):
+        sizes, total = model_sizes(config), torch.cuda.get_device_properties(device).total_memory
+        print(plan_line(memory_plan(sizes, cfg, world(), total, longest), cfg, total), flush=True)
+        if error := plan_error(sizes, cfg, world(), total, longest):
+            die(error)
+
+
+def gpu_peak(model, opt):
+    """On CUDA, before an update: a function giving gpu_peak_gb, the resident bytes (weights, AdamW's moments: this
+    rank's shards) plus the update's peak above where memory stood (the idle engine counts in neither)."""
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return dict
+    torch.cuda.reset_peak_memory_stats(device)
+    tensors = [*model.parameters(), *(v for state in opt.state.values() for v in state.values() if torch.is_tensor(v))]
+    resident = sum(t.numel() * t.element_size() for t in (x.to_local() if hasattr(x, "to_local") else x
+                                                          for x in tensors) if t.is_cuda)
+    start = torch.cuda.memory_allocated(device)
+    return lambda: {"gpu_peak_gb": (resident + torch.cuda.max_memory_allocated(device) - start) / 2**30}
+
+
+def trim_memory():
+    """Hand the C heap's free memory back to the system (glibc keeps what a step frees: a run grew step after step,
+    docs/real-model.md), then return the process's resident memory in GiB, or None where /proc cannot tell."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (OSError, ValueError, IndexError):
+        return None
+
+# --------------------------------------------------------------------------------------------------
+# 6. torchrun: one process per device. FSDP2 shards the trainer; each rank has its own engine and generates its share
+#    of each step's prompts; whatever the recipe defines over the batch is reduced over the ranks. In one process
+#    every function here is the identity.
+# --------------------------------------------------------------------------------------------------
+
+
+def launched():
+    """True under torchrun (or any launcher that sets RANK and WORLD_SIZE): the run is sharded, even on one rank."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def world():
+    return int(os.environ["WORLD_SIZE"]) if launched() else 1
+
+
+def rank():
+    return int(os.environ["RANK"]) if launched() else 0
+
+
+def _reduce(values, op):
+    x = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    if world() > 1:
+        dist.all_reduce(x, op=op)
+    return x.tolist() if len(values) > 1 else x.item()
+
+
+def all_sum(*values):
+    """The values summed over the ranks (each holds its share of the batch), as floats: one, or a list."""
+    return _reduce(values, dist.ReduceOp.SUM)
+
+
+def all_max(*values):
+    return _reduce(values, dist.ReduceOp.MAX)
+
+
+def all_gather(*lists):
+    """Each list concatenated over the ranks, in rank order."""
+    if world() == 1:
+        return [list(x) for x in lists]
+    got = [None] * world()
+    dist.all_gather_object(got, [list(x) for x in lists])
+    return [sum((g[k] for g in got), []) for k in range(len(lists))]
+
+
+def backward_sum(loss):
+    """loss.backward() for this rank's share of a sum: FSDP2 averages the ranks' gradients, so it is scaled by W."""
+    (loss * world()).backward()
+
+
+def mean_over_ranks(pairs):
+    """{name: total / count} of {name: (total, count)}, each summed over the ranks; none where the count is 0."""
+    flat = np.atleast_1d(all_sum(*(float(v) for pair in pairs.values() for v in pair))).tolist() if pairs else []
+    return {k: flat[2 * a] / flat[2 * a + 1] for a, k in enumerate(pairs) if flat[2 * a + 1]}
+
+
+def full_tensor(t):
+    """A whole tensor from a sharded one (DTensor.full_tensor gathers it: a collective, every rank in turn)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def broadcast(obj):
+    """Rank 0's value of obj, on every rank."""
+    box = [obj]
+    if world() > 1:
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def init_distributed(cfg, device, model):
+    """Under torchrun: join the process group (NCCL and gloo on CUDA: a 30-minute timeout) and checkpoint_group's; after
+    the model is loaded (with a group, save_pretrained writes on rank 0 only: each node builds its own)."""
+    if not launched():
+        return
+    if not dist.is_initialized():
+        dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
+    checkpoint_group(model, cfg)
+    cfg.out = broadcast(cfg.out)  # each rank timed its own default name; rank 0's is the run's
+
+
+def shard(model, device):
+    """FSDP2 under torchrun. Only rank 0 has loaded the weights: it sends each, one at a time, and every rank keeps its
+    shard; buffers (rotary tables) go whole. Host memory holds the model once, for any number of ranks."""
+    if not launched():
+        return Policy(model)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    empty = next(model.parameters()).is_meta
+    whole = model.state_dict() if rank() == 0 else {}  # the loaded tensors, kept while fully_shard copies shards
+    policy = fsdp_units(model)
+    if empty:
+        policy.to_empty(device=device)
+    set_model_state_dict(model, whole, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    for b in model.buffers():
+        dist.broadcast(b, src=0)
+    return policy
+
+
+def fsdp_units(model, mesh=None):
+    """The Policy around the model, sharded by FSDP2: each decoder layer one unit, the Policy the root, holding the
+    rest. mesh: the ranks' device mesh (bench.py --memory passes one made outside fake mode)."""
+    from torch.distributed.fsdp import fully_shard
+    for m in model.modules():
+        if type(m).__name__ in (getattr(model, "_no_split_modules", None) or []):
+            fully_shard(m, mesh=mesh)
+    return fully_shard(Policy(model), mesh=mesh)
+
+
+def replica(model, device):
+    """An unsharded copy of the model for the HF engine under torchrun: a rank's generate must not wait on others."""
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        copy_ = AutoModelForCausalLM.from_config(model.config, dtype=next(model.parameters()).dtype)
+    copy_.to_empty(device=device)
+    copy_.tie_weights()  # (to_empty gave a tied head storage of its own, which no push fills: the tie made again)
+    for name, b in copy_.named_buffers():
+        b.copy_(model.get_buffer(name))
+    return copy_
+
+
+def even_out(batches, pad_id):
+    """Micro-batches as many as on the rank with the most: the others get empty ones (one padding token with loss
+    mask 0: no loss, no count), so that FSDP's collectives in forward and backward line up across ranks."""
+    empty = Completion([pad_id], [0.0], False, [0], [0])
+    filler = [Sample([pad_id], [pad_id], [0.0], [0], [0], 0.0, 0.0, completion_values(empty, 0.0, 0.0))]
+    return batches + [filler] * (int(all_max(len(batches))) - len(batches))
+
+
+def full_weights(model, dtype):
+    """(name, whole tensor in dtype) of each weight, one at a time, for a push: under torchrun each is gathered when the
+    engine asks for it, every rank in the same order, so no rank holds the whole model twice (vLLM reloads by layer)."""
+    tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
+    for name, t in model.state_dict().items():
+        if name not in tied:  # a tied head is the embedding, pushed as the embedding (vLLM's Gemma 2 has no lm_head)
+            yield name, full_tensor(t).detach().to(dtype)
+
+# --------------------------------------------------------------------------------------------------
+# 7. Engines. One contract: submit(key, token_ids, max_tokens, seed) queues a request; step() advances generation and
+#    returns the requests that finished, as (key, Completion), with the tokens decoded and the engine steps taken;
+#    push(model, version) loads new weights; `version` is the version it holds, `capacity` the sequences it decodes
+#    at once, `preemptions` those it preempted for want of KV cache, so far; sleep() before the trainer trains.
+#    HFEngine (Hugging Face generate, synchronous), VLLMEngine (in-process vLLM, streaming), SplitEngine (the
+#    generator-trainer split [Sec. 2, App. A.3]: N generator processes, each a VLLMEngine on a device of its own,
+#    weights through one file in shared memory). rollout and find_subsequence serve Part I's evaluate and Rollouts.
+# --------------------------------------------------------------------------------------------------
+
+
+def make_engine(cfg, config, path, device, dtype, longest, n_val, model, tok, autocast):
+    """The run's engine; on a CPU vLLM's KV cache is sized here, and saved in config.json."""
+    L = cfg.vllm_max_model_len or longest
+    if cfg.engine == "vllm" and device.type == "cpu" and not cfg.vllm_kv_cache_mb:
+        cfg.vllm_kv_cache_mb, line = cpu_kv_cache_mb(cfg, model_sizes(config)["kv"] * dtype.itemsize, L, n_val)
+        print(line, flush=True)
+    if cfg.generators:
+        return SplitEngine(cfg, path, device, dtype, L, model)
+    if cfg.engine == "vllm":
+        return VLLMEngine(cfg, path, device, dtype, L, rank())
+    return HFEngine(replica(model, device) if launched() else model, tok, cfg, autocast)
+
+
+def rollout(rollouts, prompts, n, seed, kind="eval", ids=None):
+    """n completions of each prompt, now, with length control; ids: the prompts' numbers, which choose their streams."""
+    keys = [(kind, seed, i) for i in (range(len(prompts)) if ids is None else ids)]
+    for k, p in zip(keys, prompts):
+        rollouts.add(k, p, n, step_seed(seed, RNG_ROLLOUT, k[2]))
+    return [g.completions for g in rollouts.wait(keys)]
+
+
+def find_subsequence(seq, sub):
+    """Index of the first occurrence of sub in seq, or None."""
+    return next((i for i in range(len(seq) - len(sub) + 1) if seq[i:i + len(sub)] == sub), None)
+
+
+def fp32_head_hook(module, inputs, output, parts=None):
+    """Forward hook on the LM head: its logits recomputed as the FP32 head does [Sec. 3.2]."""
+    with torch.autocast(inputs[0].device.type, enabled=False):
+        return fp32_head_logits(inputs[0], module.weight, module.bias, parts)
+
+
+def hf_generate(model, tok, prompts, max_tokens, temperature, seed, fp32_head, autocast_dtype=None):
+    """Hugging Face `generate` on prompts, each cut at its own token limit, plain sampling at T (as the ratio assumes),
+    recording log_softmax(logits / T) of each sampled token: a Completion each, and the tokens decoded."""
+    from transformers import GenerationConfig, LogitsProcessorList
+    recorded, last = [], {}
+
+    def record(input_ids, scores):
+        if "lp" in last:  # the token sampled at the previous step is now the last input id
+            recorded.append(last["lp"].gather(1, input_ids[:, -1:]).squeeze(1))
+        scores = scores.float() / temperature
+        last["lp"] = torch.log_softmax(scores, dim=-1)
+        return scores
+
+    device = next(model.parameters()).device
+    width = max(map(len, prompts))
+    pad, eos = tok.pad_token_id, tok.eos_token_id
+    ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=device)  # left padding
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    gen_cfg = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max(max_tokens),
+                               pad_token_id=pad, eos_token_id=eos)
+    head = model.get_output_embeddings()
+    parts = split_bf16(head.weight.detach()) if fp32_head == "split" else None
+    hook = head.register_forward_hook(lambda m, i, o: fp32_head_hook(m, i, o, parts)) if fp32_head else None
+    was_training, shipped = model.training, model.generation_config
+    model.eval()
+    # generate fills the settings gen_cfg leaves unset (repetition_penalty, min_p, ...) from the model's own
+    # generation config: in its place, gen_cfg alone decides how to sample
+    model.generation_config = gen_cfg
+    torch.manual_seed(seed)
+    try:
+        with torch.no_grad(), torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            seqs = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg,
+                                  logits_processor=LogitsProcessorList([record]))
+    finally:
+        model.train(was_training)
+        model.generation_config = shipped
+        if hook:
+            hook.remove()
+    recorded.append(last["lp"].gather(1, seqs[:, -1:]).squeeze(1))
+    gen, lps = seqs[:, width:].tolist(), torch.stack(recorded, 1).tolist()
+    ends = [t.index(eos) + 1 if eos in t else len(t) for t in gen]  # after EOS come pad tokens
+    cuts = [min(k, m) for k, m in zip(ends, max_tokens)]
+    comps = [Completion(t[:k], lp[:k], eos in t[:k], [1] * k, []) for t, lp, k in zip(gen, lps, cuts)]
+    return comps, sum(ends)
+
+
+class HFEngine:
+    """Engine 'hf': Hugging Face `generate` on the trainer's model, or under torchrun a replica that push() updates. It
+    cannot stream: step() generates what was submitted since the last step in one call (the synchronous loop or PPO)."""
+
+    def __init__(self, model, tok, cfg, autocast_dtype):
+        self.model, self.tok, self.cfg, self.autocast = model, tok, cfg, autocast_dtype
+        self.queue, self.version, self.capacity, self.preemptions = [], 0, math.inf, 0
+
+    def submit(self, key, ids, max_tokens, seed):
+        self.queue.append((key, list(ids), max_tokens, seed))
+
+    def unfinished(self):
+        return len(self.queue)
+
+    def step(self):
+        reqs, self.queue = self.queue, []
+        if not reqs:
+            return [], 0, 0
+        seed = int(np.random.SeedSequence([s for *_, s in reqs]).generate_state(1)[0])
+        comps, decoded = hf_generate(self.model, self.tok, [r[1] for r in reqs], [r[2] for r in reqs],
+                                     self.cfg.temperature, seed, self.cfg.lm_head_fp32 and self.cfg.fp32_head_product,
+                                     self.autocast)
+        for c in comps:
+            c.versions = [self.version] * len(c.tokens)
+        return [(r[0], c) for r, c in zip(reqs, comps)], decoded, 1
+
+    def push(self, model, version):
+        if model is not None and model is not self.model:
+            mine = self.model.state_dict()
+            for name, t in full_weights(model, next(self.model.parameters()).dtype):
+                mine[name].copy_(t)
+        self.version = version
+
+    def abort(self):
+        self.queue = []
+
+    def close(self):
+        pass
+
+    def sleep(self):
+        pass
+
+
+def vllm_args(cfg, path, device, dtype, max_model_len, place=0, device_bytes=None):
+    """(vllm.LLM's arguments, the environment it needs); sleep mode where VLLMEngine.sleep can use it."""
+    kw = dict(model=path, tokenizer=path, dtype=str(dtype).removeprefix("torch."),
+              seed=step_seed(cfg.seed, RNG_ENGINE, place),
+              max_model_len=max_model_len, logprobs_mode="processed_logprobs", use_tqdm_on_load=cfg.verbose,
+              async_scheduling=False, max_num_seqs=cfg.vllm_max_num_seqs or None)
+    if cfg.lm_head_fp32:
+        kw["hf_overrides"] = {"head_dtype": "float32"}
+    if launched():  # one engine per rank, on cuda:LOCAL_RANK, each generating its own prompts (as TRL colocates)
+        kw["distributed_executor_backend"] = "external_launcher"
+    if device.type == "cpu":  # eager: compiling took 49 s for a 10% faster 135M model on 2 cores
+        from transformers import AutoConfig  # (setup sizes the cache, says so and saves it; an engine made alone here)
+        mb = cfg.vllm_kv_cache_mb or cpu_kv_cache_mb(cfg, model_sizes(AutoConfig.from_pretrained(path))["kv"] *
+                                                     dtype.itemsize, max_model_len, 0)[0]
+        kw.update(enforce_eager=True, kv_cache_memory_bytes=mb * 2**20, enable_chunked_prefill=False)
+    else:  # the float32 head copy (engine_fp32_head) is made after vLLM sizes its KV cache: its bytes are the share's
+        from transformers import AutoConfig
+        conf = AutoConfig.from_pretrained(path)
+        head = 4 * conf.vocab_size * conf.hidden_size * cfg.lm_head_fp32
+        device_bytes = device_bytes or torch.cuda.get_device_properties(device).total_memory
+        kw.update(gpu_memory_utilization=cfg.vllm_gpu_memory_utilization - head / device_bytes, enable_sleep_mode=
+                  cfg.vllm_sleep if cfg.vllm_sleep is not None else cfg.off_policy == "ppo" or cfg.max_lag == 0)
+    return kw, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_V2_MODEL_RUNNER": "0"}
+
+
+CPU_KV_SHARE = 0.25  # the most of the machine's available memory that the CPU engines' KV caches take by default
+CPU_KV_BLOCK = 128  # vLLM 0.32's KV cache block on CPU, in tokens (VLLMEngine reads the engine's own)
+
+
+def cpu_kv_cache_mb(cfg, kv_bytes, longest, n_val, available=None):
+    """--vllm-kv-cache-mb's default on a CPU and its start-up line: room for every sequence an engine decodes at once at
+    `longest` tokens (no preemption), at most CPU_KV_SHARE of the memory available (docs/engines.md)."""
+    K, P, G, engines = cfg.max_lag, cfg.prompts_per_step, cfg.generations_per_prompt, cfg.generators or world()
+    groups = (K + 1) * P if cfg.off_policy == "pipeline" else max(K, 1) * P
+    seqs = min(math.ceil(max(groups * G, n_val * cfg.eval_samples) / engines), cfg.vllm_max_num_seqs or 256)
+    if available is None:
+        with contextlib.suppress(OSError, StopIteration, ValueError):
+            with open("/proc/meminfo") as f:
+                available = 1024 * int(next(ln for ln in f if ln.startswith("MemAvailable:")).split()[1])
+    local = cfg.generators or int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # engines on this machine
+    tokens = (seqs * math.ceil(longest / CPU_KV_BLOCK) + 1) * CPU_KV_BLOCK  # (+1: vLLM's null block)
+    want, cap = tokens * kv_bytes, CPU_KV_SHARE * available / local if available else math.inf
+    mb = max(1, math.ceil(min(want, cap) / 2**20))
+    return mb, (f"scalerl: vLLM's KV cache: {mb} MiB{' an engine' * (engines > 1)}, for {seqs} sequences x {longest} "
+                f"tokens x {kv_bytes / 1024:.1f} KiB" + (f", cut to a quarter of the {available / 2**30:.1f} GiB "
+                f"available{f' over {local} engines' * (local > 1)}" if want > cap else "") +
+                "; --vllm-kv-cache-mb sets it")
+
+
+@contextlib.contextmanager
+def quiet_stderr(verbose, log=None):
+    """Hold back stderr (C++'s and Python's) inside the block, unless --verbose, in the file `log` (or a temporary one),
+    so that a process killed there by a signal leaves what was printed; written out if the block raises."""
+    if verbose:
+        yield
+        return
+    if log:
+        os.makedirs(os.path.dirname(log), exist_ok=True)
+    fd, path = (os.open(log, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644), log) if log else \
+        tempfile.mkstemp(prefix="scalerl-stderr-", suffix=".log")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(fd, 2)
+    try:
+        yield
+    except BaseException:
+        os.dup2(saved, 2)
+        with open(path, errors="replace") as held:
+            sys.stderr.write(held.read())
+        raise
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
+        if not log:
+            os.remove(path)
+
+
+def engine_fp32_head(model, split):
+    """Inside the vLLM engine (apply_model): the FP32 LM head as the trainer computes it [Sec. 3.2], from a float32 copy
+    of the head's weight or (split) its two bf16 parts (rows padded as vLLM pads the vocabulary; plain tensors, which
+    sleep mode leaves). vLLM's head_dtype alone keeps the weight in the model's dtype (logits_processor.py)."""
+    head = getattr(model, "lm_head", None) or getattr(getattr(model, "model", None), "embed_tokens", None)  # (tied:
+    lp = getattr(model, "logits_processor", None)                                           # Gemma 2 has no lm_head)
+    if not hasattr(head, "weight") or lp is None:
+        return False
+    w = head.weight.detach().to(torch.float32, copy=True)
+    lp.fp32_head = split_bf16(w) if split else (w,)
+    lp._apply_head = lambda lm_head, h, b: fp32_head_logits(h, *((None, b, lp.fp32_head) if split else
+                                                                 (lp.fp32_head[0], b)))
+    return True
+
+
+def load_engine_head(model, weight):
+    """Inside the vLLM engine: copy the trainer's float32 head (`weight`) into what engine_fp32_head made."""
+    lp = model.logits_processor
+    for mine, new in zip(lp.fp32_head, split_bf16(weight) if len(lp.fp32_head) == 2 else (weight,)):
+        mine[:new.shape[0]].copy_(new)
+
+
+def repack_tied_head(model):
+    """Inside the vLLM engine (apply_model), after a push without the FP32 head: vLLM's CPU backend packs the LM head's
+    weight for oneDNN when the model loads (cpu_linear), and a tied head, which shares the embedding's weight, gets no
+    weights of its own in a push (the embedding does), so its pack would stay the initial weights': it is made again."""
+    head, embed = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
+    if hasattr(head, "cpu_linear") and embed is not None and head.weight is embed.weight:
+        head.quant_method.process_weights_after_loading(head)
+
+
+def kv_capacity(blocks, groups, length):
+    """Sequences of `length` tokens a KV cache of `blocks` holds. groups: each KV cache group's (block size, sliding
+    window or None), on one pool (CUDA's hybrid manager: Gemma 2 has 2; a CPU, 1); one block is vLLM's null block."""
+    need = sum(math.ceil(length / b) if w is None else math.ceil(min(length, w - 1 + b) / b) + 1 for b, w in groups)
+    return (blocks - 1) // max(need, 1)
+
+
+class VLLMEngine:
+    """Engine 'vllm': one vllm.LLM in this process, from the trainer's weights, driven through its step-level API, so
+    that requests are added and weights pushed between any two engine steps while others decode. Its log-probs are
+    after temperature scaling ("processed"), the ratio's; with --lm-head-fp32 its head computes in float32 like the
+    trainer's [Sec. 3.2]. Each token is labelled with the weight version that sampled it (weight_versions spans)."""
+
+    def __init__(self, cfg, path, device, dtype, max_model_len, place=0):
+        kw, env = vllm_args(cfg, path, device, dtype, max_model_len, place)
+        os.environ.update(env)
+        self.sleeps = kw.get("enable_sleep_mode", False)
+        log = os.path.join(cfg.out, f"vllm-start.{place}.log") if cfg.out else None
+        if log and not cfg.verbose:  # (a hard crash in vLLM's start, a signal, leaves this line last on the screen)
+            print(f"scalerl: starting vLLM; what it prints goes to {log}", flush=True)
+        with quiet_stderr(cfg.verbose, log):  # its start-up warnings come from C++ too (NUMA binding, Triton)
+            gc.freeze()  # vLLM freezes the heap once started; until then its import and start collect garbage over
+            import vllm  # all of it (twice in full loading the model): frozen now, they skip what we hold
+            self.llm = vllm.LLM(**kw)
+        if cfg.lm_head_fp32 and self.head_dtypes() != ["torch.float32"]:
+            die(f"--lm-head-fp32: this vLLM ({vllm.__version__}) computes the LM head in {self.head_dtypes()}, not "
+                "float32: it does not honour hf_overrides head_dtype for this model. Use a vLLM that does (0.32 "
+                "does), or pass --no-lm-head-fp32", 1)
+        split = cfg.fp32_head_product == "split"
+        if cfg.lm_head_fp32 and not self.llm.apply_model(lambda m: engine_fp32_head(m, split))[0]:
+            die("--lm-head-fp32: this vLLM model has no lm_head and logits_processor to give a float32 head; pass "
+                "--no-lm-head-fp32", 1)
+        # each weight push logs that rotary embeddings got no weights: they have none to get (their cache is computed)
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
+            lambda r: not r.getMessage().startswith("RotaryEmbedding: Failed to load weights"))
+        self.core, self.cfg, self.asleep, self.serial, self.live = self.llm.llm_engine, cfg, False, 0, {}
+        self.queue = []  # submitted, not yet sent to the engine
+        scheduler = self.core.engine_core.engine_core.scheduler  # (the in-process engine core's)
+        kv = scheduler.kv_cache_config  # the KV cache's blocks, and each group's block size and sliding window
+        self.blocks, self.kv_groups = kv.num_blocks, [(g.kv_cache_spec.block_size, getattr(
+            g.kv_cache_spec, "sliding_window", None) if type(g.kv_cache_spec).__name__ == "SlidingWindowSpec" else None)
+            for g in kv.kv_cache_groups]
+        self.max_seqs = self.core.vllm_config.scheduler_config.max_num_seqs
+        self.preemptions, preempt = 0, scheduler._preempt_request  # sequences vLLM preempted (recomputed) for room
+
+        def counted(*args, **kw):
+            self.preemptions += 1
+            return preempt(*args, **kw)
+        scheduler._preempt_request = counted
+        self.mean_len, self.seen = max_model_len / 2, 0  # sequences' mean length, a guess until some have ended
+        self.version = 0
+        self.core.set_weight_version("0")
+        self.seeded = device.type == "cpu" if cfg.vllm_request_seeds is None else cfg.vllm_request_seeds
+
+    @property
+    def capacity(self):
+        """Sequences to decode at once: what the KV cache holds at the running mean length of the finished sequences.
+        vLLM preempts (and recomputes) one when its blocks run out (`preemptions`): the worst case, every sequence at
+        the whole context, would admit one group at a time at the paper's lengths."""
+        fit = kv_capacity(self.blocks, self.kv_groups, self.mean_len) if self.blocks else self.max_seqs
+        return max(self.cfg.generations_per_prompt, min(self.max_seqs, fit))
+
+    def head_dtypes(self):
+        """The engine's LM-head logits' dtypes (its LogitsProcessor modules'): ['torch.float32'] with an FP32 head."""
+        found = self.llm.apply_model(lambda model: sorted({str(getattr(m, "head_dtype", None))
+                                                           for m in model.modules()
+                                                           if type(m).__name__ == "LogitsProcessor"}))[0]
+        return [str(self.llm.llm_engine.model_config.dtype) if d == "None" else d for d in found]
+
+    def submit(self, key, ids, max_tokens, seed):
+        self.queue.append((key, tuple(ids), max_tokens, seed))
+
+    def unfinished(self):
+        """Sequences queued or decoding (ended ones stop counting, though their request returns them with its last)."""
+        return len(self.queue) + self.core.get_num_unfinished_requests()
+
+    def flush(self):
+        """Send the queued requests. Completions of one prompt with one limit and consecutive seeds (a group's) go as
+        one request with n = their number, seeded first seed + i as before: vLLM prepares it once, a cost per request
+        as large as the decoding (profiled on the built-in task at 32 x 16 completions of 4 tokens)."""
+        from vllm import SamplingParams
+        from vllm.inputs.engine import tokens_input
+        from vllm.sampling_params import RequestOutputKind
+        runs, last = [], {}
+        for key, ids, max_tokens, seed in self.queue:
+            run = last.get((ids, max_tokens))
+            if run is None or run[2] + len(run[3]) != seed:
+                run = last[ids, max_tokens] = [ids, max_tokens, seed, []]
+                runs.append(run)
+            run[3].append(key)
+        if runs and self.asleep:
+            raise RuntimeError("the engine's weights were discarded by sleep, and no push has reloaded them")
+        for ids, max_tokens, seed, keys in runs:
+            rid, self.serial = str(self.serial), self.serial + 1
+            params = SamplingParams(n=len(keys), temperature=self.cfg.temperature, top_p=1.0, top_k=0,
+                                    max_tokens=max_tokens, logprobs=0, seed=seed if self.seeded else None,
+                                    detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+            # the cache salt keeps prefix-cache blocks computed with older weights from being reused by new requests
+            self.core.add_request(rid, tokens_input(list(ids), cache_salt=f"v{self.version}"), params)
+            self.live[rid] = keys, len(ids)
+        self.queue = []
+
+    def step(self):
+        """One engine step (a token for each running sequence): the requests finished, their tokens, and 1 step."""
+        self.flush()
+        done, decoded = [], 0
+        for out in self.core.step():
+            if not out.finished:  # (final outputs only: none come before the end)
+                continue
+            keys, prompt = self.live.pop(out.request_id)
+            for c in out.outputs:
+                versions = [int(s.version) for s in c.weight_versions for _ in range(s.start, s.end)]
+                tokens = list(c.token_ids)
+                done.append((keys[c.index], Completion(tokens, [lp[t].logprob for t, lp in zip(tokens, c.logprobs)],
+                                                       c.finish_reason == "stop", [1] * len(tokens), versions)))
+                decoded += len(tokens)
+                self.seen += 1  # the running mean of sequence lengths (the last 256 or so weigh most)
+                self.mean_len += (prompt + len(tokens) - self.mean_len) / min(self.seen, 256)
+        return done, decoded, 1
+
+    def push(self, model, version):
+        """Load the trainer's weights [Sec. 3.1] under their Hugging Face names, all in one `reload_weights` call as an
+        iterator (part of a layer would leave it wrong), then the float32 head. Running sequences keep their KV cache,
+        computed with older weights, as PipelineRL does; --refresh-kv re-prefills them."""
+        self.wake()
+        head = (lambda: full_tensor(model.get_output_embeddings().weight).detach().float()) \
+            if self.cfg.lm_head_fp32 else None
+        self.load(full_weights(model, self.core.model_config.dtype), head, version)
+
+    def load(self, weights, head, version):
+        """push's work, from an iterator of (name, tensor) and a function returning the float32 head (or None)."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        if head is not None:
+            w = head()
+            self.llm.apply_model(lambda m: load_engine_head(m, w))
+        else:
+            self.llm.apply_model(repack_tied_head)
+        self.version = version
+        self.core.set_weight_version(str(version))
+        if self.cfg.refresh_kv and self.live:  # (it preempts every running sequence: not for want of room, not counted)
+            before = self.preemptions
+            self.core.reset_prefix_cache(reset_running_requests=True)
+            self.preemptions = before
+
+    def abort(self):
+        """Drop every request in flight."""
+        self.core.abort_request(list(self.live))
+        self.live, self.queue = {}, []
+
+    def close(self):
+        """Shut the engine down (under torchrun it takes the process group with it: it goes last); asleep, it is woken
+        first, else its shutdown frees what sleep freed and vLLM prints CUDA errors beside the real one."""
+        if self.asleep:
+            with contextlib.suppress(Exception):
+                self.llm.wake_up()
+            self.asleep = False
+        self.core.engine_core.shutdown()
+
+    def sleep(self):
+        """vLLM sleep mode (CUDA, nothing in flight): while training, free the KV cache and discard the weights (level
+        2; level 1 would copy them to host memory and back, only for the next push to overwrite them). The engine then
+        holds no version, so the step's push_weights reloads it, on every rank at the same point of the step, also
+        after a skipped update (a reload when requests come would gather the weights on the ranks that have some)."""
+        if self.sleeps and not self.asleep and not self.live and not self.queue:
+            self.llm.sleep(level=2)
+            self.asleep, self.version = True, None
+
+    def wake(self):
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+
+def weights_dir(model, dtype, fp32_head, shm="/dev/shm"):
+    """The split's weights file goes to shared memory if it has room for two (a generator may still read the last
+    while the next is written; Docker gives /dev/shm 64 MB), else to a temporary directory on disk."""
+    n, head = sum(p.numel() for p in model.parameters()), model.get_output_embeddings().weight.numel()
+    size, free = n * dtype.itemsize + 4 * head * fp32_head, shutil.disk_usage(shm).free if os.path.isdir(shm) else 0
+    if os.path.isdir(shm) and free < 2 * size:
+        print(f"scalerl: {shm} has {free / 2**20:.0f} MB free, less than two weights files ({2 * size / 2**20:.0f} "
+              f"MB): they go through {tempfile.gettempdir()} instead")
+    return tempfile.mkdtemp(prefix="scalerl-", dir=shm if free >= 2 * size else None)
+
+
+def write_weights(path, model, dtype, version, fp32_head):
+    """The model's weights (and the float32 LM head as 'fp32_head') as one safetensors file, renamed into place: a
+    generator still reading the previous file keeps it. Under torchrun rank 0 writes what every rank gathers."""
+    from safetensors.torch import save_file
+    head = (("fp32_head", full_tensor(model.get_output_embeddings().weight).float()) for _ in range(fp32_head))  # lazy
+    tensors = {n: t.detach().to("cpu", copy=True) for n, t in itertools.chain(full_weights(model, dtype), head)
+               if rank() == 0}
+    if rank() == 0:
+        save_file(tensors, path + ".tmp", metadata={"version": str(version)})
+        os.replace(path + ".tmp", path)
+    if world() > 1:
+        dist.barrier()  # no rank sends a request for this version before its weights are in place
+
+
+# What a generator sends after an engine step that finished pieces: pieces as (key, Completion fields); decoded and
+# steps since its last report; requests taken and sequences left, capacity, preemptions now. A tuple read as a Report.
+Report = collections.namedtuple("Report", "kind generator pieces decoded steps taken left capacity preemptions")
+
+
+def generator_main(i, place, cfg, path, device, dtype, max_model_len, weights, requests, results, cores, parent):
+    """Generator i: a VLLMEngine decoding whenever it has requests, the newest weights file loaded between two engine
+    steps (and before a request that asks for newer weights); it stops when told to, or when the trainer is gone."""
+    from safetensors import safe_open
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the trainer stops us
+    loaded, steps, decoded, taken = None, 0, 0, 0
+
+    def refresh():
+        nonlocal loaded
+        st = os.stat(weights)
+        if (st.st_ino, st.st_mtime_ns) != loaded:
+            loaded = st.st_ino, st.st_mtime_ns
+            with safe_open(weights, "pt") as f:
+                engine.load(((n, f.get_tensor(n)) for n in f.keys() if n != "fp32_head"),
+                            (lambda: f.get_tensor("fp32_head")) if cfg.lm_head_fp32 else None,
+                            int(f.metadata()["version"]))
+    try:
+        if cores:
+            os.sched_setaffinity(0, cores)
+            torch.set_num_threads(len(cores))
+        quiet_libraries(cfg.verbose)
+        engine = VLLMEngine(cfg, path, torch.device(device), dtype, max_model_len, place)
+        results.put(("ready", i, engine.capacity))
+        while os.getppid() == parent:
+            refresh()
+            msgs = []
+            with contextlib.suppress(queue.Empty):
+                msgs.append(requests.get(not engine.unfinished(), 0.05))  # (block only with nothing to decode)
+                while True:
+                    msgs.append(requests.get_nowait())
+            for kind, batch in msgs:
+                if kind == "stop":
+                    return
+                if kind == "abort":
+                    engine.abort()
+                if kind == "submit":  # what the trainer submitted between two of its engine calls, in one message
+                    if batch[-1][-1] > engine.version:  # pushed before the requests were sent: the file holds it now
+                        refresh()
+                    for request in batch:
+                        engine.submit(*request[:-1])
+                    taken += len(batch)
+            if engine.unfinished():
+                done, n, k = engine.step()
+                steps, decoded = steps + k, decoded + n
+                if done:  # with how many requests it has taken so far, and what it has left
+                    results.put(tuple(Report("out", i, [(key, dataclasses.astuple(c)) for key, c in done], decoded,
+                                             steps, taken, engine.unfinished(), engine.capacity, engine.preemptions)))
+                    steps, decoded = 0, 0
+    except Exception:  # noqa: BLE001  (whatever it is, the trainer reports it and stops)
+        results.put(("error", i, traceback.format_exc()))
+    finally:
+        if os.getppid() != parent:  # the trainer is gone: nobody reads, nobody cleans up
+            results.cancel_join_thread()
+            shutil.rmtree(os.path.dirname(weights), ignore_errors=True)
+        results.close()
+        results.join_thread()
+
+
+@dataclass
+class Generator:
+    """What the trainer knows of one generator process: `queue`, what was submitted since the last engine call; taken,
+    left, capacity and preemptions as it last reported; `sent`, the requests sent it so far; idle_since (None: busy)."""
+    proc: object
+    requests: object
+    queue: list = field(default_factory=list)
+    taken: int = 0
+    left: int = 0
+    capacity: int = 0
+    preemptions: int = 0
+    sent: int = 0
+    idle_since: float = None
+
+    def queued(self):
+        """Its sequences queued or decoding: what it had left when it last reported, plus what it took since."""
+        return self.left + self.sent - self.taken
+
+
+class SplitEngine:
+    """Engine 'vllm' with --generators N: the VLLMEngine contract, served by generator processes (rank r owns r, r + W,
+    ...): step() and sleep() send what was submitted, step() returns what they finished, waiting only when nothing has.
+    On CUDA generator i takes GPU LOCAL_WORLD_SIZE + i, on CPU each process a share of the cores."""
+
+    def __init__(self, cfg, path, device, dtype, max_model_len, model):
+        self.cfg, self.dtype, self.version, self.live, self.gens = cfg, dtype, 0, {}, {}
+        self.dir = broadcast(weights_dir(model, dtype, cfg.lm_head_fp32) if rank() == 0 else None)
+        self.weights = os.path.join(self.dir, "weights.safetensors")
+        write_weights(self.weights, model, dtype, 0, cfg.lm_head_fp32)
+        ctx = torch.multiprocessing.get_context("spawn")
+        self.results, self.idle = ctx.Queue(), [0.0, time.time()]  # (take_idle)
+        self.restore, local, cores, share = self.share_cores(device)
+        gen_cfg = dataclasses.replace(cfg, vllm_sleep=False, vllm_gpu_memory_utilization=0.9)
+        gpus = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(local + cfg.generators)))).split(",")
+        try:
+            for i in range(rank(), cfg.generators, world()):
+                requests = ctx.Queue()
+                proc = ctx.Process(target=generator_main, daemon=True, args=(
+                    i, world() + i, gen_cfg, path, device.type, dtype, max_model_len, self.weights, requests,
+                    self.results, cores[(local + i) * share:(local + i + 1) * share], os.getpid()))
+                self.gens[i] = Generator(proc, requests, idle_since=time.time())
+                env = {"OMP_NUM_THREADS": str(share)} if cores else {"CUDA_VISIBLE_DEVICES": gpus[local + i]}
+                with environment(env, drop=("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")):  # a plain engine
+                    proc.start()
+            for _ in self.gens:  # ("ready", i, its capacity)
+                _, i, self.gens[i].capacity = self.receive()
+        except BaseException:
+            self.close()
+            raise
+
+    def share_cores(self, device):
+        """On a CPU each process of this node an equal share of the cores, trainer ranks first: this one's taken now."""
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        cores = sorted(os.sched_getaffinity(0)) if device.type == "cpu" else []
+        restore, share = (cores, torch.get_num_threads()), max(1, len(cores) // (local + self.cfg.generators))
+        if cores:
+            r = int(os.environ.get("LOCAL_RANK", 0))
+            os.sched_setaffinity(0, cores[r * share:(r + 1) * share])
+            torch.set_num_threads(share)
+        return restore, local, cores, share
+
+    def receive(self):
+        """The next message from a generator. One that failed or died stops the run (status 1, resumable: the Recorder
+        saves a checkpoint of the last step), so does silence for --generator-timeout seconds."""
+        patience = self.cfg.generator_timeout or max(900.0, 0.5 * self.cfg.max_new_tokens)
+        deadline = time.time() + patience
+        while True:
+            for i, g in self.gens.items():
+                if not g.proc.is_alive():
+                    raise ScaleRLError(f"generator {i} (pid {g.proc.pid}) died, exit code {g.proc.exitcode}", 1, True)
+            with contextlib.suppress(queue.Empty):
+                return self.checked(self.results.get(timeout=1.0))
+            if time.time() > deadline:
+                raise ScaleRLError(f"no word from the generators in {patience:g} s (--generator-timeout)", 1, True)
+
+    @staticmethod
+    def checked(msg):
+        if msg[0] == "error":
+            raise ScaleRLError(f"generator {msg[1]} failed: {msg[2].strip().splitlines()[-1]}", 1, True)
+        return msg
+
+    def submit(self, key, ids, max_tokens, seed):
+        # a group's completions go to one generator (one request there), the same in every run (not hash(): salted)
+        i = sorted(self.gens)[zlib.crc32(repr(key[0]).encode()) % len(self.gens)]
+        self.gens[i].queue.append((key, list(ids), max_tokens, seed, self.version))
+        self.gens[i].sent += 1
+        self.live[key] = i
+
+    def flush(self):
+        """Send each generator what was submitted since the last engine call, in one message: its engine adds them all
+        before its next step, as a VLLMEngine in this process does (the same batches, the same float rounding)."""
+        for g in self.gens.values():
+            if g.queue:
+                g.requests.put(("submit", g.queue))
+                self.idle[0] += time.time() - (g.idle_since or time.time())
+                g.queue, g.idle_since = [], None
+
+    def unfinished(self):
+        return sum(g.queued() for g in self.gens.values())
+
+    def step(self):
+        self.flush()
+        msgs = [self.receive()]
+        with contextlib.suppress(queue.Empty):
+            while True:
+                msgs.append(self.checked(self.results.get_nowait()))
+        reports = [Report(*m) for m in msgs]
+        done = [(key, Completion(*c)) for r in reports for key, c in r.pieces if self.live.pop(key, None) is not None]
+        for r in reports:
+            g = self.gens[r.generator]
+            g.taken, g.left, g.capacity, g.preemptions = r.taken, r.left, r.capacity, r.preemptions
+            if not g.queued() and g.idle_since is None:  # nothing to do until the next submit: idle from now
+                g.idle_since = time.time()
+        return done, sum(r.decoded for r in reports), sum(r.steps for r in reports)
+
+    @property
+    def preemptions(self):
+        return sum(g.preemptions for g in self.gens.values())
+
+    @property
+    def capacity(self):
+        """Twice what the generators decode at once, as each last said: work to go on with while the trainer trains."""
+        return 2 * self.decoding()
+
+    def decoding(self):
+        return sum(g.capacity for g in self.gens.values())
+
+    def take_idle(self):
+        """(Seconds this rank's generators had nothing to decode, seconds elapsed), since the last call."""
+        now, (idle, since) = time.time(), self.idle
+        idle += sum(now - g.idle_since for g in self.gens.values() if g.idle_since is not None)
+        self.idle = [0.0, now]
+        for g in self.gens.values():
+            g.idle_since = None if g.idle_since is None else now
+        return idle, now - since
+
+    def push(self, model, version):
+        write_weights(self.weights, model, self.dtype, version, self.cfg.lm_head_fp32)
+        self.version = version
+
+    def abort(self):
+        for g in self.gens.values():
+            g.requests.put(("abort", None))
+            g.queue = []
+        self.live = {}
+
+    def close(self):
+        """Stop the generators (5 s to go, then killed), remove the weights file, give this process its cores back."""
+        for g in self.gens.values():
+            g.requests.put(("stop", None))
+        for g in self.gens.values():
+            g.proc.join(timeout=5)
+            if g.proc.is_alive():
+                g.proc.kill()
+                g.proc.join(timeout=5)
+            g.requests.cancel_join_thread()  # (what a dead generator left unread is dropped)
+            g.requests.close()
+        if rank() == 0:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        self.results.close()
+        self.gens = {}
+        if self.restore[0]:
+            os.sched_setaffinity(0, self.restore[0])
+            torch.set_num_threads(self.restore[1])
+
+    def sleep(self):
+        """The trainer trains now: the generators (which never sleep) get what was submitted, to decode meanwhile."""
+        self.flush()
+
+
+@contextlib.contextmanager
+def environment(values, drop=()):
+    """os.environ with `values` set and `drop` removed inside the block (a child process started there takes it)."""
+    saved = dict(os.environ)
+    for k in drop:
+        os.environ.pop(k, None)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+# --------------------------------------------------------------------------------------------------
+# 8. Rewards, fn(completion_text, answer, row) -> float, and the grading pool that runs them with a time limit.
+#    answer: the reference answer as text (gold_answer); row: the whole data row, every field as read (the built-in
+#    tasks': prompt and answer), for a reward that needs more than the answer.
 # --------------------------------------------------------------------------------------------------
 
 
 def reward_last_digit(completion_text, answer, row=None):
-    """The built-in tasks' verifiable reward, binary [Sec. 2]: 1 if the last digit written after the reasoning is
-    the answer."""
+    """The built-in tasks' binary reward [Sec. 2]: 1 if the last digit written after the reasoning is the answer."""
     digits = re.findall(r"\d", completion_text.split("</think>")[-1])
     return float(bool(digits) and digits[-1] == answer)
 
 
 def last_boxed(text):
-    """Content of the last \\boxed{...} (or \\fbox{...}), nested braces included; `\\boxed 5` gives '5'. None
-    when there is no box or the last one is not closed."""
+    """Content of the last \\boxed{...} or \\fbox{...}, braces nested (`\\boxed 5`: '5'); None if none or unclosed."""
     found = list(re.finditer(r"\\(?:boxed|fbox)\s*(\{?)", text))
     if not found:
         return None
@@ -1428,9 +2673,8 @@ def last_boxed(text):
 
 
 def extract_answer(text):
-    """The final answer of a completion [Sec. 2]: after the reasoning (up to the last </think>, when there is
-    one), the content of the last \\boxed{}, or else the rest of the last line with 'answer ...:' in it. None
-    when there is neither."""
+    """The final answer of a completion [Sec. 2]: after the reasoning (up to the last </think>, if any), the content of
+    the last \\boxed{}, or else the rest of the last line with 'answer ...:' in it; None when neither."""
     text = text.rpartition("</think>")[2]
     boxed = last_boxed(text)
     if boxed is not None:
@@ -1501,6 +2745,12 @@ def _grading_worker(conn, fn):
         pass
 
 
+def grading_workers(cfg):
+    """--reward-workers -1: none for the built-in task's digit reward (one regex: not worth a process)."""
+    per_rank = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    return cfg.reward_workers if cfg.reward_workers >= 0 else 0 if cfg.reward == "digit" else min(16, per_rank)
+
+
 class Grader:
     """Grades completions so that grading never stalls or kills a run: each (text, answer, row) item goes to one of
     `workers` processes and gets `timeout` seconds; a process that overruns or dies is replaced, and that completion
@@ -1533,35 +2783,40 @@ class Grader:
         return [r for r, _ in out], [e for _, e in out if e]
 
     def _in_workers(self, items):
+        """Each item to the first free worker, due `timeout` s after it is sent, its answer collected by _collect."""
         from multiprocessing.connection import wait
-        out, todo, busy = [None] * len(items), list(range(len(items)))[::-1], {}  # busy: worker -> (item, start)
+        out, todo, busy = [None] * len(items), list(range(len(items)))[::-1], {}  # busy: worker -> (item, deadline)
         while todo or busy:
             for w, (_, conn) in enumerate(self.procs):
                 if w not in busy and todo:
-                    busy[w] = (todo.pop(), time.monotonic())
+                    busy[w] = (todo.pop(), time.monotonic() + self.timeout)
                     conn.send(items[busy[w][0]])
-            first_deadline = min(t for _, t in busy.values()) + self.timeout
-            wait([self.procs[w][1] for w in busy], max(0.0, first_deadline - time.monotonic()))
-            for w, (i, t) in list(busy.items()):
-                conn = self.procs[w][1]
-                done = conn.poll()  # asked now, not before: replacing a process below takes time
-                if not done and time.monotonic() - t <= self.timeout:
-                    continue
-                del busy[w]
-                if done:
-                    try:
-                        out[i] = conn.recv()
-                        continue
-                    except EOFError:
-                        out[i] = (0.0, "the grading process died")
-                else:
-                    out[i] = (0.0, f"grading took over {self.timeout:g} s")
-                self.procs[w][0].kill()  # replace the process
-                self.procs[w][0].join()
-                conn.close()
-                self.procs[w] = self._spawn()
-                self._wait_ready(self.procs[w][1])
+            wait([self.procs[w][1] for w in busy], max(0.0, min(d for _, d in busy.values()) - time.monotonic()))
+            for w, (i, deadline) in list(busy.items()):
+                result = self._collect(w, deadline)
+                if result is not None:
+                    out[i] = result
+                    del busy[w]
         return out
+
+    def _collect(self, w, deadline):
+        """Worker w's answer, or (0, why) once it died or overran (it is replaced), or None while it may still answer.
+        (The answer is asked for now, not before the wait: replacing a process takes time.)"""
+        proc, conn = self.procs[w]
+        if conn.poll():
+            with contextlib.suppress(EOFError):
+                return conn.recv()
+            result = (0.0, "the grading process died")
+        elif time.monotonic() > deadline:
+            result = (0.0, f"grading took over {self.timeout:g} s")
+        else:
+            return None
+        proc.kill()
+        proc.join()
+        conn.close()
+        self.procs[w] = self._spawn()
+        self._wait_ready(self.procs[w][1])
+        return result
 
     def close(self):
         for p, _ in self.procs:
@@ -1570,761 +2825,94 @@ class Grader:
         self.procs = []
 
 # --------------------------------------------------------------------------------------------------
-# Models and engines: the embedded tiny model, loading, Hugging Face generate and in-process vLLM
-# The engines share one contract: submit(key, token_ids, max_tokens, seed) queues a request; step() advances
-# generation and returns the requests that finished, as (key, Completion), with the number of tokens decoded and of
-# engine steps taken; push(model, version) loads new weights; `version` is the version it holds; `capacity` the number
-# of sequences it decodes at once; `preemptions` how many it has preempted (recomputed) for want of KV cache, so far.
+# 9. The trainer's forward pass: Policy (the model and its head, FSDP2's root), a micro-batch's tensors, the
+#    mismatch diagnostic, and the FP32 head's split-bf16 product (--fp32-head-product split)
 # --------------------------------------------------------------------------------------------------
 
 
-def make_char_tokenizer():
-    """A character-level tokenizer (one token per character of CHARS, plus SPECIALS), made with `tokenizers`."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-    vocab = {t: i for i, t in enumerate(SPECIALS + list(CHARS))}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tk.decoder = decoders.Fuse()
-    tk.add_special_tokens(SPECIALS)
-    tk.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                   unk_token="<unk>")
-
-
-def save_atomically(model, tok, path):
-    """Write model and tokenizer to a temporary directory, then rename it into place: a crash or a concurrent
-    writer never leaves half a model at `path`."""
-    from safetensors import SafetensorError
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-    except (OSError, RuntimeError, SafetensorError) as e:  # (a full disk, safetensors' way)
-        shutil.rmtree(tmp, ignore_errors=True)
-        die(f"cannot write {path} ({' '.join(str(e).split())[:160]})", 1)
-    try:
-        os.replace(tmp, path)
-    except OSError:  # another process won the race; its copy is the same
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def build_tiny_model(cache_dir, seed, tied):
-    """Build (once) the embedded default: a 2-layer Llama with head size 32 (vLLM's CPU backend needs 32 or
-    more) and the character tokenizer, saved to a cache directory and then loaded like any --model."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-    path = os.path.join(cache_dir, f"tiny-llama-v2-seed{seed}-{'tied' if tied else 'untied'}")
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        conf = LlamaConfig(vocab_size=len(SPECIALS) + len(CHARS), hidden_size=128, intermediate_size=512,
-                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, head_dim=32,
-                           max_position_embeddings=256, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2,
-                           pad_token_id=0)
-        torch.manual_seed(seed)
-        os.makedirs(cache_dir, exist_ok=True)
-        save_atomically(LlamaForCausalLM(conf), make_char_tokenizer(), path)
-    return path
-
-
-def load_tokenizer(cfg, path=None):
-    """(tokenizer, config, path): the tokenizer and config of --model (or of path: a checkpoint), the embedded default
-    built first; path is what the weights and the vLLM engine load too."""
-    from transformers import AutoConfig, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-    path = path or cfg.model
-    if not path:
-        hf_logging.disable_progress_bar()
-        cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "scalerl")
-        path = build_tiny_model(cache, cfg.seed, cfg.tie_word_embeddings)
-    try:  # (any error reading a user's files is a file that cannot be loaded, named as such)
-        config = AutoConfig.from_pretrained(path)
-    except Exception as e:  # noqa: BLE001  (a wrong type in config.json is a TypeError, bad JSON a ValueError, ...)
-        cannot_load(cfg, path, e, "config.json")
-    if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
-        cannot_load(cfg, path, f"no tokenizer: none of {', '.join(TOKENIZER_FILES)} is there", "its tokenizer")
-    try:
-        tok = AutoTokenizer.from_pretrained(path)
-    except Exception as e:  # noqa: BLE001
-        cannot_load(cfg, path, e, "its tokenizer: " + ", ".join(f for f in TOKENIZER_FILES
-                                                               if os.path.isfile(os.path.join(path, f))))
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok, config, path
-
-
-def load_model(cfg, device, path=None, empty=False):
-    """Load the model and tokenizer through from_pretrained (the embedded default too): (model, tokenizer, the path
-    or hub id the vLLM engine loads too). empty: the architecture only, on the meta device (torchrun: see shard)."""
-    from safetensors import SafetensorError
-    from transformers import AutoModelForCausalLM
-    tok, config, path = load_tokenizer(cfg, path)
-    try:
-        if empty:
-            with torch.device("meta"):
-                model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, cfg.param_dtype))
-        else:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.param_dtype))
-    except (OSError, ValueError, TypeError, RuntimeError, SafetensorError) as e:
-        cannot_load(cfg, path, e, "its weights")
-    return model if empty else model.to(device), tok, path
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-def cannot_load(cfg, path, e, part):
-    """One line for a model directory that cannot be loaded: whose it is (the checkpoint, --model, or the embedded
-    model's cached copy, which the user never named: deleting it makes the next run build it again), the part, why."""
-    why = " ".join(str(e).split())  # (the whole message, on one line)
-    if path not in (cfg.resume, cfg.model):
-        die(f"cannot load the embedded model's cached copy {path} ({part}: {why}): delete that directory, and the next "
-            "run builds it again")
-    die(f"cannot load {'the checkpoint --resume' if path == cfg.resume else '--model'} {path} ({part}): {why}")
-
-
-def fp32_head_hook(module, inputs, output, parts=None):
-    """Forward hook on the LM head: recompute its logits as the FP32 head does (fp32_head_logits; parts: its weight's
-    bf16 parts, for the split product) [Sec. 3.2]."""
-    with torch.autocast(inputs[0].device.type, enabled=False):
-        return fp32_head_logits(inputs[0], module.weight, module.bias, parts)
-
-
-def rollout(rollouts, prompts, n, seed, kind="eval", ids=None):
-    """Generate n completions for each prompt with length control, now; returns the list of groups' completions.
-    ids: the prompts' numbers, which choose their random streams (default 0, 1, ...)."""
-    keys = [(kind, seed, i) for i in (range(len(prompts)) if ids is None else ids)]
-    for k, p in zip(keys, prompts):
-        rollouts.add(k, p, n, step_seed(seed, RNG_ROLLOUT, k[2]))
-    return [g.completions for g in rollouts.wait(keys)]
-
-
-def hf_generate(model, tok, prompts, max_tokens, temperature, seed, fp32_head, autocast_dtype=None):
-    """Hugging Face `generate` on a batch of prompts, each with its own token limit (the batch runs to the largest,
-    each row is cut at its own), plain sampling (no top-k/top-p: softmax(logits / T), as the importance ratio
-    assumes). A logits processor applies T and records log_softmax(logits / T) of each sampled token. fp32_head: False,
-    or the FP32 head's product ("float32", "split": the head's parts made once a call). Returns one Completion per
-    prompt and the number of sequences decoded, summed over decode steps."""
-    from transformers import GenerationConfig, LogitsProcessorList
-    recorded, last = [], {}
-
-    def record(input_ids, scores):
-        if "lp" in last:  # the token sampled at the previous step is now the last input id
-            recorded.append(last["lp"].gather(1, input_ids[:, -1:]).squeeze(1))
-        scores = scores.float() / temperature
-        last["lp"] = torch.log_softmax(scores, dim=-1)
-        return scores
-
-    device = next(model.parameters()).device
-    width = max(map(len, prompts))
-    pad, eos = tok.pad_token_id, tok.eos_token_id
-    ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=device)  # left padding
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    gen_cfg = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max(max_tokens),
-                               pad_token_id=pad, eos_token_id=eos)
-    head = model.get_output_embeddings()
-    parts = split_bf16(head.weight.detach()) if fp32_head == "split" else None
-    hook = head.register_forward_hook(lambda m, i, o: fp32_head_hook(m, i, o, parts)) if fp32_head else None
-    was_training, shipped = model.training, model.generation_config
-    model.eval()
-    # generate fills the settings gen_cfg leaves unset (repetition_penalty, min_p, ...) from the model's own
-    # generation config: in its place, gen_cfg alone decides how to sample
-    model.generation_config = gen_cfg
-    torch.manual_seed(seed)
-    try:
-        with torch.no_grad(), torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            seqs = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg,
-                                  logits_processor=LogitsProcessorList([record]))
-    finally:
-        model.train(was_training)
-        model.generation_config = shipped
-        if hook:
-            hook.remove()
-    recorded.append(last["lp"].gather(1, seqs[:, -1:]).squeeze(1))
-    gen, lps = seqs[:, width:].tolist(), torch.stack(recorded, 1).tolist()
-    ends = [t.index(eos) + 1 if eos in t else len(t) for t in gen]  # after EOS come pad tokens
-    cuts = [min(k, m) for k, m in zip(ends, max_tokens)]
-    comps = [Completion(t[:k], lp[:k], eos in t[:k], [1] * k, []) for t, lp, k in zip(gen, lps, cuts)]
-    return comps, sum(ends)
-
-
-class HFEngine:
-    """Engine 'hf': Hugging Face `generate` on the trainer's own model (a push only moves the version). It cannot
-    stream: step() generates what was submitted since the last step in one call (the synchronous loop, PPO only).
-    Under torchrun it generates with a whole copy of the model (the trainer's is sharded), which push() updates."""
-
-    def __init__(self, model, tok, cfg, autocast_dtype):
-        self.model, self.tok, self.cfg, self.autocast = model, tok, cfg, autocast_dtype
-        self.queue, self.version, self.capacity, self.preemptions = [], 0, math.inf, 0
-
-    def submit(self, key, ids, max_tokens, seed):
-        self.queue.append((key, list(ids), max_tokens, seed))
-
-    def unfinished(self):
-        return len(self.queue)
-
-    def step(self):
-        reqs, self.queue = self.queue, []
-        if not reqs:
-            return [], 0, 0
-        seed = int(np.random.SeedSequence([s for *_, s in reqs]).generate_state(1)[0])
-        comps, decoded = hf_generate(self.model, self.tok, [r[1] for r in reqs], [r[2] for r in reqs],
-                                     self.cfg.temperature, seed, self.cfg.lm_head_fp32 and self.cfg.fp32_head_product,
-                                     self.autocast)
-        for c in comps:
-            c.versions = [self.version] * len(c.tokens)
-        return [(r[0], c) for r, c in zip(reqs, comps)], decoded, 1
-
-    def push(self, model, version):
-        if model is not None and model is not self.model:
-            mine = self.model.state_dict()
-            for name, t in full_weights(model, next(self.model.parameters()).dtype):
-                mine[name].copy_(t)
-        self.version = version
-
-    def abort(self):
-        self.queue = []
-
-    def close(self):
-        pass
-
-    def sleep(self):
-        pass
-
-
-def vllm_args(cfg, path, device, dtype, max_model_len, place=0, device_bytes=None):
-    """The vllm.LLM arguments and environment of a run, built without starting an engine (a test pins them). Where
-    vLLM 0.32 takes another path on CUDA than on CPU, they choose the CPU's, the one CI runs:
-    - async_scheduling=False. vLLM turns it on for CUDA (config/vllm.py); step() then returns while one more batch is
-      in flight, and a weight version set between two steps labels tokens that the old weights sampled
-      (v1/engine/core.py);
-    - VLLM_USE_V2_MODEL_RUNNER=0: Model Runner V1. vLLM picks V2 wherever Triton imports, that is on CUDA;
-    - the engine core in this process (weights pushed as tensors), log-probs after temperature scaling (pi_gen), the
-      head's logits in float32 (engine_fp32_head then gives it float32 weights).
-    On CUDA the engine takes the first visible GPU (cuda:LOCAL_RANK under torchrun; validate refuses --device cuda:N,
-    N > 0). Sleep mode is on when nothing is in flight while training (--max-lag 0, ppo).
-    Each engine has a random stream of its own, from --seed and its place (the rank it serves, or W + i for generator i
-    of W ranks): where requests carry no seed (CUDA), every engine would otherwise sample with the same noise."""
-    kw = dict(model=path, tokenizer=path, dtype=str(dtype).removeprefix("torch."),
-              seed=step_seed(cfg.seed, RNG_ENGINE, place),
-              max_model_len=max_model_len, logprobs_mode="processed_logprobs", use_tqdm_on_load=cfg.verbose,
-              async_scheduling=False, max_num_seqs=cfg.vllm_max_num_seqs or None)
-    if cfg.lm_head_fp32:
-        kw["hf_overrides"] = {"head_dtype": "float32"}
-    if launched():  # one engine per rank, on cuda:LOCAL_RANK, each generating its own prompts (as TRL colocates)
-        kw["distributed_executor_backend"] = "external_launcher"
-    if device.type == "cpu":  # eager: compiling took 49 s for a 10% faster 135M model on 2 cores
-        from transformers import AutoConfig  # (setup sizes the cache, says so and saves it; an engine made alone here)
-        mb = cfg.vllm_kv_cache_mb or cpu_kv_cache_mb(cfg, model_sizes(AutoConfig.from_pretrained(path))["kv"] *
-                                                     dtype.itemsize, max_model_len, 0)[0]
-        kw.update(enforce_eager=True, kv_cache_memory_bytes=mb * 2**20, enable_chunked_prefill=False)
-    else:  # the float32 head copy (engine_fp32_head) is made after vLLM sizes its KV cache: its bytes are the share's
-        from transformers import AutoConfig
-        conf = AutoConfig.from_pretrained(path)
-        head = 4 * conf.vocab_size * conf.hidden_size * cfg.lm_head_fp32
-        device_bytes = device_bytes or torch.cuda.get_device_properties(device).total_memory
-        kw.update(gpu_memory_utilization=cfg.vllm_gpu_memory_utilization - head / device_bytes, enable_sleep_mode=
-                  cfg.vllm_sleep if cfg.vllm_sleep is not None else cfg.off_policy == "ppo" or cfg.max_lag == 0)
-    return kw, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_V2_MODEL_RUNNER": "0"}
-
-
-CPU_KV_SHARE = 0.25  # the most of the machine's available memory that the CPU engines' KV caches take by default
-CPU_KV_BLOCK = 128  # vLLM 0.32's KV cache block on CPU, in tokens (VLLMEngine reads the engine's own)
-
-
-def cpu_kv_cache_mb(cfg, kv_bytes, longest, n_val, available=None):
-    """--vllm-kv-cache-mb's default (0) on a CPU, and the start-up line that says it. Room for every sequence an engine
-    decodes at once at the longest prompt + completion, so that vLLM never has to preempt one: the training groups
-    the loop keeps in flight ((K + 1) x P in the pipeline, K x P in PPO, P synchronously) x G, or an evaluation's
-    held-out prompts x --eval-samples if more, shared by the engines (the ranks', or the generators'), at most
-    --vllm-max-num-seqs (vLLM's CPU default, 256); x `longest` tokens in whole blocks x kv_bytes a token (the model's
-    K and V in the engine's dtype), and the block vLLM keeps aside. At most CPU_KV_SHARE of the memory available
-    (/proc/meminfo), split between this machine's engines. (256 MiB, the default before, held about 40 sequences of
-    SmolLM2-135M at 150 tokens: docs/engines.md.)"""
-    K, P, G, engines = cfg.max_lag, cfg.prompts_per_step, cfg.generations_per_prompt, cfg.generators or world()
-    groups = (K + 1) * P if cfg.off_policy == "pipeline" else max(K, 1) * P
-    seqs = min(math.ceil(max(groups * G, n_val * cfg.eval_samples) / engines), cfg.vllm_max_num_seqs or 256)
-    if available is None:
-        with contextlib.suppress(OSError, StopIteration, ValueError):
-            with open("/proc/meminfo") as f:
-                available = 1024 * int(next(ln for ln in f if ln.startswith("MemAvailable:")).split()[1])
-    local = cfg.generators or int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # engines on this machine
-    tokens = (seqs * math.ceil(longest / CPU_KV_BLOCK) + 1) * CPU_KV_BLOCK  # (+1: vLLM's null block)
-    want, cap = tokens * kv_bytes, CPU_KV_SHARE * available / local if available else math.inf
-    mb = max(1, math.ceil(min(want, cap) / 2**20))
-    return mb, (f"scalerl: vLLM's KV cache: {mb} MiB{' an engine' * (engines > 1)}, for {seqs} sequences x {longest} "
-                f"tokens x {kv_bytes / 1024:.1f} KiB" + (f", cut to a quarter of the {available / 2**30:.1f} GiB "
-                f"available{f' over {local} engines' * (local > 1)}" if want > cap else "") +
-                "; --vllm-kv-cache-mb sets it")
-
-
-def engine_fp32_head(model, split):
-    """Inside the vLLM engine (apply_model): the FP32 LM head as the trainer computes it [Sec. 3.2], fp32_head_logits of
-    a float32 copy of the head's weight or (split) its two bf16 parts (rows padded as vLLM pads the vocabulary; a tied
-    head without lm_head, Gemma 2's: the embedding's; plain tensors, which sleep mode leaves). vLLM's head_dtype alone
-    keeps the weight in the model's dtype (logits_processor.py). False without a head or logits_processor."""
-    head = getattr(model, "lm_head", None) or getattr(getattr(model, "model", None), "embed_tokens", None)  # (tied:
-    lp = getattr(model, "logits_processor", None)                                           # Gemma 2 has no lm_head)
-    if not hasattr(head, "weight") or lp is None:
-        return False
-    w = head.weight.detach().to(torch.float32, copy=True)
-    lp.fp32_head = split_bf16(w) if split else (w,)
-    lp._apply_head = lambda lm_head, h, b: fp32_head_logits(h, *((None, b, lp.fp32_head) if split else
-                                                                 (lp.fp32_head[0], b)))
-    return True
-
-
-def load_engine_head(model, weight):
-    """Inside the vLLM engine: copy the trainer's float32 head (`weight`) into what engine_fp32_head made."""
-    lp = model.logits_processor
-    for mine, new in zip(lp.fp32_head, split_bf16(weight) if len(lp.fp32_head) == 2 else (weight,)):
-        mine[:new.shape[0]].copy_(new)
-
-
-def kv_capacity(blocks, groups, length):
-    """How many sequences of `length` tokens a KV cache of `blocks` blocks holds. groups: (block size, sliding window or
-    None) of each KV cache group; on CUDA vLLM's hybrid manager gives a model with sliding-window layers several, all
-    drawing on one pool (Gemma 2: 2), on CPU there is one. A sequence needs ceil(L / block) blocks in a full-attention
-    group and about ceil(min(L, w - 1 + block) / block) + 1 in a sliding-window group of window w; one block is vLLM's
-    null block."""
-    need = sum(math.ceil(length / b) if w is None else math.ceil(min(length, w - 1 + b) / b) + 1 for b, w in groups)
-    return (blocks - 1) // max(need, 1)
-
-
-def repack_tied_head(model):
-    """Inside the vLLM engine (apply_model), after a push without the FP32 head: vLLM's CPU backend packs the LM head's
-    weight for oneDNN when the model loads (cpu_linear), and a tied head, which shares the embedding's weight, gets no
-    weights of its own in a push (the embedding does), so its pack would stay the initial weights': it is made again.
-    (Elsewhere, and for an untied head, there is nothing to do.)"""
-    head, embed = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
-    if hasattr(head, "cpu_linear") and embed is not None and head.weight is embed.weight:
-        head.quant_method.process_weights_after_loading(head)
-
-
-class VLLMEngine:
-    """Engine 'vllm': one vllm.LLM in this process, from the trainer's weights, driven through its step-level API, so
-    that requests are added and weights pushed between any two engine steps while others decode. Its log-probs are
-    after temperature scaling ("processed"), the ratio's; with --lm-head-fp32 its head computes in float32 like the
-    trainer's [Sec. 3.2]. Each token is labelled with the weight version that sampled it (weight_versions spans)."""
-
-    def __init__(self, cfg, path, device, dtype, max_model_len, place=0):
-        kw, env = vllm_args(cfg, path, device, dtype, max_model_len, place)
-        os.environ.update(env)
-        self.sleeps = kw.get("enable_sleep_mode", False)
-        log = os.path.join(cfg.out, f"vllm-start.{place}.log") if cfg.out else None
-        if log and not cfg.verbose:  # (a hard crash in vLLM's start, a signal, leaves this line last on the screen)
-            print(f"scalerl: starting vLLM; what it prints goes to {log}", flush=True)
-        with quiet_stderr(cfg.verbose, log):  # its start-up warnings come from C++ too (NUMA binding, Triton)
-            gc.freeze()  # vLLM freezes the heap once started; until then its import and start collect garbage over
-            import vllm  # all of it (twice in full loading the model): frozen now, they skip what we hold
-            self.llm = vllm.LLM(**kw)
-        if cfg.lm_head_fp32 and self.head_dtypes() != ["torch.float32"]:
-            die(f"--lm-head-fp32: this vLLM ({vllm.__version__}) computes the LM head in {self.head_dtypes()}, not "
-                "float32: it does not honour hf_overrides head_dtype for this model. Use a vLLM that does (0.32 "
-                "does), or pass --no-lm-head-fp32", 1)
-        split = cfg.fp32_head_product == "split"
-        if cfg.lm_head_fp32 and not self.llm.apply_model(lambda m: engine_fp32_head(m, split))[0]:
-            die("--lm-head-fp32: this vLLM model has no lm_head and logits_processor to give a float32 head; pass "
-                "--no-lm-head-fp32", 1)
-        # each weight push logs that rotary embeddings got no weights: they have none to get (their cache is computed)
-        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
-            lambda r: not r.getMessage().startswith("RotaryEmbedding: Failed to load weights"))
-        self.core, self.cfg, self.asleep, self.serial, self.live = self.llm.llm_engine, cfg, False, 0, {}
-        self.queue = []  # submitted, not yet sent to the engine
-        scheduler = self.core.engine_core.engine_core.scheduler  # (the in-process engine core's)
-        kv = scheduler.kv_cache_config  # the KV cache's blocks, and each group's block size and sliding window
-        self.blocks, self.kv_groups = kv.num_blocks, [(g.kv_cache_spec.block_size, getattr(
-            g.kv_cache_spec, "sliding_window", None) if type(g.kv_cache_spec).__name__ == "SlidingWindowSpec" else None)
-            for g in kv.kv_cache_groups]
-        self.max_seqs = self.core.vllm_config.scheduler_config.max_num_seqs
-        self.preemptions, preempt = 0, scheduler._preempt_request  # sequences vLLM preempted (recomputed) for room
-
-        def counted(*args, **kw):
-            self.preemptions += 1
-            return preempt(*args, **kw)
-        scheduler._preempt_request = counted
-        self.mean_len, self.seen = max_model_len / 2, 0  # sequences' mean length, a guess until some have ended
-        self.version = 0
-        self.core.set_weight_version("0")
-        self.seeded = device.type == "cpu" if cfg.vllm_request_seeds is None else cfg.vllm_request_seeds
-
-    @property
-    def capacity(self):
-        """Sequences to decode at once: as many as the KV cache holds at the running mean of the finished sequences'
-        lengths (prompt + completion; until some have ended, half the context; kv_capacity), at least one group (G), at
-        most --vllm-max-num-seqs. vLLM allocates a sequence's blocks as it decodes and preempts (recomputes) one when
-        they run out, which covers a mean that turns out short (`preemptions` counts them); the worst case, every
-        sequence at the whole context (vLLM's kv_cache_max_concurrency), would admit one group at a time at the
-        paper's lengths."""
-        fit = kv_capacity(self.blocks, self.kv_groups, self.mean_len) if self.blocks else self.max_seqs
-        return max(self.cfg.generations_per_prompt, min(self.max_seqs, fit))
-
-    def head_dtypes(self):
-        """The dtypes of the engine's LM-head logits, read off its LogitsProcessor modules (where vLLM applies the
-        head_dtype override; without one, the model's dtype): ['torch.float32'] with an FP32 head."""
-        found = self.llm.apply_model(lambda model: sorted({str(getattr(m, "head_dtype", None))
-                                                           for m in model.modules()
-                                                           if type(m).__name__ == "LogitsProcessor"}))[0]
-        return [str(self.llm.llm_engine.model_config.dtype) if d == "None" else d for d in found]
-
-    def submit(self, key, ids, max_tokens, seed):
-        self.queue.append((key, tuple(ids), max_tokens, seed))
-
-    def unfinished(self):
-        """Sequences queued or decoding (a request's sequences that have ended no longer count, though it returns them
-        only with its last)."""
-        return len(self.queue) + self.core.get_num_unfinished_requests()
-
-    def flush(self):
-        """Send the queued requests. Completions of one prompt with one limit and consecutive seeds (a group's) go as
-        one request with n = their number, seeded first seed + i as before: vLLM prepares it once, a cost per request
-        as large as the decoding (profiled on the built-in task at 32 x 16 completions of 4 tokens)."""
-        from vllm import SamplingParams
-        from vllm.inputs.engine import tokens_input
-        from vllm.sampling_params import RequestOutputKind
-        runs, last = [], {}
-        for key, ids, max_tokens, seed in self.queue:
-            run = last.get((ids, max_tokens))
-            if run is None or run[2] + len(run[3]) != seed:
-                run = last[ids, max_tokens] = [ids, max_tokens, seed, []]
-                runs.append(run)
-            run[3].append(key)
-        if runs and self.asleep:
-            raise RuntimeError("the engine's weights were discarded by sleep, and no push has reloaded them")
-        for ids, max_tokens, seed, keys in runs:
-            rid, self.serial = str(self.serial), self.serial + 1
-            params = SamplingParams(n=len(keys), temperature=self.cfg.temperature, top_p=1.0, top_k=0,
-                                    max_tokens=max_tokens, logprobs=0, seed=seed if self.seeded else None,
-                                    detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
-            # the cache salt keeps prefix-cache blocks computed with older weights from being reused by new requests
-            self.core.add_request(rid, tokens_input(list(ids), cache_salt=f"v{self.version}"), params)
-            self.live[rid] = keys, len(ids)
-        self.queue = []
-
-    def step(self):
-        """One engine step: every running sequence decodes one token. Returns the requests that finished, the number
-        of tokens they decoded (counted when they finish) and 1, the engine steps taken."""
-        self.flush()
-        done, decoded = [], 0
-        for out in self.core.step():
-            if not out.finished:  # (final outputs only: none come before the end)
-                continue
-            keys, prompt = self.live.pop(out.request_id)
-            for c in out.outputs:
-                versions = [int(s.version) for s in c.weight_versions for _ in range(s.start, s.end)]
-                tokens = list(c.token_ids)
-                done.append((keys[c.index], Completion(tokens, [lp[t].logprob for t, lp in zip(tokens, c.logprobs)],
-                                                       c.finish_reason == "stop", [1] * len(tokens), versions)))
-                decoded += len(tokens)
-                self.seen += 1  # the running mean of sequence lengths (the last 256 or so weigh most)
-                self.mean_len += (prompt + len(tokens) - self.mean_len) / min(self.seen, 256)
-        return done, decoded, 1
-
-    def push(self, model, version):
-        """Load the trainer's weights [Sec. 3.1] under their Hugging Face names with `reload_weights` (one call on CPU
-        and CUDA; vLLM maps them to its layout), all in one call as an iterator (part of a layer would leave it wrong;
-        under torchrun each is gathered when taken), then the float32 head. Running sequences keep their KV cache,
-        computed with older weights, as PipelineRL does; --refresh-kv re-prefills them instead."""
-        self.wake()
-        head = (lambda: full_tensor(model.get_output_embeddings().weight).detach().float()) \
-            if self.cfg.lm_head_fp32 else None
-        self.load(full_weights(model, self.core.model_config.dtype), head, version)
-
-    def load(self, weights, head, version):
-        """push's work, from an iterator of (name, tensor) and a function returning the float32 head (or None)."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-        if head is not None:
-            w = head()
-            self.llm.apply_model(lambda m: load_engine_head(m, w))
-        else:
-            self.llm.apply_model(repack_tied_head)
-        self.version = version
-        self.core.set_weight_version(str(version))
-        if self.cfg.refresh_kv and self.live:  # (it preempts every running sequence: not for want of room, not counted)
-            before = self.preemptions
-            self.core.reset_prefix_cache(reset_running_requests=True)
-            self.preemptions = before
-
-    def abort(self):
-        """Drop every request in flight."""
-        self.core.abort_request(list(self.live))
-        self.live, self.queue = {}, []
-
-    def close(self):
-        """Shut the engine down now (under torchrun it takes the process group with it, so it must go last). Asleep (a
-        stop mid-round), it is woken first: its shutdown frees what sleep freed already, and vLLM prints CUDA errors
-        beside the real one."""
-        if self.asleep:
-            with contextlib.suppress(Exception):
-                self.llm.wake_up()
-            self.asleep = False
-        self.core.engine_core.shutdown()
-
-    def sleep(self):
-        """vLLM sleep mode (CUDA, nothing in flight): while training, free the KV cache and discard the weights (level
-        2; level 1 would copy them to host memory and back, only for the next push to overwrite them). The engine then
-        holds no version, so the step's push_weights reloads it, on every rank at the same point of the step, also
-        after a skipped update (a reload when requests come would gather the weights on the ranks that have some)."""
-        if self.sleeps and not self.asleep and not self.live and not self.queue:
-            self.llm.sleep(level=2)
-            self.asleep, self.version = True, None
-
-    def wake(self):
-        if self.asleep:
-            self.llm.wake_up()
-            self.asleep = False
-
-# --------------------------------------------------------------------------------------------------
-# The generator-trainer split (--generators N) [Sec. 2, App. A.3]: N generator processes, each with a VLLMEngine on a
-# device of its own, decode all the time; the trainer's engine is a SplitEngine, the engine contract served by them.
-# Each push writes the weights, whole, to one file in shared memory, renamed into place: a generator loads the newest
-# between two of its engine steps, never half a model. The same path on CPU and CUDA, on one node.
-# --------------------------------------------------------------------------------------------------
-
-
-def weights_dir(model, dtype, fp32_head, shm="/dev/shm"):
-    """The split's weights file goes to shared memory if it has room for two (a generator may still read the last
-    while the next is written; Docker gives /dev/shm 64 MB), else to a temporary directory on disk."""
-    n, head = sum(p.numel() for p in model.parameters()), model.get_output_embeddings().weight.numel()
-    size, free = n * dtype.itemsize + 4 * head * fp32_head, shutil.disk_usage(shm).free if os.path.isdir(shm) else 0
-    if os.path.isdir(shm) and free < 2 * size:
-        print(f"scalerl: {shm} has {free / 2**20:.0f} MB free, less than two weights files ({2 * size / 2**20:.0f} "
-              f"MB): they go through {tempfile.gettempdir()} instead")
-    return tempfile.mkdtemp(prefix="scalerl-", dir=shm if free >= 2 * size else None)
-
-
-def write_weights(path, model, dtype, version, fp32_head):
-    """The model's weights (and the float32 LM head as 'fp32_head') as one safetensors file, renamed into place: a
-    generator still reading the previous file keeps it. Under torchrun every rank gathers each weight from the shards
-    and rank 0 keeps and writes them; every rank returns once the file is in place."""
-    from safetensors.torch import save_file
-    head = (("fp32_head", full_tensor(model.get_output_embeddings().weight).float()) for _ in range(fp32_head))  # lazy
-    tensors = {n: t.detach().to("cpu", copy=True) for n, t in itertools.chain(full_weights(model, dtype), head)
-               if rank() == 0}
-    if rank() == 0:
-        save_file(tensors, path + ".tmp", metadata={"version": str(version)})
-        os.replace(path + ".tmp", path)
-    if world() > 1:
-        dist.barrier()  # no rank sends a request for this version before its weights are in place
-
-
-# What a generator sends after an engine step that finished pieces: (key, Completion fields) of each, the tokens decoded
-# and engine steps since its last report, the requests it has taken so far and the sequences it has left, its capacity
-# and its preemptions so far. A plain tuple on the queue, read back as a Report.
-Report = collections.namedtuple("Report", "kind generator pieces decoded steps taken left capacity preemptions")
-
-
-def generator_main(i, place, cfg, path, device, dtype, max_model_len, weights, requests, results, cores, parent):
-    """Generator i: a VLLMEngine that decodes whenever it has requests, loads the newest weights file between two of
-    its engine steps (and before a request that asks for newer weights), and sends the finished pieces back with the
-    tokens it decoded, its engine steps and what it has left. It stops when told to, or when the trainer is gone."""
-    from safetensors import safe_open
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the trainer stops us
-    loaded, steps, decoded, taken = None, 0, 0, 0
-
-    def refresh():
-        nonlocal loaded
-        st = os.stat(weights)
-        if (st.st_ino, st.st_mtime_ns) != loaded:
-            loaded = st.st_ino, st.st_mtime_ns
-            with safe_open(weights, "pt") as f:
-                engine.load(((n, f.get_tensor(n)) for n in f.keys() if n != "fp32_head"),
-                            (lambda: f.get_tensor("fp32_head")) if cfg.lm_head_fp32 else None,
-                            int(f.metadata()["version"]))
-    try:
-        if cores:
-            os.sched_setaffinity(0, cores)
-            torch.set_num_threads(len(cores))
-        quiet_libraries(cfg.verbose)
-        engine = VLLMEngine(cfg, path, torch.device(device), dtype, max_model_len, place)
-        results.put(("ready", i, engine.capacity))
-        while os.getppid() == parent:
-            refresh()
-            msgs = []
-            with contextlib.suppress(queue.Empty):
-                msgs.append(requests.get(not engine.unfinished(), 0.05))  # (block only with nothing to decode)
-                while True:
-                    msgs.append(requests.get_nowait())
-            for kind, batch in msgs:
-                if kind == "stop":
-                    return
-                if kind == "abort":
-                    engine.abort()
-                if kind == "submit":  # what the trainer submitted between two of its engine calls, in one message
-                    if batch[-1][-1] > engine.version:  # pushed before the requests were sent: the file holds it now
-                        refresh()
-                    for request in batch:
-                        engine.submit(*request[:-1])
-                    taken += len(batch)
-            if engine.unfinished():
-                done, n, k = engine.step()
-                steps, decoded = steps + k, decoded + n
-                if done:  # with how many requests it has taken so far, and what it has left
-                    results.put(tuple(Report("out", i, [(key, dataclasses.astuple(c)) for key, c in done], decoded,
-                                             steps, taken, engine.unfinished(), engine.capacity, engine.preemptions)))
-                    steps, decoded = 0, 0
-    except Exception:  # noqa: BLE001  (whatever it is, the trainer reports it and stops)
-        results.put(("error", i, traceback.format_exc()))
-    finally:
-        if os.getppid() != parent:  # the trainer is gone: nobody reads, nobody cleans up
-            results.cancel_join_thread()
-            shutil.rmtree(os.path.dirname(weights), ignore_errors=True)
-        results.close()
-        results.join_thread()
-
-
-class SplitEngine:
-    """Engine 'vllm' with --generators N: the VLLMEngine contract, served by generator processes (rank r owns r, r + W,
-    ...). submit() queues, a group's to one generator; step() and sleep() send the queue, and step() returns what they
-    finished since the last call, waiting only when nothing; push() writes the weights file. On CUDA generator i takes
-    GPU LOCAL_WORLD_SIZE + i (0.9 of it), on CPU every process an equal share of the cores."""
-
-    def __init__(self, cfg, path, device, dtype, max_model_len, model):
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        self.cfg, self.dtype, self.version, self.live = cfg, dtype, 0, {}
-        self.dir = broadcast(weights_dir(model, dtype, cfg.lm_head_fp32) if rank() == 0 else None)
-        self.weights = os.path.join(self.dir, "weights.safetensors")
-        write_weights(self.weights, model, dtype, 0, cfg.lm_head_fp32)
-        cores = sorted(os.sched_getaffinity(0)) if device.type == "cpu" else []
-        self.restore, share = (cores, torch.get_num_threads()), max(1, len(cores) // (local + cfg.generators))
-        chunk = lambda k: cores[k * share:(k + 1) * share]  # noqa: E731  (trainer ranks first, then generators)
-        if cores:
-            os.sched_setaffinity(0, chunk(int(os.environ.get("LOCAL_RANK", 0))))
-            torch.set_num_threads(share)
-        ctx, saved = torch.multiprocessing.get_context("spawn"), dict(os.environ)
-        gpus = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(local + cfg.generators)))).split(",")
-        gen_cfg = dataclasses.replace(cfg, vllm_sleep=False, vllm_gpu_memory_utilization=0.9)
-        self.results, self.procs, self.requests, self.queue = ctx.Queue(), {}, {}, {}
-        self.left, self.sent, self.taken = {}, {}, {}  # per generator, for load(): as it last said; since then
-        self.preempted = {}  # per generator, its preemptions so far, as it last said
-        try:
-            for i in range(rank(), cfg.generators, world()):
-                self.requests[i], self.queue[i], self.left[i], self.sent[i], self.taken[i] = ctx.Queue(), [], 0, 0, 0
-                self.preempted[i] = 0
-                self.procs[i] = ctx.Process(target=generator_main, daemon=True, args=(
-                    i, world() + i, gen_cfg, path, device.type, dtype, max_model_len, self.weights, self.requests[i],
-                    self.results, chunk(local + i), os.getpid()))
-                for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):  # its engine is a plain, single one
-                    os.environ.pop(k, None)
-                os.environ.update({"OMP_NUM_THREADS": str(share)} if cores
-                                  else {"CUDA_VISIBLE_DEVICES": gpus[local + i]})
-                try:
-                    self.procs[i].start()
-                finally:
-                    os.environ.clear()
-                    os.environ.update(saved)
-            # twice what each engine decodes at once: work to go on with while the trainer trains
-            self.caps = dict(self.receive()[1:3] for _ in list(self.procs))  # ("ready", i, its capacity)
-        except BaseException:
-            self.close()
-            raise
-        self.idle, self.idle_since = [0.0, time.time()], {i: time.time() for i in self.procs}  # see take_idle
-
-    def receive(self):
-        """The next message from a generator. One that failed or died stops the run (status 1, resumable: the Recorder
-        saves a checkpoint of the last step), so does silence for --generator-timeout seconds."""
-        patience = self.cfg.generator_timeout or max(900.0, 0.5 * self.cfg.max_new_tokens)
-        deadline = time.time() + patience
-        while True:
-            for i, p in self.procs.items():
-                if not p.is_alive():
-                    raise ScaleRLError(f"generator {i} (pid {p.pid}) died, exit code {p.exitcode}", 1, True)
-            with contextlib.suppress(queue.Empty):
-                return self.checked(self.results.get(timeout=1.0))
-            if time.time() > deadline:
-                raise ScaleRLError(f"no word from the generators in {patience:g} s (--generator-timeout)", 1, True)
-
-    @staticmethod
-    def checked(msg):
-        if msg[0] == "error":
-            raise ScaleRLError(f"generator {msg[1]} failed: {msg[2].strip().splitlines()[-1]}", 1, True)
-        return msg
-
-    def submit(self, key, ids, max_tokens, seed):
-        # a group's completions go to one generator (one request there), the same in every run (not hash(): salted)
-        i = sorted(self.procs)[zlib.crc32(repr(key[0]).encode()) % len(self.procs)]
-        self.queue[i].append((key, list(ids), max_tokens, seed, self.version))
-        self.live[key], self.sent[i] = i, self.sent[i] + 1
-
-    def flush(self):
-        """Send each generator what was submitted since the last engine call, in one message: its engine adds them
-        all before its next step, as a VLLMEngine in this process adds what was queued (the same batches, the same
-        float rounding)."""
-        for i, batch in self.queue.items():
-            if batch:
-                self.requests[i].put(("submit", batch))
-                self.idle[0] += time.time() - self.idle_since.pop(i, time.time())
-                self.queue[i] = []
-
-    def load(self, i):
-        """Generator i's sequences queued or decoding: what it had left when it last sent, plus what it took since."""
-        return self.left[i] + self.sent[i] - self.taken[i]
-
-    def unfinished(self):
-        return sum(map(self.load, self.procs))
-
-    def step(self):
-        self.flush()
-        msgs = [self.receive()]
-        with contextlib.suppress(queue.Empty):
-            while True:
-                msgs.append(self.checked(self.results.get_nowait()))
-        reports = [Report(*m) for m in msgs]
-        done = [(key, Completion(*c)) for r in reports for key, c in r.pieces if self.live.pop(key, None) is not None]
-        for r in reports:
-            i = r.generator
-            self.taken[i], self.left[i], self.caps[i], self.preempted[i] = r.taken, r.left, r.capacity, r.preemptions
-            if not self.load(i):  # nothing to do until the next submit: idle from now
-                self.idle_since.setdefault(i, time.time())
-        return done, sum(r.decoded for r in reports), sum(r.steps for r in reports)
-
-    @property
-    def preemptions(self):
-        return sum(self.preempted.values())
-
-    @property
-    def capacity(self):
-        """Twice what the generators' engines decode at once, as each last said: work to go on with while the trainer
-        trains."""
-        return 2 * sum(self.caps.values())
-
-    def take_idle(self):
-        """(Seconds this rank's generators had nothing to decode, seconds elapsed), since the last call."""
-        now, (idle, since) = time.time(), self.idle
-        idle += sum(now - t for t in self.idle_since.values())
-        self.idle, self.idle_since = [0.0, now], {i: now for i in self.idle_since}
-        return idle, now - since
-
-    def push(self, model, version):
-        write_weights(self.weights, model, self.dtype, version, self.cfg.lm_head_fp32)
-        self.version = version
-
-    def abort(self):
-        for q in self.requests.values():
-            q.put(("abort", None))
-        self.live, self.queue = {}, {i: [] for i in self.queue}
-
-    def close(self):
-        """Stop the generators (5 s to go, then killed), remove the weights file, give this process its cores back."""
-        for q in self.requests.values():
-            q.put(("stop", None))
-        for p in self.procs.values():
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-        if rank() == 0:
-            shutil.rmtree(self.dir, ignore_errors=True)
-        for q in self.requests.values():  # (what a dead generator left unread is dropped)
-            q.cancel_join_thread()
-            q.close()
-        self.results.close()
-        self.procs, self.requests = {}, {}
-        if self.restore[0]:
-            os.sched_setaffinity(0, self.restore[0])
-            torch.set_num_threads(self.restore[1])
-
-    def sleep(self):
-        """The trainer trains now: the generators (which never sleep) get what was submitted, to decode meanwhile."""
-        self.flush()
+class Policy(torch.nn.Module):
+    """The trained model, its head applied by token_logprobs inside one forward pass: FSDP2 shards this module under
+    torchrun, and its root must see the head's computation to gather its weights and reduce their gradients."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x, cfg):
+        """token_terms of the trained tokens of x, a micro-batch's batch_tensors."""
+        hidden = self.model.get_decoder()(input_ids=x["ids"], attention_mask=x["attn"],
+                                          use_cache=False).last_hidden_state
+        terms = token_logprobs(hidden[x["row"], x["pos"]], self.model.get_output_embeddings(), x["targets"],
+                               cfg.temperature, cfg.lm_head_fp32 and cfg.fp32_head_product, cfg.logprob_chunk,
+                               logit_transform(self.model.config))
+        return {k: v[x["keep"]] for k, v in terms.items()}
+
+
+def as_policy(model):
+    return model if isinstance(model, Policy) else Policy(model)
+
+
+def logit_transform(config):
+    """What the model's own forward does to the head's logits, from its config, in vLLM's order (LogitsProcessor):
+    soft-capping (Gemma 2, 3), then scaling (Cohere's logit_scale, Granite's 1 / logits_scaling); None for most."""
+    cap = getattr(config, "final_logit_softcapping", None)
+    scale = (getattr(config, "logit_scale", None) or 1.0) / (getattr(config, "logits_scaling", None) or 1.0)
+    return None if not cap and scale == 1.0 else lambda x: (torch.tanh(x / cap) * cap if cap else x) * scale
+
+
+def sequence_logprobs(model, samples, cfg, pad_id):
+    """token_terms ("logp" among them) of every completion token of `samples`, injected ones too, in sample order."""
+    x = batch_tensors([dataclasses.replace(s, mask=None) for s in samples], pad_id, next(model.parameters()).device)
+    return as_policy(model)(x, cfg)
+
+
+def micro_batches(samples, budget):
+    """Split samples, sorted by length (little padding), into micro-batches of at most `budget` padded tokens."""
+    order = sorted(range(len(samples)), key=lambda i: len(samples[i].prompt) + len(samples[i].tokens))
+    out, batch, width = [], [], 0
+    for i in order:
+        w = len(samples[i].prompt) + len(samples[i].tokens)
+        if batch and max(width, w) * (len(batch) + 1) > budget:
+            out.append(batch)
+            batch, width = [], 0
+        batch.append(samples[i])
+        width = max(width, w)
+    return out + [batch] if batch else out
+
+
+def batch_tensors(samples, pad_id, device):
+    """A micro-batch of samples as the forward pass's and policy_loss's tensors: ids and attn (right-padded); for each
+    completion token its row, the position that predicts it and its id (targets); keep, the trained ones (mask 1). Per
+    trained token: seq (its completion in the micro-batch), logp_gen, A, weight, fresh (its completion sampled at lag 0,
+    every token) and its completion's Sample.values. Built on the host: nothing read back from the device."""
+    seqs = [s.prompt + s.tokens for s in samples]
+    width = max(map(len, seqs))
+    tokens = [(k, t, m) for k, s in enumerate(samples) for t, m in enumerate(s.mask or [1] * len(s.tokens))]
+    trained = [(k, t) for k, t, m in tokens if m]
+    of = [samples[k] for k, _ in trained]  # each trained token's sample
+    tensor = lambda x, dtype=torch.float32: torch.tensor(list(x), dtype=dtype, device=device)  # noqa: E731
+    return {"ids": tensor([q + [pad_id] * (width - len(q)) for q in seqs], torch.long),
+            "attn": tensor([[1] * len(q) + [0] * (width - len(q)) for q in seqs], torch.long),
+            "row": tensor((k for k, _, _ in tokens), torch.long),
+            "pos": tensor((len(samples[k].prompt) - 1 + t for k, t, _ in tokens), torch.long),
+            "targets": tensor((samples[k].tokens[t] for k, t, _ in tokens), torch.long),
+            "keep": tensor((i for i, (_, _, m) in enumerate(tokens) if m), torch.long),
+            "seq": tensor((k for k, _ in trained), torch.long),
+            "logp_gen": tensor(s.gen_logprobs[t] if s.gen_logprobs else 0.0 for s, (_, t) in zip(of, trained)),
+            "A": tensor(s.advantage for s in of), "weight": tensor(s.weight for s in of),
+            "fresh": tensor(s.lags is not None and not any(
+                lag for lag, m in zip(s.lags, s.mask or [1] * len(s.lags)) if m) for s in of),
+            "values": {name: tensor(float(s.values[name]) for s in of) for name in samples[0].values}}
+
+
+def mismatch_sums(logp, logp_gen, fresh, eps_max):
+    """Train/inference mismatch on the trained tokens, before the update: sums of |log pi_train - log pi_gen|, of the k3
+    estimate of KL(pi_gen || pi_train), and of ratios over eps_max [Sec. 3.2]; mismatch_fresh_abs_logprob, the first
+    over the `fresh` tokens alone, where no lag can explain one (the Recorder's --max-fresh-mismatch)."""
+    d, n = (logp.detach() - logp_gen).double(), len(logp)
+    return {"mismatch_abs_logprob": (d.abs().sum(), n), "mismatch_kl_k3": ((torch.exp(d) - 1 - d).sum(), n),
+            "mismatch_trunc_frac": ((d > math.log(eps_max)).sum(), n),
+            "mismatch_fresh_abs_logprob": ((d.abs() * fresh).sum(), fresh.sum())}
 
 
 def split_bf16(x):
@@ -2343,8 +2931,7 @@ def mm_f32(a, b):
 
 
 def mm3(a_hi, a_lo, b_hi, b_lo):
-    """(a_hi + a_lo)(b_hi + b_lo) less a_lo b_lo (2^-16 relative): up to three bf16 products summed in float32 (a part
-    that is None, of a bf16 operand, is none)."""
+    """(a_hi + a_lo)(b_hi + b_lo) less a_lo b_lo (2^-16 relative): up to three bf16 products summed in float32."""
     out = mm_f32(a_hi, b_hi)
     for a, b in ((a_hi, b_lo), (a_lo, b_hi)):
         if a is not None and b is not None:
@@ -2372,618 +2959,84 @@ class SplitProduct(torch.autograd.Function):
         gw = mm3(g_hi.t(), g_lo.t(), h_hi, h_lo).to(ctx.dtypes[1]) if ctx.needs_input_grad[1] else None
         return gh, gw, None, None
 
-
-class Policy(torch.nn.Module):
-    """The trained model, its head applied by token_logprobs inside one forward pass: FSDP2 shards this module under
-    torchrun, and its root must see the head's computation to gather its weights and reduce their gradients."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x, cfg):
-        """token_terms of the trained tokens of x, a micro-batch's batch_tensors (the head runs on every completion
-        token, then the trained ones are kept)."""
-        hidden = self.model.get_decoder()(input_ids=x["ids"], attention_mask=x["attn"],
-                                          use_cache=False).last_hidden_state
-        terms = token_logprobs(hidden[x["row"], x["pos"]], self.model.get_output_embeddings(), x["targets"],
-                               cfg.temperature, cfg.lm_head_fp32 and cfg.fp32_head_product, cfg.logprob_chunk,
-                               logit_transform(self.model.config))
-        return {k: v[x["keep"]] for k, v in terms.items()}
-
-
-def as_policy(model):
-    return model if isinstance(model, Policy) else Policy(model)
-
-
-def logit_transform(config):
-    """What the model's own forward does to the head's logits, from its config, in vLLM's order (LogitsProcessor):
-    soft-capping (Gemma 2, 3), then scaling (Cohere's logit_scale, Granite's 1 / logits_scaling); None for most."""
-    cap = getattr(config, "final_logit_softcapping", None)
-    scale = (getattr(config, "logit_scale", None) or 1.0) / (getattr(config, "logits_scaling", None) or 1.0)
-    return None if not cap and scale == 1.0 else lambda x: (torch.tanh(x / cap) * cap if cap else x) * scale
-
-
-def sequence_logprobs(model, samples, cfg, pad_id):
-    """Trainer log-probs (and the other token_terms) of every completion token of `samples`, injected ones too,
-    concatenated in sample order: {"logp": tensor, ...} (model: a Policy, or the model itself)."""
-    x = batch_tensors([dataclasses.replace(s, mask=None) for s in samples], pad_id, next(model.parameters()).device)
-    return as_policy(model)(x, cfg)
-
-
-def batch_tensors(samples, pad_id, device):
-    """A micro-batch of samples as the tensors of the forward pass and of policy_loss: ids and attn, the prompts +
-    completions right-padded; row and pos, each completion token's sequence and the position that predicts it, with
-    targets, its id; keep, which of those the loss trains: the sampled ones (mask 1; an injected phrase is context,
-    with no loss and no count). Per trained token: seq (its completion's number in the micro-batch), logp_gen, A,
-    weight, fresh (1 where its completion's every sampled token has lag 0) and each of its completion's Sample.values.
-    Built on the host from lists: nothing is read back from the device."""
-    seqs = [s.prompt + s.tokens for s in samples]
-    width = max(map(len, seqs))
-    tokens = [(k, t, m) for k, s in enumerate(samples) for t, m in enumerate(s.mask or [1] * len(s.tokens))]
-    trained = [(k, t) for k, t, m in tokens if m]
-    of = [samples[k] for k, _ in trained]  # each trained token's sample
-    tensor = lambda x, dtype=torch.float32: torch.tensor(list(x), dtype=dtype, device=device)  # noqa: E731
-    return {"ids": tensor([q + [pad_id] * (width - len(q)) for q in seqs], torch.long),
-            "attn": tensor([[1] * len(q) + [0] * (width - len(q)) for q in seqs], torch.long),
-            "row": tensor((k for k, _, _ in tokens), torch.long),
-            "pos": tensor((len(samples[k].prompt) - 1 + t for k, t, _ in tokens), torch.long),
-            "targets": tensor((samples[k].tokens[t] for k, t, _ in tokens), torch.long),
-            "keep": tensor((i for i, (_, _, m) in enumerate(tokens) if m), torch.long),
-            "seq": tensor((k for k, _ in trained), torch.long),
-            "logp_gen": tensor(s.gen_logprobs[t] if s.gen_logprobs else 0.0 for s, (_, t) in zip(of, trained)),
-            "A": tensor(s.advantage for s in of), "weight": tensor(s.weight for s in of),
-            "fresh": tensor(s.lags is not None and not any(
-                lag for lag, m in zip(s.lags, s.mask or [1] * len(s.lags)) if m) for s in of),
-            "values": {name: tensor(float(s.values[name]) for s in of) for name in samples[0].values}}
-
-
 # --------------------------------------------------------------------------------------------------
-# Gradient accumulation and the train/inference mismatch diagnostic (used by train_step)
+# 10. Metrics and the screen: the metrics row, the Recorder (records, checkpoints' timing, signals, stops), the
+#     progress line and the warnings; the live fit, W&B and --save-completions
 # --------------------------------------------------------------------------------------------------
-
-
-def micro_batches(samples, budget):
-    """Split samples (sorted by length, to waste little padding) so each micro-batch holds at most `budget`
-    padded tokens; a sample longer than the budget gets a micro-batch of its own."""
-    order = sorted(range(len(samples)), key=lambda i: len(samples[i].prompt) + len(samples[i].tokens))
-    out, batch, width = [], [], 0
-    for i in order:
-        w = len(samples[i].prompt) + len(samples[i].tokens)
-        if batch and max(width, w) * (len(batch) + 1) > budget:
-            out.append(batch)
-            batch, width = [], 0
-        batch.append(samples[i])
-        width = max(width, w)
-    return out + [batch] if batch else out
-
-
-def mismatch_sums(logp, logp_gen, fresh, eps_max):
-    """Train/inference mismatch on the generator's tokens, before the update: sums of |log pi_train - log pi_gen|, of
-    the k3 estimate of KL(pi_gen || pi_train) (r - 1 - log r, r = pi_train / pi_gen), and of r > eps_max (what CISPO
-    truncates). ~0 with the same weights on both sides; bf16 logits or a stale engine make them grow [Sec. 3.2].
-    mismatch_fresh_abs_logprob: the first over the `fresh` tokens alone (1: its completion was sampled, every token, by
-    the weights being trained), where no lag can explain a difference: the Recorder's guard (--max-fresh-mismatch)."""
-    d, n = (logp.detach() - logp_gen).double(), len(logp)
-    return {"mismatch_abs_logprob": (d.abs().sum(), n), "mismatch_kl_k3": ((torch.exp(d) - 1 - d).sum(), n),
-            "mismatch_trunc_frac": ((d > math.log(eps_max)).sum(), n),
-            "mismatch_fresh_abs_logprob": ((d.abs() * fresh).sum(), fresh.sum())}
-
-
-GiB = 2**30
-
-
-def model_sizes(config):
-    """What the memory plan needs of a model, from its config: parameters (counted on the meta device), vocabulary V,
-    hidden size H, MLP size I, decoder layers L and a layer's parameters, whether the head is the embedding, and the
-    KV cache's values a token (2 L x KV heads x head size)."""
-    from transformers import AutoModelForCausalLM
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    (V, H), heads = model.get_output_embeddings().weight.shape, config.num_attention_heads
-    units = [m for m in model.modules() if type(m).__name__ in (getattr(model, "_no_split_modules", None) or [])]
-    return {"params": sum(p.numel() for p in model.parameters()), "V": V, "H": H,
-            "I": getattr(config, "intermediate_size", 4 * H), "L": len(units),
-            "layer": sum(p.numel() for p in units[0].parameters()),
-            "tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight,
-            "kv": 2 * len(units) * getattr(config, "num_key_value_heads", heads) *
-            (getattr(config, "head_dim", None) or H // heads)}
-
-
-def memory_plan(sizes, cfg, ranks, device_bytes, longest=0, sharded=None):
-    """What a GPU will hold, in bytes, planned from the model's sizes (model_sizes) and the flags before any weight is
-    loaded. longest: the longest prompt + completion, in tokens; sharded: under torchrun (FSDP2, any number of ranks).
-    The trainer's part is checked against torch's memory tracker running the update at full size on fake tensors
-    (bench.py --memory; docs/benchmarks.md: on its grid, 1.00 to 1.06 times the tracker's peak).
-    Trainer: what stays, weights, gradients and AdamW's two moments (param dtype; sharded over the ranks under
-    torchrun, where FSDP2 also keeps the root, the embeddings and head, whole after forward); the activations kept for
-    backward; the largest of three transients: the head's backward (per chunk 16 bytes x chunk x V of float32 logits
-    and their gradients, a float32 V x H weight gradient, under torchrun an untied head's whole gradient, and a layer
-    being gathered; with --fp32-head-product split, W's two bf16 parts, 4 bytes x V x H, and where W's gradient is
-    made, if that is more, the chunk's gradient and its parts, 8 bytes x chunk x V, beside two float32 products of W's
-    size), a layer's backward under activation checkpointing (its activations recomputed and their
-    gradients, about 2.25 x (37 H + 8 I) bytes a token, and FSDP2's buffers of three layers), AdamW's step (a
-    moment-sized temporary); and 64 MiB for the small tensors. Kept for backward: each layer's input with
-    checkpointing; without it, 37 H + 8 I bytes a token and layer and the layers' bf16 weight casts. A micro-batch
-    holds --micro-batch-tokens tokens, or the longest sequence where that is longer (it gets a micro-batch of its own).
-    Reserve, which no simulation sees: 2 GiB and 10% of the trainer (CUDA context, cuBLAS and NCCL buffers, the
-    allocator's fragmentation).
-    Engine (vLLM; an estimate, from reading vLLM 0.32's gpu_worker.py): its share of the device (0.9 on a generator's
-    own GPU), claimed whole; in it the weights (compute dtype), the float32 head copy, the profiling run's peak (the
-    larger of max_num_batched_tokens through a layer and the sampler on max_num_seqs rows: float32 logits and their
-    sort, 28 bytes x rows x V), CUDA graphs and vLLM's buffers (1.5 GiB), and a KV cache of the rest. --engine hf: no
-    share; under torchrun a whole replica of the model; and the KV cache and logits of the sequences it generates at
-    once (a step's, or an evaluation's)."""
-    n, V, H, I, L, layer, tied, kv_token = (sizes[k] for k in ("params", "V", "H", "I", "L", "layer", "tied", "kv"))
-    b = getattr(torch, cfg.param_dtype).itemsize
-    c = (getattr(torch, cfg.dtype) if cfg.dtype != "auto" else torch.bfloat16).itemsize
-    sharded = launched() if sharded is None else sharded
-    r, T = ranks if sharded else 1, max(cfg.micro_batch_tokens, longest)
-    plan = {"params": n, "weights": n * b / r, "gradients": n * b / r, "adam": 2 * n * b / r,
-            "root": b * V * H * (1 if tied else 2) * sharded}
-    per_token = 37 * H + 8 * I  # bytes a token and layer kept for backward, without checkpointing
-    plan["activations"] = (L + 3) * T * H * b if cfg.activation_checkpointing else \
-        L * T * per_token + L * layer * c * (c < b) + 3 * T * H * b
-    gathered = layer * b * sharded  # one decoder layer, whole (FSDP2)
-    split, cV = cfg.lm_head_fp32 and cfg.fp32_head_product == "split", min(cfg.logprob_chunk, T) * V
-    phases = {"head backward": max(16 * cV, (8 * cV + 8 * V * H) * split) + 4 * V * H * (1 + split + (
-              sharded and not tied)) + 4 * T * H + gathered * (r > 1),
-              "AdamW step": n * b / r - plan["activations"]}
-    if cfg.activation_checkpointing:
-        phases["layer backward"] = 2.25 * T * per_token + gathered * (1 + 2 * (r > 1))
-    plan["phase"] = max(phases, key=phases.get)
-    plan["transient"] = phases[plan["phase"]]
-    plan["trainer"] = sum(plan[k] for k in ("weights", "gradients", "adam", "root", "activations", "transient")) \
-        + 64 * 2**20  # the small tensors: inputs, masks, AdamW's step counters, norms
-    plan["reserve"] = 2 * GiB + 0.1 * plan["trainer"]
-    plan["kv_token"] = kv_token * c
-    if cfg.engine == "hf":
-        seqs = max(cfg.prompts_per_step * cfg.generations_per_prompt, (cfg.val_size or 200) * cfg.eval_samples) / ranks
-        plan.update(engine=n * b * sharded + seqs * (longest * plan["kv_token"] + 8 * V), kv=0.0)
-    else:
-        share = (0.9 if cfg.generators else cfg.vllm_gpu_memory_utilization) * device_bytes
-        big = device_bytes >= 70 * GiB  # vLLM's defaults on H100-class GPUs: 16,384 tokens and 1,024 sequences a step
-        seqs, tokens = cfg.vllm_max_num_seqs or (1024 if big else 256), 16384 if big else 8192
-        plan.update(engine=share, engine_weights=n * c, fp32_head=4 * V * H * cfg.lm_head_fp32,
-                    profile=max(tokens * c * (3 * I + 4 * H), 28 * seqs * V), graphs=1.5 * GiB)
-        plan["kv"] = share - sum(plan[k] for k in ("engine_weights", "fp32_head", "profile", "graphs"))
-    plan["left"] = device_bytes - plan["trainer"] - plan["reserve"] - plan["engine"] * (not cfg.generators)
-    return plan
-
-
-def plan_line(plan, cfg, device_bytes):
-    """The start-up line of a memory plan."""
-    gb = lambda b: f"{b / GiB:.1f}"  # noqa: E731  (GiB, as gpu_peak_gb)
-    p = plan
-    engine = (f"engine {gb(p['engine'])} GiB{' on each generator GPU' if cfg.generators else ''} (weights "
-              f"{gb(p['engine_weights'])}, float32 head {gb(p['fp32_head'])}, profiling peak {gb(p['profile'])}, CUDA "
-              f"graphs {gb(p['graphs'])}, KV cache ~{gb(p['kv'])} GiB = ~{max(p['kv'], 0) / p['kv_token'] / 1e3:.0f}k "
-              "tokens: an estimate)") if cfg.engine != "hf" else f"HF engine {gb(p['engine'])} GiB"
-    return (f"scalerl: memory plan per GPU ({gb(device_bytes)} GiB): trainer {gb(p['trainer'])} GiB (weights "
-            f"{gb(p['weights'])}, gradients {gb(p['gradients'])}, AdamW {gb(p['adam'])}"
-            + (f", unsharded root {gb(p['root'])}" if p["root"] else "") + f", activations {gb(p['activations'])}"
-            f"{' checkpointed' * cfg.activation_checkpointing}, {p['phase']} {gb(p['transient'])}) + reserve "
-            f"{gb(p['reserve'])} | {engine} | {gb(p['left'])} GiB left")
-
-
-def plan_error(sizes, cfg, ranks, device_bytes, longest, sharded=None):
-    """Why the run cannot fit its GPUs by the memory plan, in one line with the figures and what would fit; None when it
-    fits. In order: the resident state (weights, gradients, moments, the unsharded root), the whole plan, the KV cache
-    (one longest prompt + completion)."""
-    plan = memory_plan(sizes, cfg, ranks, device_bytes, longest, sharded)
-    gb = lambda b: f"{b / GiB:.1f} GiB"  # noqa: E731
-    engine = 0 if cfg.generators else plan["engine"]
-    room = device_bytes - engine - plan["reserve"]
-    need = next((k for k in range(1, 4097) if memory_plan(sizes, cfg, k, device_bytes, longest, True)["left"] >= 0),
-                None)
-    ranks_hint = f"at least {need} ranks (torchrun --nproc-per-node {need}, by the whole plan)" if need else \
-        "a smaller model"
-    resident = sum(plan[k] for k in ("weights", "gradients", "adam", "root"))
-    if resident > room:
-        return (f"memory plan: the trainer's weights, gradients and AdamW moments"
-                f"{' and its unsharded root' * bool(plan['root'])} need {gb(resident)} a GPU "
-                f"({plan['params'] / 1e9:.2f}B parameters in {cfg.param_dtype}"
-                f"{f' over {ranks} ranks' if ranks > 1 else ''}), and {gb(room)} is left beside the engine's "
-                f"{gb(engine)} and the reserve: use {ranks_hint}, or a lower --vllm-gpu-memory-utilization")
-    if plan["left"] < 0:
-        return (f"memory plan: the trainer needs {gb(plan['trainer'])} a GPU at its peak (resident {gb(resident)}, "
-                f"activations {gb(plan['activations'])}, {plan['phase']} {gb(plan['transient'])}) and {gb(room)} is "
-                f"left beside the engine's {gb(engine)} and the reserve: use {ranks_hint}, or lower "
-                "--micro-batch-tokens or --logprob-chunk" + (", or turn on --activation-checkpointing"
-                                                              if not cfg.activation_checkpointing else ""))
-    if cfg.engine != "hf" and plan["kv"] < longest * plan["kv_token"]:
-        share = cfg.vllm_gpu_memory_utilization + (longest * plan["kv_token"] - plan["kv"]) / device_bytes
-        return (f"memory plan: vLLM's KV cache would hold ~{gb(max(plan['kv'], 0))} (an estimate: its share, less its "
-                f"weights, the float32 head, the profiling peak and CUDA graphs), less than one longest prompt + "
-                f"completion ({longest} tokens, {gb(longest * plan['kv_token'])}): raise --vllm-gpu-memory-utilization "
-                f"to {share:.2f} or more, lower --vllm-max-num-seqs, or give the engine GPUs of its own (--generators)")
-    return None
-
-
-def gpu_peak(model, opt):
-    """Before an update, on CUDA: restart the peak counter; returns a function giving gpu_peak_gb, the trainer's peak in
-    the update: its resident bytes (weights, this rank's shards, and AdamW's moments) plus the most the update
-    allocated above where memory stood (the idle engine's memory counts in neither). Elsewhere: a function giving {}."""
-    device = next(model.parameters()).device
-    if device.type != "cuda":
-        return dict
-    torch.cuda.reset_peak_memory_stats(device)
-    tensors = [*model.parameters(), *(v for state in opt.state.values() for v in state.values() if torch.is_tensor(v))]
-    resident = sum(t.numel() * t.element_size() for t in (x.to_local() if hasattr(x, "to_local") else x
-                                                          for x in tensors) if t.is_cuda)
-    start = torch.cuda.memory_allocated(device)
-    return lambda: {"gpu_peak_gb": (resident + torch.cuda.max_memory_allocated(device) - start) / 2**30}
-
-
-def trim_memory():
-    """Hand the C heap's free memory back to the system, then return the process's resident memory (RSS) in GiB
-    (/proc/self/statm; None where it cannot be read). Once a step: glibc keeps in its heaps what was freed (the
-    update's activations, a checkpoint's buffers) and reuses little of it, so a run's memory grew step after step
-    (docs/outputs.md); malloc_trim gives it back (where there is no glibc, nothing is done)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).malloc_trim(0)
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
-    except (OSError, ValueError, IndexError):
-        return None
-
-# --------------------------------------------------------------------------------------------------
-# torchrun: one process per device. FSDP2 shards the trainer; each rank has its own engine and generates its share of
-# each step's prompts (data-parallel rollouts); whatever the recipe defines over the batch is reduced over the ranks.
-# In one process every function here is the identity.
-# --------------------------------------------------------------------------------------------------
-
-
-def launched():
-    """True under torchrun (or any launcher that sets RANK and WORLD_SIZE): the run is sharded, even on one rank."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
-def world():
-    return int(os.environ["WORLD_SIZE"]) if launched() else 1
-
-
-def rank():
-    return int(os.environ["RANK"]) if launched() else 0
-
-
-def _reduce(values, op):
-    x = torch.tensor([float(v) for v in values], dtype=torch.float64)
-    if world() > 1:
-        dist.all_reduce(x, op=op)
-    return x.tolist() if len(values) > 1 else x.item()
-
-
-def all_sum(*values):
-    """The values summed over the ranks (each holds its share of the batch), as floats: one, or a list."""
-    return _reduce(values, dist.ReduceOp.SUM)
-
-
-def all_max(*values):
-    return _reduce(values, dist.ReduceOp.MAX)
-
-
-def all_gather(*lists):
-    """Each list concatenated over the ranks, in rank order."""
-    if world() == 1:
-        return [list(x) for x in lists]
-    got = [None] * world()
-    dist.all_gather_object(got, [list(x) for x in lists])
-    return [sum((g[k] for g in got), []) for k in range(len(lists))]
-
-
-def full_tensor(t):
-    """A whole tensor from a sharded one (DTensor.full_tensor gathers it: a collective, every rank in turn)."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def even_out(batches, pad_id):
-    """Micro-batches as many as on the rank with the most: the others get empty ones (one padding token with loss
-    mask 0: no loss, no count), so that FSDP's collectives in forward and backward line up across ranks."""
-    empty = Completion([pad_id], [0.0], False, [0], [0])
-    filler = [Sample([pad_id], [pad_id], [0.0], [0], [0], 0.0, 0.0, completion_values(empty, 0.0, 0.0))]
-    return batches + [filler] * (int(all_max(len(batches))) - len(batches))
-
-
-def full_weights(model, dtype):
-    """(name, whole tensor in dtype) for each weight of the model, one at a time, for an engine push: under torchrun
-    each is gathered when the engine asks for it, so no rank ever holds the whole model twice (vLLM's reload takes
-    them layer by layer), every rank in the same order. A tied head's duplicate is left out."""
-    tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
-    for name, t in model.state_dict().items():
-        if name not in tied:  # a tied head is the embedding, pushed as the embedding (vLLM's Gemma 2 has no lm_head)
-            yield name, full_tensor(t).detach().to(dtype)
-
-
-def init_distributed(cfg, device, model):
-    """Under torchrun: join the process group (gloo on CPU; NCCL and gloo on CUDA: a 30-minute timeout) and the
-    checkpoints' (checkpoint_group), and take rank 0's run directory; after the model is loaded (with a group,
-    save_pretrained writes on rank 0 only: each node builds its own)."""
-    if not launched():
-        return
-    if not dist.is_initialized():
-        dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
-    checkpoint_group(model, cfg)
-    cfg.out = broadcast(cfg.out)  # each rank timed its own default name; rank 0's is the run's
-
-
-def broadcast(obj):
-    """Rank 0's value of obj, on every rank."""
-    box = [obj]
-    if world() > 1:
-        dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def shard(model, device):
-    """FSDP2 under torchrun (fsdp_units). Only rank 0 has loaded the weights: each rank gets memory for its shards, then
-    rank 0 sends every weight, one at a time, and each keeps its shard; buffers (rotary tables) go whole. Host memory
-    holds the model once, on rank 0, for any number of ranks. In one process: the Policy around the model."""
-    if not launched():
-        return Policy(model)
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-    empty = next(model.parameters()).is_meta
-    whole = model.state_dict() if rank() == 0 else {}  # the loaded tensors, kept while fully_shard copies shards
-    policy = fsdp_units(model)
-    if empty:
-        policy.to_empty(device=device)
-    set_model_state_dict(model, whole, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-    for b in model.buffers():
-        dist.broadcast(b, src=0)
-    return policy
-
-
-def fsdp_units(model, mesh=None):
-    """The Policy around the model, sharded by FSDP2: each decoder layer (the classes of _no_split_modules) is one unit,
-    and the Policy the root, which holds the rest (embeddings, final norm, LM head). mesh: the ranks' device mesh
-    (default: every rank's device; bench.py --memory passes one made outside fake mode)."""
-    from torch.distributed.fsdp import fully_shard
-    for m in model.modules():
-        if type(m).__name__ in (getattr(model, "_no_split_modules", None) or []):
-            fully_shard(m, mesh=mesh)
-    return fully_shard(Policy(model), mesh=mesh)
-
-
-def replica(model, device):
-    """A whole, unsharded copy of the model's architecture on `device`, for the HF engine under torchrun (a rank's
-    generate must not wait on the others): its buffers come from the model, its weights with the engine's pushes."""
-    from transformers import AutoModelForCausalLM
-    with torch.device("meta"):
-        copy_ = AutoModelForCausalLM.from_config(model.config, dtype=next(model.parameters()).dtype)
-    copy_.to_empty(device=device)
-    copy_.tie_weights()  # (to_empty gave a tied head storage of its own, which no push fills: the tie made again)
-    for name, b in copy_.named_buffers():
-        b.copy_(model.get_buffer(name))
-    return copy_
-
-
-# --------------------------------------------------------------------------------------------------
-# Setup, logging and checkpoints
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class State:
-    """What the loop carries from step to step; setup() in Part II builds it."""
-    model: object
-    tok: object
-    opt: object
-    sched: object
-    autocast: object          # the compute dtype under autocast (bfloat16 on CUDA), or None
-    engine: object            # HFEngine or VLLMEngine (Part II)
-    rollouts: Rollouts
-    grader: object            # Grader (Part II)
-    train: list               # training (prompt, answer, row) items (load_data) and their prompts' token ids
-    train_ids: list
-    val: list                 # held-out items, and their prompts' token ids
-    val_ids: list
-    curriculum: Curriculum
-    totals: dict              # cumulative counters: device_hours, flops, ... (the scaling curve's x-axes)
-    version: int = 0          # optimiser updates so far: the version of the trainer's weights
-    serial: int = 0           # training groups started so far
-    requeue: collections.deque = field(default_factory=collections.deque)  # in flight at a resumed checkpoint
-    policy: object = None     # the Policy module that trains `model` (FSDP2-sharded under torchrun)
-    frozen: dict = field(default_factory=dict)  # frozen_models(): the models the loss needs besides the policy
-    digests: dict = field(default_factory=dict)  # sha256 of the --data and --val-data files: a resume checks a move
-
-
-def setup(cfg):
-    """Everything the loop needs, in an order that spends nothing on bad input: the checks, the data (bad data stops
-    the run before a model is loaded), the grading pool, the model, the optimiser, the engine (from exactly the
-    trainer's weights), a resumed run's state. Returns (State, the config in force, its Recorder). From claim() on the
-    run directory is this run's: a failure before its Recorder holds it releases it (release(undo=True))."""
-    cfg, saved = config_in_force(cfg)
-    if rank():  # under torchrun only rank 0 prints (errors still show)
-        sys.stdout = open(os.devnull, "w")
-    quiet_libraries(cfg.verbose)
-    release = claim(cfg, saved["step"] if saved else None)
-    try:
-        return build(cfg, saved, release)
-    except BaseException as e:
-        undone = release(undo=True)
-        if isinstance(e, KeyboardInterrupt):  # (a Ctrl-C before the first step: nothing of the run was written)
-            print(f"\ninterrupted while starting: {undone or cfg.out + ' is as it was'}", file=sys.stderr, flush=True)
-        raise
-
-
-def build(cfg, saved, release):
-    """setup() once the run directory is claimed."""
-    if cfg.engine == "hf" and cfg.off_policy == "pipeline" and cfg.max_lag > 0:
-        print("scalerl: --engine hf cannot stream; running the synchronous loop (--max-lag 0)", flush=True)
-        cfg.max_lag = 0
-    if note := npr_steps(cfg):
-        print(note, flush=True)
-    if cfg.off_policy == "pipeline" and cfg.max_lag > 0 and not cfg.generators:  # (docs/off-policy.md)
-        print(f"scalerl: PipelineRL-{cfg.max_lag} in one process: generation pauses while the trainer updates; the "
-              f"groups decoding or waiting across an update are off-policy, up to {cfg.max_lag} updates (within 2 on "
-              "the CPU default; more where groups pile up, as during evaluations); --generators 1 decodes in a process "
-              "of its own, beside training", flush=True)
-    train, val = load_data(cfg)
-    if cfg.data:
-        print(f"scalerl: {len(train)} training and {len(val)} held-out prompts read; loading {cfg.model}", flush=True)
-    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if cfg.device == "auto" else cfg.device)
-    if launched() and device.type == "cuda":  # each rank its own GPU
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-    dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else \
-        torch.bfloat16 if device.type == "cuda" else torch.float32
-    torch.manual_seed(cfg.seed)
-    tok, config, path = load_tokenizer(cfg, cfg.resume or None)  # (the embedded model built before a process group)
-    if cfg.max_new_tokens >= getattr(config, "max_position_embeddings", math.inf):
-        die(f"--max-new-tokens {cfg.max_new_tokens} leaves no room for a prompt: the model has "
-            f"{config.max_position_embeddings} positions, prompt and completion together")
-    chars = prompt_chars(tok, config, cfg)
-    train_ids, val_ids = ([encode_prompt(tok, p, cfg, chars) for p, _, _ in items] for items in (train, val))
-    longest = max(map(len, train_ids + val_ids)) + cfg.max_new_tokens
-    if cfg.length_control == "interrupt":
-        phrase_len = len(tok(" " + cfg.interruption_phrase, add_special_tokens=False).input_ids)  # (Rollouts)
-        longest = max(longest, longest - cfg.max_new_tokens + cfg.think_budget[1] + phrase_len + cfg.answer_budget)
-    positions = getattr(config, "max_position_embeddings", longest)
-    if longest > positions:  # (named: the longest prompt, and what would fit)
-        ids = train_ids + val_ids
-        k = max(range(len(ids)), key=lambda i: len(ids[i]))
-        excess, need = longest - positions, longest - len(ids[k])
-        die(f"prompts + completions need {longest} positions and the model has {positions}: the longest prompt, "
-            f"{len(ids[k])} tokens ({str((train + val)[k][0])[:40]!r}), and {need} of completion (--max-new-tokens "
-            f"{cfg.max_new_tokens}{', and the interruption phrase' * (cfg.length_control == 'interrupt')}): " +
-            (f"lower --max-new-tokens to {cfg.max_new_tokens - excess}" if cfg.max_new_tokens > excess else
-             "that prompt alone is too long for the model: leave it out"))
-    if 0 < cfg.vllm_max_model_len < longest and cfg.engine == "vllm":
-        die(f"--vllm-max-model-len {cfg.vllm_max_model_len} is shorter than the longest prompt + completion "
-            f"({longest})")
-    if device.type == "cuda" and (cfg.resume or cfg.model):  # what each GPU will hold, before any weight is loaded
-        sizes, total = model_sizes(config), torch.cuda.get_device_properties(device).total_memory
-        print(plan_line(memory_plan(sizes, cfg, world(), total, longest), cfg, total), flush=True)
-        if error := plan_error(sizes, cfg, world(), total, longest):
-            die(error)
-    per_rank = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))  # CPUs per rank
-    workers = cfg.reward_workers if cfg.reward_workers >= 0 else 0 if cfg.reward == "digit" else \
-        min(16, per_rank)  # the built-in task's reward is one regex: not worth a process
-    grader = Grader(REWARDS[cfg.reward], workers, cfg.reward_timeout)
-    # under torchrun rank 0 loads the model in CPU memory, the others make it empty; shard() gives each rank its shards
-    load = lambda path: load_model(cfg, torch.device("cpu") if launched() else device, path,  # noqa: E731
-                                   empty=launched() and rank() > 0)[0]
-    model = load(path)
-    if cfg.activation_checkpointing:  # each decoder layer recomputed in backward (before FSDP2 wraps the layers)
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    init_distributed(cfg, device, model)  # torchrun: the process group
-    autocast = None if dtype == getattr(torch, cfg.param_dtype) else dtype
-    policy = shard(model, device)  # FSDP2 under torchrun; before the engine starts (it sizes itself to the memory left)
-    frozen = frozen_models(cfg, lambda: shard(load(None).requires_grad_(False), device))  # (None: initial weights)
-    generator = replica(model, device) if launched() and cfg.engine == "hf" else model
-    L = cfg.vllm_max_model_len or longest
-    if cfg.engine == "vllm" and device.type == "cpu" and not cfg.vllm_kv_cache_mb:  # (saved in config.json)
-        cfg.vllm_kv_cache_mb, line = cpu_kv_cache_mb(cfg, model_sizes(config)["kv"] * dtype.itemsize, L, len(val))
-        print(line, flush=True)
-    engine = SplitEngine(cfg, path, device, dtype, L, model) if cfg.generators else \
-        VLLMEngine(cfg, path, device, dtype, L, rank()) if cfg.engine == "vllm" else \
-        HFEngine(generator, tok, cfg, autocast)
-    opt, sched = make_optimizer(model, cfg)
-    state = State(model, tok, opt, sched, autocast, engine, Rollouts(cfg, engine, tok), grader, train, train_ids,
-                  val, val_ids, Curriculum(len(train), cfg.seed, rank(), world()),
-                  {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0, "skipped_updates": 0},
-                  serial=rank(), policy=policy, frozen=frozen,
-                  digests={k: file_digest(getattr(cfg, k)) for k in ("data", "val_data") if getattr(cfg, k)})
-    rows = restore(saved, state) if saved else []
-    engine.push(model, state.version)  # the engine starts from exactly the trainer's weights
-    ceiling = hidden_task_ceiling([p for p, _, _ in val]) if not cfg.data and cfg.task == "hidden" else None
-    return state, cfg, Recorder(cfg, state, rows, saved["step"] + 1 if saved else 1, device, ceiling, release)
-
-
-def live_fit(rows, bootstrap=100):
-    """The paper's prediction while the run goes on: fit_curve.py's fit_rows on the evaluations so far (against
-    device_hours), as `python fit_curve.py RUN` would: fit_A, fit_B, fit_C_mid and the bootstrap interval fit_A_ci,
-    and fit_A_at_bound when A is at 1, the pass rate's bound; {} while the points cannot support a fit (fewer than
-    four, or B, C_mid or a low A at the edge of its search range, as before the curve bends) or without fit_curve.py.
-    Not the paper's first epoch left out (128 of the built-in tasks' 150 steps) but fit_curve's first 1.5%."""
-    try:
-        import fit_curve
-    except ImportError:
-        return {}
-    try:
-        f = fit_curve.fit_rows(rows, x="device_hours", bootstrap=bootstrap, seed=0)
-    except fit_curve.NotEnoughPoints:
-        return {}
-    at_bound = f["at_grid_edge"] == ["A"] and f["A"] > 0.99  # A at 1, the pass rate's own bound: not a failed fit
-    if f["at_grid_edge"] and not at_bound:
-        return {}
-    return {"fit_A": f["A"], "fit_B": f["B"], "fit_C_mid": f["C_mid"], "fit_A_ci": list(f["A_ci"]),
-            **({"fit_A_at_bound": True} if at_bound else {})}
 
 
 def metrics_row(state, cfg, step, r, seconds):
-    """The metrics row of a step that rl_step returned `r` for in `seconds` (the README's table), with the counters it
-    advances: device_hours, the curve's x-axis (the step, and the training generation beside the last evaluation),
-    flops (2N per prompt or generated token, 6N per trained token), tokens, skipped updates. Under torchrun counts are
-    summed over the ranks (loss and gradient norm already are), device_hours counts every device, times are rank 0's."""
-    groups, samples, update, rollouts = r["groups"], r["samples"], r["update"], state.rollouts
-    comps = [c for g in groups for c in g.completions]
-    lags = [lag for x in samples for lag, m in zip(x.lags, x.mask) if m]  # the trained tokens'
-    n_params = sum(p.numel() for p in state.model.parameters())  # a sharded parameter counts whole
-    stats = r["stats"]
-    # what the engines decode at once (the split's generators' own, not the twice that the trainer keeps queued)
-    capacity = sum(state.engine.caps.values()) if cfg.generators else state.engine.capacity
-    local = {  # this rank's counts, summed over the ranks in one reduction
-        "groups": len(groups), "completions": len(comps), "generated": sum(len(c.tokens) for c in comps),
-        "sampled": sum(sum(c.mask) for c in comps), "prompt_tokens": sum(len(g.prompt) for g in groups),
-        "trained_sequence_tokens": sum(len(x.prompt) + len(x.tokens) for x in samples),
-        "truncated": sum(not c.finished for c in comps), "interrupted": sum(c.interrupted for c in comps),
-        "flat": round(stats["zero_variance_frac"] * len(groups)), "active": stats["active_prompts"],
-        "excluded": stats["truncated_excluded"], "lag_sum": sum(lags), "lags": len(lags), "stale": r["stale"],
-        "in_flight": len(rollouts.open), "decoded": rollouts.decoded, "engine_steps": rollouts.steps,
-        "ahead": rollouts.ahead, "capacity": capacity if math.isfinite(capacity) else 0,
-        "preempted": rollouts.preempted}
-    n = dict(zip(local, all_sum(*local.values())))
-    t = state.totals
-    # every device, trainers' and generators', for the step and for the training generation during the last evaluation
-    # (each rank's own share of it: their mean)
-    t["device_hours"] += (seconds + n["ahead"] / world()) * (world() + cfg.generators) / 3600
-    t["flops"] += 2 * n_params * (n["prompt_tokens"] + n["generated"]) + 6 * n_params * n["trained_sequence_tokens"]
-    t["gen_tokens"] += int(n["sampled"])  # sampled tokens (injected phrases not counted)
-    t["train_tokens"] += update.get("trained_tokens", 0)
-    t["skipped_updates"] += int(update.get("skipped", False))
-    pairs = list(r["rollout"].items())  # rollout_metrics' (total, count) pairs, each summed over the ranks
-    flat = np.atleast_1d(all_sum(*(v for _, pair in pairs for v in pair))).tolist() if pairs else []
-    rollout = {k: flat[2 * a] / flat[2 * a + 1] for a, (k, _) in enumerate(pairs) if flat[2 * a + 1]}
-    removed = state.curriculum.removed  # prompt -> the rule that removed it (each rank removes from its own shard)
-    rules = sorted(set(all_gather(sorted(set(removed.values())))[0]) | {"npr"})  # every rank's rules, NPR always
-    by_rule = dict(zip(rules, np.atleast_1d(all_sum(*(sum(v == k for v in removed.values()) for k in rules)))))
-    row = {"step": step, **t, **rollout,
+    """The metrics row of rl_step's `r` (docs/outputs.md): counts summed over ranks, per-process values their max."""
+    rollouts, update = state.rollouts, r["update"]
+    local = step_counts(state, cfg, r)
+    n = dict(zip(local, all_sum(*local.values())))  # (one reduction for them all)
+    advance_totals(state, cfg, n, update, seconds)
+    removed = removals(state.curriculum)
+    row = {"step": step, **state.totals, **mean_over_ranks(r["rollout"]),
            "zero_variance_frac": n["flat"] / n["groups"], "active_prompts": int(n["active"]),
-           "truncated_excluded": int(n["excluded"]), **{f"{k}_removed": int(v) for k, v in by_rule.items()},
-           "pool_size": len(state.train) - int(sum(by_rule.values())), "epoch": state.curriculum.epoch,
+           "truncated_excluded": int(n["excluded"]), **{f"{k}_removed": v for k, v in removed.items()},
+           "pool_size": len(state.train) - sum(removed.values()), "epoch": state.curriculum.epoch,
            "truncated_frac": n["truncated"] / n["completions"], "interrupted_frac": n["interrupted"] / n["completions"],
-           "mean_completion_tokens": n["sampled"] / n["completions"], "loss": 0.0,
-           "grad_norm": 0.0, "clip_frac": 0.0, "lr": state.sched.get_last_lr()[0],
-           "lag_mean": n["lag_sum"] / n["lags"] if n["lags"] else 0.0, "lag_max": int(all_max(max(lags, default=0))),
+           "mean_completion_tokens": n["sampled"] / n["completions"], "loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0,
+           "lr": state.sched.get_last_lr()[0], "lag_mean": n["lag_sum"] / n["lags"] if n["lags"] else 0.0,
+           "lag_max": int(all_max(max((lag for x in r["samples"] for lag, m in zip(x.lags, x.mask) if m), default=0))),
            "stale_dropped": int(n["stale"]), "inflight_groups": int(n["in_flight"]),
            "engine_batch_mean": n["decoded"] / max(n["engine_steps"], 1),
            **({"engine_capacity": int(n["capacity"])} if n["capacity"] else {}), "preemptions": int(n["preempted"]),
-           "step_seconds": seconds,
-           "gen_seconds": rollouts.seconds, "train_seconds": 0.0, "sync_seconds": r["push_seconds"],
-           # every other metric of the update under its own name (a fork's new ones too), but the two that the
-           # cumulative counters above count and the memory peak, the largest over the ranks (below)
+           "step_seconds": seconds, "gen_seconds": rollouts.seconds, "train_seconds": 0.0,
+           "sync_seconds": r["push_seconds"],
+           # every metric of the update under its own name, but those the totals count and the memory peak (below)
            **{k: v for k, v in update.items() if k not in ("skipped", "trained_tokens", "gpu_peak_gb")}}
     if cfg.generators:  # each side's idle fraction: the trainer waiting for groups, the generators with nothing to do
         idle, period = state.engine.take_idle()
-        row["trainer_idle_frac"], row["generator_idle_frac"] = rollouts.seconds / seconds, max(0.0, all_sum(idle) / (
-            cfg.generators * period))
-    rollouts.decoded = rollouts.steps = rollouts.seconds = rollouts.ahead = rollouts.preempted = 0
-    if "gpu_peak_gb" in update:  # the largest over the ranks
+        row["trainer_idle_frac"] = rollouts.seconds / seconds
+        row["generator_idle_frac"] = max(0.0, all_sum(idle) / (cfg.generators * period))
+    rollouts.decoded = rollouts.steps = rollouts.seconds = rollouts.ahead = rollouts.preempted = 0  # (counted anew)
+    if "gpu_peak_gb" in update:
         row["gpu_peak_gb"] = all_max(update["gpu_peak_gb"])
-    if (rss := trim_memory()) is not None:  # the largest over the ranks
+    if (rss := trim_memory()) is not None:
         row["rss_gb"] = all_max(rss)
     return row
 
 
+def step_counts(state, cfg, r):
+    """This rank's step counts, to sum over the ranks (the split's capacity: what its generators decode at once)."""
+    groups, samples, stats, ro = r["groups"], r["samples"], r["stats"], state.rollouts
+    comps = [c for g in groups for c in g.completions]
+    lags = [lag for x in samples for lag, m in zip(x.lags, x.mask) if m]  # the trained (sampled) tokens'
+    capacity = state.engine.decoding() if cfg.generators else state.engine.capacity
+    return {"groups": len(groups), "completions": len(comps), "generated": sum(len(c.tokens) for c in comps),
+            "sampled": sum(sum(c.mask) for c in comps), "prompt_tokens": sum(len(g.prompt) for g in groups),
+            "trained_sequence_tokens": sum(len(x.prompt) + len(x.tokens) for x in samples),
+            "truncated": sum(not c.finished for c in comps), "interrupted": sum(c.interrupted for c in comps),
+            "flat": round(stats["zero_variance_frac"] * len(groups)), "active": stats["active_prompts"],
+            "excluded": stats["truncated_excluded"], "lag_sum": sum(lags), "lags": len(lags), "stale": r["stale"],
+            "in_flight": len(ro.open), "decoded": ro.decoded, "engine_steps": ro.steps, "ahead": ro.ahead,
+            "capacity": capacity if math.isfinite(capacity) else 0, "preempted": ro.preempted}
+
+
+def advance_totals(state, cfg, n, update, seconds):
+    """The cumulative counters, the scaling curve's axes: device_hours (every device, trainers' and generators', the
+    step and the training generation beside the last evaluation: docs/outputs.md), flops, tokens, skipped updates."""
+    t, N = state.totals, sum(p.numel() for p in state.model.parameters())
+    t["device_hours"] += (seconds + n["ahead"] / world()) * (world() + cfg.generators) / 3600
+    t["flops"] += 2 * N * (n["prompt_tokens"] + n["generated"]) + 6 * N * n["trained_sequence_tokens"]
+    t["gen_tokens"] += int(n["sampled"])
+    t["train_tokens"] += update.get("trained_tokens", 0)
+    t["skipped_updates"] += int(update.get("skipped", False))
+
+
+def removals(curriculum):
+    """{rule: prompts it removed}, over the ranks (each removes from its own shard), NPR's always there."""
+    removed = curriculum.removed
+    rules = sorted(set(all_gather(sorted(set(removed.values())))[0]) | {"npr"})
+    return dict(zip(rules, map(int, np.atleast_1d(all_sum(*(sum(v == k for v in removed.values()) for k in rules))))))
+
+
 class Recorder:
-    """The run's records and its ways out: config.json, metrics.jsonl (and W&B), the progress line, checkpoints (every
-    --save-every steps, at the end, on SIGINT/SIGTERM once the step is done; a second signal abandons it), the stop
-    after --max-skipped-updates, and clean-up: the run directory's lock (claim) is released at the end, and a run that
-    fails before its first row leaves no directory. Under torchrun every rank keeps the records (checkpoints and stops
-    are collective); only rank 0 writes them."""
+    """The run's records and its ways out: config.json, metrics.jsonl (and W&B), the progress line and warnings,
+    checkpoints (every --save-every steps, at the end, on SIGINT/SIGTERM after the step; a second signal abandons it),
+    the stops, and clean-up (claim's lock released). Under torchrun every rank keeps the records; rank 0 writes them."""
 
     def __init__(self, cfg, state, rows, first, device, ceiling=None, release=lambda undo=False: None):
         self.cfg, self.state, self.rows, self.first, self.out = cfg, state, rows, first, cfg.out
@@ -3041,8 +3094,7 @@ class Recorder:
               f"{resume_command(self.out)}", flush=True)
 
     def log(self, row, errors):
-        """Record a row: metrics.jsonl, W&B, the progress line, warnings; a checkpoint every --save-every steps; the
-        stop after --max-skipped-updates non-finite updates in a row."""
+        """Record a row (metrics.jsonl, W&B, the screen), then the checkpoint and the stops it calls for."""
         self.unlogged, errors = None, all_gather(errors)[0]
         row["reward_errors"] = len(errors)
         self.rows.append(row)
@@ -3081,10 +3133,8 @@ class Recorder:
             self.save()
 
     def check_fresh_mismatch(self, row):
-        """--max-fresh-mismatch: a warning for a step over it, and after FRESH_STEPS of them in a row a stop, with the
-        step's checkpoint. It bounds the mismatch of completions that the weights being trained sampled themselves,
-        where no lag can explain one (mismatch_sums); a step without such a completion counts neither way. Every rank
-        decides alike (the row's sums are over the ranks), so that the checkpoint is written by all."""
+        """--max-fresh-mismatch: a warning for a step over it, a stop with the step's checkpoint after FRESH_STEPS in a
+        row (every rank alike: the row's sums are over the ranks)."""
         fresh, bound = row.get("mismatch_fresh_abs_logprob"), self.cfg.max_fresh_mismatch
         if fresh is None or not bound:
             return
@@ -3176,11 +3226,8 @@ def stall_reason(rows, cfg, n=STALL_STEPS):
 
 
 def collapse_reason(rows, cfg):
-    """The warning for a held-out pass rate that fell far below its best, or None: the mean of the last two evaluations
-    is below the best one before them by more than COLLAPSE_FALL of the rise from step 0 to that best, and by more than
-    0.1 (an evaluation of 80 completions moves by about 0.05 from noise alone); the rise itself over 0.1. It gives what
-    the rows since the best show, each with the flag that bounds it: the lag, the trainer-generator mismatch, the share
-    cut at the length limit, the prompts trained on and the learning rate (docs/outputs.md)."""
+    """The warning, or None, for a held-out pass rate fallen far below its best: the last two evaluations' mean below
+    the best before them by more than COLLAPSE_FALL of the rise from step 0 (itself over 0.1) and by more than 0.1."""
     ev = [r for r in rows if "val_pass_rate" in r]
     if len(ev) < 4:
         return None
@@ -3201,72 +3248,26 @@ def collapse_reason(rows, cfg):
             f"learning rate {since[-1]['lr']:.2g} (--lr)")
 
 
-def quiet_libraries(verbose):
-    """Without --verbose, the libraries' own chatter (vLLM's warnings and info lines, Python warnings, progress bars
-    of weight loading) stays off the screen: the first lines a user sees are ours, and errors still show."""
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if verbose else "ERROR")
-    if verbose:
-        return
-    from transformers.utils import logging as hf_logging
-    warnings.filterwarnings("ignore")
-    sys.warnoptions.append("ignore")  # and in the Python processes this one starts (multiprocessing passes -W on)
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-
-
-@contextlib.contextmanager
-def quiet_stderr(verbose, log=None):
-    """Hold back what C++ and Python write to stderr (file descriptor 2) inside the block, unless --verbose: it goes to
-    the file `log`, kept (default: a temporary scalerl-stderr-*.log, removed unless the process dies in the block), so
-    that a process killed there by a signal (an NCCL or cuMem abort) leaves what was printed. If the block raises,
-    what was held back is written out first, so that a real error keeps its context."""
-    if verbose:
-        yield
-        return
-    if log:
-        os.makedirs(os.path.dirname(log), exist_ok=True)
-    fd, path = (os.open(log, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644), log) if log else \
-        tempfile.mkstemp(prefix="scalerl-stderr-", suffix=".log")
-    sys.stderr.flush()
-    saved = os.dup(2)
-    os.dup2(fd, 2)
+def live_fit(rows, bootstrap=100):
+    """The paper's prediction as the run goes on: fit_curve.py's fit of the evaluations so far against device_hours; {}
+    while the points cannot support one (fewer than four, or at the search range's edge before the curve bends)."""
     try:
-        yield
-    except BaseException:
-        os.dup2(saved, 2)
-        with open(path, errors="replace") as held:
-            sys.stderr.write(held.read())
-        raise
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(fd)
-        if not log:
-            os.remove(path)
-
-
-def save_completions(cfg, step, tok, data, groups, correct):
-    """--save-completions: one evaluation's completions, a JSON line each: prompt, answer, the completion's text (as
-    score() grades it: a final stop token left out), whether it ended by itself, whether it was interrupted, and its
-    reward. Under torchrun rank r > 0 writes its share to step_N.rank<r>.jsonl."""
-    if not cfg.save_completions:
-        return
-    path = os.path.join(cfg.out, "completions", f"step_{step:06d}" + (f".rank{rank()}" if rank() else "") + ".jsonl")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    specials = special_ids(tok)
-    with open(path + ".tmp", "w") as f:
-        for (prompt, answer, _), g, rewards in zip(data, groups, correct):
-            for c, r in zip(g, rewards):
-                text = completion_text(tok, c.tokens, specials)
-                f.write(json.dumps({"prompt": prompt, "answer": answer, "completion": text, "finished": c.finished,
-                                    "interrupted": c.interrupted, "reward": float(r)}) + "\n")
-    os.replace(path + ".tmp", path)
+        import fit_curve
+    except ImportError:
+        return {}
+    try:
+        f = fit_curve.fit_rows(rows, x="device_hours", bootstrap=bootstrap, seed=0)
+    except fit_curve.NotEnoughPoints:
+        return {}
+    at_bound = f["at_grid_edge"] == ["A"] and f["A"] > 0.99  # A at 1, the pass rate's own bound: not a failed fit
+    if f["at_grid_edge"] and not at_bound:
+        return {}
+    return {"fit_A": f["A"], "fit_B": f["B"], "fit_C_mid": f["C_mid"], "fit_A_ci": list(f["A_ci"]),
+            **({"fit_A_at_bound": True} if at_bound else {})}
 
 
 def start_wandb(cfg, out):
-    """Weights & Biases, when asked for: the config, then every metrics row as it is logged (metrics.jsonl stays
-    the record, and what fit_curve.py reads). Files go under the run directory. (validate checked the login.)"""
+    """Weights & Biases, when asked for: the config and every metrics row; metrics.jsonl stays the record."""
     import wandb
     try:
         return wandb.init(project=cfg.wandb, name=cfg.wandb_name or os.path.basename(os.path.abspath(out)),
@@ -3275,10 +3276,27 @@ def start_wandb(cfg, out):
         die(f"--wandb {cfg.wandb}: Weights & Biases did not start ({type(e).__name__}: "
             f"{' '.join(str(e).split())[:200]}); WANDB_MODE=offline logs without network", 1)
 
+
+def save_completions(cfg, step, tok, data, groups, correct):
+    """--save-completions: one evaluation's completions, a JSON line each, the text as score() grades it; written whole
+    (a failed write is one line). Under torchrun rank r > 0 writes its share to step_N.rank<r>.jsonl."""
+    if not cfg.save_completions:
+        return
+    path = os.path.join(cfg.out, "completions", f"step_{step:06d}" + (f".rank{rank()}" if rank() else "") + ".jsonl")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    specials = special_ids(tok)
+    write_atomically(path, "".join(json.dumps({
+        "prompt": prompt, "answer": answer, "completion": completion_text(tok, c.tokens, specials),
+        "finished": c.finished, "interrupted": c.interrupted, "reward": float(r)}) + "\n"
+        for (prompt, answer, _), g, rewards in zip(data, groups, correct) for c, r in zip(g, rewards)))
+
 # --------------------------------------------------------------------------------------------------
-# Checkpoints: written atomically, resumed exactly (the synchronous loop) or with the groups in flight
-# regenerated (the pipeline)
+# 11. Run directories and checkpoints: one run a directory, its lock; checkpoints written atomically; resume, exact
+#     (the synchronous loop) or with the groups in flight regenerated (the pipeline)
 # --------------------------------------------------------------------------------------------------
+
+
+LOCK = ".lock"  # in a run directory: the PID of the process whose run it is, which holds a flock on it while it runs
 
 
 def list_checkpoints(out, complete=True):
@@ -3300,19 +3318,15 @@ def last_checkpoint(out):
     return (list_checkpoints(out) or ["none"])[-1]
 
 
-LOCK = ".lock"  # in a run directory: the PID of the process whose run it is, which holds a flock on it while it runs
-
-
 def in_place(cfg):
     """Whether --resume continues the run in --out (OUT/checkpoints/step_N), rather than branching into it."""
     return bool(cfg.resume) and os.path.realpath(os.path.dirname(cfg.resume)) == \
         os.path.realpath(os.path.join(cfg.out, "checkpoints"))
 
 
-def check_out(cfg, step=None):
-    """A run directory holds one run. Refuse, before anything is written: an --out inside a checkpoint; a new run or a
-    branch into a directory that is neither new nor empty (another run, checkpoints without metrics.jsonl, files that
-    are not a run); a run resumed in place from a checkpoint (of `step`) that it went past; outputs it cannot write."""
+def check_run_dir(cfg, step=None):
+    """A run directory holds one run. Refuse, before anything is written: --out in a checkpoint; a new run or branch
+    into a non-empty directory; resuming in place from a checkpoint (`step`) the run went past; unwritable outputs."""
     out, there = cfg.out, cfg.out
     while there != os.path.dirname(there):  # --out and every directory above it
         if os.path.isfile(os.path.join(there, "trainer_state.pt")):
@@ -3346,13 +3360,10 @@ def check_out(cfg, step=None):
 
 
 def claim(cfg, step=None):
-    """Take the run directory for this run, from its first write to the end of the process: check_out, then an
-    exclusive flock on OUT/.lock, which holds the PID of the process that has it (another process is refused in one
-    line naming it), then check_out again, under the lock (a run may have written there in between). Under torchrun
-    rank 0 holds it. Returns release(undo), which unlocks; with undo (the run failed before its first row), a new run
-    or a branch also removes what it wrote, and the directory where it made it."""
+    """Take the run directory, from its first write to the end of the process: an exclusive flock on OUT/.lock holding
+    this PID. Returns release(undo): unlock; with undo, a new run or branch removes what it wrote."""
     import fcntl
-    check_out(cfg, step)
+    check_run_dir(cfg, step)
     if rank():
         return lambda undo=False: ""
     out, made = cfg.out, not os.path.isdir(cfg.out)
@@ -3375,11 +3386,11 @@ def claim(cfg, step=None):
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     try:
-        check_out(cfg, step)
+        check_run_dir(cfg, step)
     except ScaleRLError:
         os.close(fd)
         raise
-    fresh = not in_place(cfg)  # (check_out: then the directory was new or empty)
+    fresh = not in_place(cfg)  # (check_run_dir: then the directory was new or empty)
     root = os.path.join(out, "checkpoints")
     for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:  # a writer killed mid-write left it (the
         if re.fullmatch(r"step_\d+\.tmp\d+", name):                       # lock held now: no writer is alive)
@@ -3410,8 +3421,7 @@ def resume_command(out):
 
 
 def write_atomically(path, text):
-    """Write a file whole, through a temporary file renamed into place; one that cannot be written stops the run in one
-    line (status 1) and leaves the file as it was, and no temporary file."""
+    """Write a file whole, through a temporary file renamed into place: a failed write leaves the file as it was."""
     try:
         with open(path + ".tmp", "w") as f:
             f.write(text)
@@ -3432,10 +3442,8 @@ def pending_prompts(state):
 
 
 def save_checkpoint(out, step, state, cfg):
-    """Save what a run needs to continue, to a temporary directory renamed into place (a crash mid-write leaves the
-    last checkpoint intact): the model (safetensors, for from_pretrained), optimiser and scheduler, the step, the
-    counters, the config, the weight version, and per rank the curriculum, the RNG state, the group counter and the
-    prompts in flight (a resumed run generates them again). Under torchrun rank 0 gathers it whole, in CPU memory."""
+    """Save what a run needs to continue, to a temporary directory renamed into place (a crash mid-write leaves the last
+    checkpoint intact). Under torchrun rank 0 gathers it whole, in CPU memory."""
     from safetensors import SafetensorError
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                          get_optimizer_state_dict)
@@ -3478,8 +3486,7 @@ def save_checkpoint(out, step, state, cfg):
 
 
 def checkpoint_cost(model, cfg):
-    """A checkpoint's size in bytes (the weights and AdamW's two moments, in the param dtype) and the seconds rank 0
-    takes to write it at 100 MB/s (shared storage can be that slow)."""
+    """A checkpoint's bytes and the seconds rank 0 takes to write them at 100 MB/s (shared storage can be that slow)."""
     size = 3 * sum(p.numel() for p in model.parameters()) * getattr(torch, cfg.param_dtype).itemsize
     return size, size / 100e6
 
@@ -3488,10 +3495,8 @@ CHECKPOINT_GROUP = []  # under torchrun: the gloo group the ranks wait in while 
 
 
 def checkpoint_group(model, cfg):
-    """The group for the barrier after a checkpoint, made once, with the process group (init_distributed; every rank
-    makes it together): gloo, its timeout four times the write's expected time and at least 30 minutes, where the
-    default group's 30 minutes (torch's default for the backend string 'cpu:gloo,cuda:nccl', which is not
-    Backend.NCCL and its 10) would end a run whose checkpoint takes longer to write (a 7B one, 91 GB, at 50 MB/s)."""
+    """The gloo group for the barrier after a checkpoint, made once with the process group, its timeout sized for the
+    write (the default group's would end a run whose 7B checkpoint writes slowly)."""
     if not CHECKPOINT_GROUP:
         seconds = max(1800.0, 4 * checkpoint_cost(model, cfg)[1])
         CHECKPOINT_GROUP.append(dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=seconds)))
@@ -3502,10 +3507,9 @@ RANK_STATE = {"curriculum", "serial", "pending", "torch_rng", "cuda_rng"}  # eac
 
 
 def resumed_config(cfg, ckpt):
-    """The checkpoint's config, every setting of the run kept but those of MAY_CHANGE typed now (cfg.typed); a flag
-    typed with another value than the run's is refused, but a data file's new path with the run's content (moved_data).
-    Returns it and the checkpoint's state, checked, with the rows
-    of its run up to its step (run_rows) under "rows". It reads only: what is wrong stops the run in one line."""
+    """The checkpoint's config, the run's every setting kept but those of MAY_CHANGE typed now; another value typed is
+    refused (a data file's new path with the run's content is taken: moved_data). Returns it and the checkpoint's state,
+    checked, with its run's rows up to its step (run_rows). It reads only: what is wrong stops the run in one line."""
     try:  # tensors and plain data only: a pickle that would run code is refused, not run
         state = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=True, mmap=True)
     except pickle.UnpicklingError as e:
@@ -3553,8 +3557,7 @@ def resumed_config(cfg, ckpt):
 
 
 def file_digest(path):
-    """The sha256 of a data file, as hex (None for a directory or a hub name): what a resume checks a moved --data
-    against."""
+    """The sha256 of a data file (None for a directory or a hub name): what a resume checks a moved --data against."""
     if not os.path.isfile(path):
         return None
     h = hashlib.sha256()
@@ -3565,9 +3568,8 @@ def file_digest(path):
 
 
 def moved_data(cfg, saved, digests, ckpt):
-    """{name: new path} of the data files (--data, --val-data) typed now with another path than the run's whose content
-    is the run's (its sha256 in the checkpoint): a file that moved. Another file, or a run's file that is gone with no
-    new path typed, stops the resume in one line naming both."""
+    """{name: new path} of the data files typed now with another path than the run's but its content (the sha256 in the
+    checkpoint): a file that moved. Another file, or a run's file gone with no new path typed, stops the resume."""
     moved = {}
     for k in ("data", "val_data"):
         old, new, name = saved.get(k) or "", getattr(cfg, k), "--" + k.replace("_", "-")
@@ -3587,8 +3589,7 @@ def moved_data(cfg, saved, digests, ckpt):
 
 def run_rows(ckpt, step):
     """The rows of a checkpoint's run (its metrics.jsonl) up to its step: the resumed run writes them again, then its
-    own, so that no step is duplicated or missing. A row cut off at the end (a crash mid-write) is dropped; any other
-    line that is not a metrics row (JSON, an object, an integer step) is refused, naming it."""
+    own, so that no step is duplicated or missing. A row cut off at the end (a crash mid-write) is dropped."""
     path = os.path.join(run_of(ckpt), "metrics.jsonl")
     if not os.path.isfile(path):
         print(f"scalerl: no metrics.jsonl beside {ckpt}: the rows start after step {step}", flush=True)
