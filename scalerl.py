@@ -3245,7 +3245,8 @@ def collapse_reason(rows, cfg):
             f"{mean('truncated_frac'):.0%} of the completions cut at --max-new-tokens {cfg.max_new_tokens}"
             f"{' and left out of the batch (--mask-truncated)' * bool(cfg.mask_truncated)}; "
             f"{mean('active_prompts'):.1f} of {cfg.prompts_per_step} prompts trained on a step (--prompts-per-step); "
-            f"learning rate {since[-1]['lr']:.2g} (--lr)")
+            f"learning rate {since[-1]['lr']:.2g} (--lr)"
+            + "; at a small batch --max-lag 2 held such a run on 3 seeds (docs/real-model.md)" * (cfg.max_lag > 2))
 
 
 def live_fit(rows, bootstrap=100):

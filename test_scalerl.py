@@ -3871,8 +3871,11 @@ def test_collapse_warning_on_seed_1_not_on_healthy_noisy_runs():
             assert why.startswith("the held-out pass rate fell from 0.890 (step 10) to 0.600 (steps 14 and 16)")
             for part in ("lag 3.0 updates on average, at most 6 (--max-lag 8)", "mismatch |log pi_train - log pi_gen| "
                          "0.400, 1e-06 on fresh", "30% of the completions cut at --max-new-tokens 64 and left out of "
-                         "the batch (--mask-truncated)", "2.0 of 8 prompts trained on", "learning rate 3e-05 (--lr)"):
+                         "the batch (--mask-truncated)", "2.0 of 8 prompts trained on", "learning rate 3e-05 (--lr); "
+                         "at a small batch --max-lag 2 held such a run on 3 seeds (docs/real-model.md)"):
                 assert part in why, (part, why)
+            low_lag = S.collapse_reason(rows[:17], dataclasses.replace(cfg, max_lag=2))  # (no advice to lower K)
+            assert low_lag.endswith("learning rate 3e-05 (--lr)"), low_lag
     assert first == {0: None, 1: 16, 2: None, "noise": None, "no rise": None}
 
 
