@@ -605,12 +605,10 @@ def check_head_cost(device):
         cfg.micro_batch_tokens = n_seq * length // 2  # two micro-batches
         batches = scalerl.micro_batches(samples, cfg.micro_batch_tokens)
         step[name] = timed(lambda: (scalerl.compute_gradients(model, batches, cfg, 0, autocast), model.zero_grad()))
-        fp32 = cfg.lm_head_fp32 and cfg.fp32_head_product
+        fp32 = scalerl.head_product(cfg)
         with torch.autocast(h.device.type, dtype=autocast, enabled=autocast is not None):
             head_ms[name] = timed(lambda: scalerl.token_logprobs(h, w, y, 1.0, fp32)["logp"].sum().backward())
-            dt = autocast or torch.float32  # (without the FP32 head: the product in the compute dtype)
-            got = scalerl.token_logprobs(h.detach(), w, y, 1.0, fp32)["logp"] if fp32 else scalerl.token_terms(
-                (h.detach().to(dt) @ w.weight.detach().to(dt).T).float(), y)["logp"]
+            got = scalerl.token_logprobs(h.detach(), w, y, 1.0, fp32)["logp"]  # (no FP32 head: the compute dtype's)
         err[name] = (got.double() - ref).abs().mean().item()
     return "measured", "; ".join(f"{k}: step {step[k]:.0f} ms, head {head_ms[k]:.1f} ms, mean |dlogp| {err[k]:.1e}"
                                  for k in modes) + f" ({n_seq} x {length} tokens a step, a head chunk of {rows} rows)"

@@ -1101,6 +1101,11 @@ def check_resume(cfg):
             "to continue: pass --out DIR, a new directory for the run")
 
 
+def head_product(cfg):
+    """The FP32 head's product [Sec. 3.2], "float32" or "split" (fp32_head_logits), or False without the FP32 head."""
+    return cfg.lm_head_fp32 and cfg.fp32_head_product
+
+
 def check_numbers(cfg):
     """Each number finite (nan and inf pass every comparison the wrong way), then within the bounds its flag() gives."""
     dashed = lambda name: "--" + name.replace("_", "-")  # noqa: E731
@@ -1704,7 +1709,7 @@ def trainer_plan(sizes, cfg, ranks, longest, sharded):
         plan["activations"] = L * tokens * kept + L * sizes["layer"] * compute_bytes * (compute_bytes < param_bytes) \
             + 3 * tokens * H * param_bytes
     gathered = sizes["layer"] * param_bytes * sharded  # one decoder layer whole (FSDP2)
-    split = cfg.lm_head_fp32 and cfg.fp32_head_product == "split"
+    split = head_product(cfg) == "split"
     phases = {  # the head's backward: per chunk its logits, a float32 gradient of W (and of an untied head whole under
         # torchrun); split, W's two bf16 parts and, where W's gradient is made, the chunk's gradient and its parts
         # beside two float32 products of W's size
@@ -2065,8 +2070,7 @@ class HFEngine:
             return [], 0, 0
         seed = int(np.random.SeedSequence([s for *_, s in reqs]).generate_state(1)[0])
         comps, decoded = hf_generate(self.model, self.tok, [r[1] for r in reqs], [r[2] for r in reqs],
-                                     self.cfg.temperature, seed, self.cfg.lm_head_fp32 and self.cfg.fp32_head_product,
-                                     self.autocast)
+                                     self.cfg.temperature, seed, head_product(self.cfg), self.autocast)
         for c in comps:
             c.versions = [self.version] * len(c.tokens)
         return [(r[0], c) for r, c in zip(reqs, comps)], decoded, 1
@@ -2226,7 +2230,7 @@ class VLLMEngine:
             die(f"--lm-head-fp32: this vLLM ({vllm.__version__}) computes the LM head in {self.head_dtypes()}, not "
                 "float32: it does not honour hf_overrides head_dtype for this model. Use a vLLM that does (0.32 "
                 "does), or pass --no-lm-head-fp32", 1)
-        split = cfg.fp32_head_product == "split"
+        split = head_product(cfg) == "split"
         if cfg.lm_head_fp32 and not self.llm.apply_model(lambda m: engine_fp32_head(m, split))[0]:
             die("--lm-head-fp32: this vLLM model has no lm_head and logits_processor to give a float32 head; pass "
                 "--no-lm-head-fp32", 1)
@@ -2843,7 +2847,7 @@ class Policy(torch.nn.Module):
         hidden = self.model.get_decoder()(input_ids=x["ids"], attention_mask=x["attn"],
                                           use_cache=False).last_hidden_state
         terms = token_logprobs(hidden[x["row"], x["pos"]], self.model.get_output_embeddings(), x["targets"],
-                               cfg.temperature, cfg.lm_head_fp32 and cfg.fp32_head_product, cfg.logprob_chunk,
+                               cfg.temperature, head_product(cfg), cfg.logprob_chunk,
                                logit_transform(self.model.config))
         return {k: v[x["keep"]] for k, v in terms.items()}
 
