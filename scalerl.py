@@ -3473,11 +3473,8 @@ def save_checkpoint(out, step, state, cfg):
             if os.path.exists(final):  # (a run never writes a step twice; a directory there is not to be lost)
                 raise FileExistsError(errno.EEXIST, f"{final} exists: not written over")
             os.replace(tmp, final)
-            for old in list_checkpoints(out)[:-cfg.keep_last]:
+            for old in list_checkpoints(out)[:-cfg.keep_last]:  # (what a killed writer left: claim removed it)
                 shutil.rmtree(old, ignore_errors=True)
-            for name in os.listdir(os.path.dirname(final)):  # what a writer killed mid-write left (its own pid)
-                if re.fullmatch(r"step_\d+\.tmp\d+", name):
-                    shutil.rmtree(os.path.join(os.path.dirname(final), name), ignore_errors=True)
     except (OSError, RuntimeError, SafetensorError) as e:  # (torch.save and safetensors wrap a full disk their way)
         shutil.rmtree(tmp, ignore_errors=True)
         size, free = checkpoint_cost(state.model, cfg)[0], shutil.disk_usage(os.path.dirname(final)).free
