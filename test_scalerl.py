@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 
+import generators as G
 import scalerl as S
 from conftest import warm_vllm_model_info
 
@@ -3235,8 +3236,8 @@ def test_a_silent_generator_stops_the_split_after_generator_timeout():
     """A generator alive but silent stops the run after --generator-timeout seconds (status 1, resumable); without it
     the wait is 900 s, or 0.5 s per --max-new-tokens token where that is more."""
     import queue
-    split = S.SplitEngine.__new__(S.SplitEngine)
-    split.gens = {0: S.Generator(types.SimpleNamespace(is_alive=lambda: True, pid=1), None)}  # alive, silent
+    split = G.SplitEngine.__new__(G.SplitEngine)
+    split.gens = {0: G.Generator(types.SimpleNamespace(is_alive=lambda: True, pid=1), None)}  # alive, silent
     split.results = queue.Queue()
     split.cfg = S.Config(generators=1, generator_timeout=0.2)
     with pytest.raises(S.ScaleRLError, match=r"no word from the generators in 0.2 s \(--generator-timeout\)") as e:
@@ -3251,7 +3252,7 @@ def test_a_silent_generator_stops_the_split_after_generator_timeout():
     for tokens, wait in ((8, 900), (4000, 2000)):
         split.cfg = S.Config(generators=1, max_new_tokens=tokens)
         with pytest.MonkeyPatch.context() as m:
-            m.setattr(S, "time", S_time)
+            m.setattr(G, "time", S_time)
             with pytest.raises(S.ScaleRLError, match=f"no word from the generators in {wait} s"):
                 split.receive()
 
@@ -4070,7 +4071,7 @@ def test_split_generator_labels_each_token_with_the_weights_that_sampled_it(tmp_
                 p.add_(0.005 * torch.randn_like(p))
     with torch.no_grad():  # version 2: EOS after every token (the head row of EOS raised for every previous token)
         models[2].lm_head.weight[tok.eos_token_id] += 50.0 / models[2].config.hidden_size ** 0.5
-    engine = S.SplitEngine(cfg, path, torch.device("cpu"), torch.float32, 512, model0)
+    engine = G.SplitEngine(cfg, path, torch.device("cpu"), torch.float32, 512, model0)
     try:
         prompts, done = [tok("3941:").input_ids, tok("275:").input_ids], {}
         for i, p in enumerate(prompts):
@@ -4204,23 +4205,30 @@ def test_split_weights_go_through_disk_when_shared_memory_has_no_room_for_two_fi
     model = tiny_model(tied=True)
     shm, disk = tmp_path / "shm", tmp_path / "disk"
     shm.mkdir(), disk.mkdir()
-    S.write_weights(str(tmp_path / "w"), model, torch.float32, 0, True)
+    G.write_weights(str(tmp_path / "w"), model, torch.float32, 0, True)
     size = os.path.getsize(tmp_path / "w")  # weights (the tied head once) and the float32 head
-    monkeypatch.setattr(S.tempfile, "tempdir", str(disk))
+    monkeypatch.setattr(G.tempfile, "tempdir", str(disk))
     real = shutil.disk_usage
     for free, where in ((2 * size, shm), (size, disk)):
-        monkeypatch.setattr(S.shutil, "disk_usage", lambda p: real(p)._replace(free=free) if p == str(shm) else real(p))
-        d = S.weights_dir(model, torch.float32, True, str(shm))
+        monkeypatch.setattr(G.shutil, "disk_usage", lambda p: real(p)._replace(free=free) if p == str(shm) else real(p))
+        d = G.weights_dir(model, torch.float32, True, str(shm))
         assert os.path.dirname(d) == str(where) and os.path.basename(d).startswith("scalerl-")
         lines = capsys.readouterr().out.splitlines()
         assert lines == [] if where == shm else len(lines) == 1 and lines[0].startswith(
             f"scalerl: {shm} has 0 MB free, less than two weights files") and lines[0].endswith(f"through {disk} instead")
 
 
-def test_split_refuses_what_it_cannot_run():
-    """--generators: a vLLM engine in each generator, a device (here: a core) for every process, one node."""
+def test_split_refuses_what_it_cannot_run(monkeypatch):
+    """--generators: generators.py beside scalerl.py (a fork that copied scalerl.py alone has no split), a vLLM engine in
+    each generator, a device (here: a core) for every process, one node."""
     need_vllm()
     have = len(os.sched_getaffinity(0))
+    with monkeypatch.context() as m:
+        real = importlib.util.find_spec
+        m.setattr(S.importlib.util, "find_spec", lambda name, *a: None if name == "generators" else real(name, *a))
+        with pytest.raises(S.ScaleRLError, match="--generators needs generators.py, the generator processes' code, "
+                                                 "beside scalerl.py"):
+            S.parse_args(["--generators", "1", "--device", "cpu"])
     with pytest.raises(S.ScaleRLError, match="--generators needs --engine vllm"):
         S.parse_args(["--generators", "1", "--engine", "hf"])
     with pytest.raises(S.ScaleRLError, match=f"1 trainer and {have} generator processes need {have + 1} cores"):
