@@ -489,21 +489,31 @@ def check_mismatch(device):
             shape = ["--model", os.path.join(tmp, "m"), "--prompts-per-step", "16", "--generations-per-prompt", "8",
                      "--max-new-tokens", "256", "--length-control", "truncate", "--no-mask-truncated", "--val-size",
                      "8", "--eval-samples", "1"]
-        for arm, flags in arms.items():
-            out = os.path.join(tmp, arm.replace(" ", "_"))
+        def start(arm):
             launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"] \
                 if "torchrun" in arm else [sys.executable]
-            p = subprocess.run([*launch, SCALERL, "--device", device, "--max-lag", "0", "--steps", "3",
-                                "--no-zero-variance-filter", "--eval-every", "100", "--no-live-fit", *flags, *shape,
-                                "--out", out], capture_output=True, text=True,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
-            done = read_metrics(out) if os.path.isfile(os.path.join(out, "metrics.jsonl")) else []
-            if p.returncode:
-                exits.append(f"{arm} exit {p.returncode}: " + (p.stderr.strip().splitlines() or ["?"])[-1][:160])
-            if len(done) < 4:  # rows 0-3: the run did not complete
-                return False, f"{arm}: no complete run; " + "; ".join(exits)
-            rows = [r for r in done[1:] if r["train_tokens"]]
-            got[arm] = sum(r["mismatch_fresh_abs_logprob"] for r in rows) / max(len(rows), 1)
+            return subprocess.Popen([*launch, SCALERL, "--device", device, "--max-lag", "0", "--steps", "3",
+                                     "--no-zero-variance-filter", "--eval-every", "100", "--no-live-fit", *arms[arm],
+                                     *shape, "--out", os.path.join(tmp, arm.replace(" ", "_"))],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                    env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+        names, at_once = list(arms), 1 if cuda else 2  # (a CPU: two arms at a time, a core each; a GPU: one, as vLLM
+        for k in range(0, len(names), at_once):        # sizes its share by the memory that is free when it starts)
+            started = {arm: start(arm) for arm in names[k:k + at_once]}
+            for arm, p in started.items():
+                _, err = p.communicate()
+                out = os.path.join(tmp, arm.replace(" ", "_"))
+                done = read_metrics(out) if os.path.isfile(os.path.join(out, "metrics.jsonl")) else []
+                if p.returncode:
+                    exits.append(f"{arm} exit {p.returncode}: " + (err.strip().splitlines() or ["?"])[-1][:160])
+                if len(done) < 4:  # rows 0-3: the run did not complete
+                    for q in started.values():
+                        q.kill()
+                        q.wait()
+                    return False, f"{arm}: no complete run; " + "; ".join(exits)
+                rows = [r for r in done[1:] if r["train_tokens"]]
+                got[arm] = sum(r["mismatch_fresh_abs_logprob"] for r in rows) / max(len(rows), 1)
     heads = {k: v for k, v in got.items() if "no FP32" not in k}
     ok = max(heads.values()) < MISMATCH_BOUND and ("vllm" not in got or not cuda or got["vllm"] <
                                                     got["vllm, no FP32 head"])

@@ -112,7 +112,9 @@ def generator_main(i, place, cfg, path, device, dtype, max_model_len, weights, r
             results.cancel_join_thread()
             shutil.rmtree(os.path.dirname(weights), ignore_errors=True)
         results.close()
-        results.join_thread()
+        results.join_thread()  # (what it sent is in the pipe)
+        # the interpreter's own exit, after a vLLM engine, waited in native code (seconds, until the trainer killed it)
+        os._exit(0)
 
 
 @dataclass
@@ -181,12 +183,12 @@ class SplitEngine:
         saves a checkpoint of the last step), so does silence for --generator-timeout seconds."""
         patience = self.cfg.generator_timeout or max(900.0, 0.5 * self.cfg.max_new_tokens)
         deadline = time.time() + patience
-        while True:
+        while True:  # (what a generator sent before it ended, its error, is read first)
+            with contextlib.suppress(queue.Empty):
+                return self.checked(self.results.get(timeout=1.0))
             for i, g in self.gens.items():
                 if not g.proc.is_alive():
                     raise ScaleRLError(f"generator {i} (pid {g.proc.pid}) died, exit code {g.proc.exitcode}", 1, True)
-            with contextlib.suppress(queue.Empty):
-                return self.checked(self.results.get(timeout=1.0))
             if time.time() > deadline:
                 raise ScaleRLError(f"no word from the generators in {patience:g} s (--generator-timeout)", 1, True)
 

@@ -1258,12 +1258,12 @@ def check_hub(cfg):
     os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
 
 
-def hub_reachable(endpoint, timeout=3.0):
+def hub_reachable(endpoint):
     """Whether the hub's API answers (a proxy or captive portal that takes the connection answers no JSON list)."""
     import http.client
     import urllib.request
     try:
-        with urllib.request.urlopen(endpoint.rstrip("/") + "/api/models?limit=1", timeout=timeout) as answer:
+        with urllib.request.urlopen(endpoint.rstrip("/") + "/api/models?limit=1", timeout=3.0) as answer:
             return isinstance(json.loads(answer.read(1 << 20)), list)
     except (OSError, ValueError, http.client.HTTPException):  # no network, an HTTP error, not JSON, not HTTP
         return False
@@ -1983,9 +1983,9 @@ def make_engine(cfg, config, path, device, dtype, longest, n_val, model, tok, au
     return HFEngine(replica(model, device) if launched() else model, tok, cfg, autocast)
 
 
-def rollout(rollouts, prompts, n, seed, kind="eval", ids=None):
+def rollout(rollouts, prompts, n, seed, ids=None):
     """n completions of each prompt, now, with length control; ids: the prompts' numbers, which choose their streams."""
-    keys = [(kind, seed, i) for i in (range(len(prompts)) if ids is None else ids)]
+    keys = [("eval", seed, i) for i in (range(len(prompts)) if ids is None else ids)]
     for k, p in zip(keys, prompts):
         rollouts.add(k, p, n, step_seed(seed, RNG_ROLLOUT, k[2]))
     return [g.completions for g in rollouts.wait(keys)]
@@ -2821,8 +2821,7 @@ class Recorder:
 
     def stop_here(self):
         """The way out on a signal, after a complete step: its checkpoint, and how to continue."""
-        ckpt = self.save() if self.done > self.saved else last_checkpoint(self.out)
-        print(f"{self.stop[0]}: stopped after step {self.done}; checkpoint {ckpt}; continue with: "
+        print(f"{self.stop[0]}: stopped after step {self.done}; checkpoint {self.save()}; continue with: "
               f"{resume_command(self.out)}", flush=True)
 
     def log(self, row, errors):
@@ -2883,19 +2882,20 @@ class Recorder:
                                f"{self.save()}; to go on anyway: {resume_command(self.out)} --max-fresh-mismatch 0", 1)
 
     def save(self):
+        """A checkpoint of the last step logged (the newest checkpoint, where it has one already)."""
+        if self.saved == self.done:
+            return last_checkpoint(self.out)
         self.saved = self.done
         return save_checkpoint(self.out, self.done, self.state, self.cfg)
 
     def __exit__(self, kind, exc, tb):
         try:
             if kind is None and not self.stop:  # the run ended: its final checkpoint
-                ckpt = self.save() if self.done > self.saved else last_checkpoint(self.out)
-                print(f"done: model and training state in {ckpt}, metrics in {self.out}/metrics.jsonl")
+                print(f"done: model and training state in {self.save()}, metrics in {self.out}/metrics.jsonl")
             elif getattr(exc, "resumable", False) and world() == 1:  # a generator failed: the run can go on later
                 if self.unlogged:  # it failed in an evaluation: the step itself is complete
                     self.log(self.unlogged, [])
-                ckpt = self.save() if self.done > self.saved else last_checkpoint(self.out)
-                exc.args = (f"{exc}; checkpoint {ckpt}; continue with: {resume_command(self.out)}",)
+                exc.args = (f"{exc}; checkpoint {self.save()}; continue with: {resume_command(self.out)}",)
             elif kind is KeyboardInterrupt:
                 print(f"\nstep {self.done + 1} abandoned; {self.done} steps are in {self.out}/metrics.jsonl; last "
                       f"checkpoint: {last_checkpoint(self.out)}", file=sys.stderr)
@@ -2981,7 +2981,7 @@ def collapse_reason(rows, cfg):
             + "; at a small batch --max-lag 2 held such a run on 3 seeds (docs/real-model.md)" * (cfg.max_lag > 2))
 
 
-def live_fit(rows, bootstrap=100):
+def live_fit(rows):
     """The paper's prediction as the run goes on: fit_curve.py's fit of the evaluations so far against device_hours; {}
     while the points cannot support one (fewer than four, or at the search range's edge before the curve bends)."""
     try:
@@ -2989,7 +2989,7 @@ def live_fit(rows, bootstrap=100):
     except ImportError:
         return {}
     try:
-        f = fit_curve.fit_rows(rows, x="device_hours", bootstrap=bootstrap, seed=0)
+        f = fit_curve.fit_rows(rows, x="device_hours", bootstrap=100, seed=0)
     except fit_curve.NotEnoughPoints:
         return {}
     at_bound = f["at_grid_edge"] == ["A"] and f["A"] > 0.99  # A at 1, the pass rate's own bound: not a failed fit
@@ -3367,7 +3367,8 @@ def restore(saved, state):
     return saved["rows"]
 
 
-def main(argv=None):
+def main(argv=None, end_process=False):
+    """The command line's entry point; end_process (the script, and any rank of torchrun): end the process here."""
     status = None  # the exit status, where it is not the end of a run
     try:
         run(parse_args(argv))
@@ -3381,12 +3382,12 @@ def main(argv=None):
             raise
         traceback.print_exc()
         status = 1
-    if launched():  # torchrun
-        if dist.is_initialized():  # (a vLLM engine, when it shuts down, takes the process group with it)
-            dist.destroy_process_group()
-        # a gloo worker thread can still be freeing a collective's tensors, which takes the GIL: at interpreter
-        # shutdown that aborts the process ("terminate called without an active exception", seen in 1 of 12 resumed
-        # runs under load), so the process ends here, its output flushed and every file, engine and pool closed
+    if launched() and dist.is_initialized():  # (a vLLM engine, when it shuts down, takes the process group with it)
+        dist.destroy_process_group()
+    if end_process or launched():
+        # the process ends here, its output flushed, every file, engine and pool closed: the interpreter's shutdown
+        # waited 2.5 s in native code after a vLLM engine, and under torchrun a gloo thread freeing a collective's
+        # tensors aborted it there ("terminate called without an active exception", 1 of 12 resumed runs under load)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status or 0)
@@ -3395,4 +3396,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    main(end_process=True)

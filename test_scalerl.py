@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-import generators as G
+import generators
 import scalerl as S
 from conftest import warm_vllm_model_info
 
@@ -1835,6 +1835,7 @@ def test_the_gpu_checks_torchrun_row_runs_on_a_cpu(tmp_path, monkeypatch):
     need_vllm()
     import bench
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    warm_vllm_model_info()  # (vLLM's cache of model classes, not the model: no rank inspects them in a subprocess)
     ok, measured = bench.check_torchrun("cpu")
     assert ok is True and measured.startswith("engines on cpu; 2 ranks, --model with activation checkpointing True"
                                               ", 4 steps, resumed from step 2") and "rows equal" in measured, measured
@@ -2270,6 +2271,17 @@ def test_evaluation_in_pipeline_mode_stays_apart(vllm_engine):
     assert all(c.versions == [engine.version] * len(c.tokens) for g in evals for c in g)
     train = ro.wait([("train", i) for i in range(3)])
     assert [len(g.completions) for g in train] == [4, 4, 4] and not ro.done and not ro.open
+
+
+def test_the_script_ends_its_process_itself_with_the_runs_exit_status(tmp_path):
+    """`python scalerl.py` ends its process once main() is done, its output flushed, without the interpreter's
+    shutdown (which waited 2.5 s in native code after a vLLM engine): an atexit hook never runs, and the exit status is
+    the run's (here 2, bad input, its one line on stderr). main(argv), as tests and bench.py call it, returns."""
+    script = (f"import atexit, runpy, sys; atexit.register(lambda: print('shutdown ran', flush=True)); "
+              f"sys.argv = ['scalerl.py', '--steps', '-1']; runpy.run_path({os.path.join(HERE, 'scalerl.py')!r}, "
+              "run_name='__main__')")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert (p.returncode, p.stdout, p.stderr) == (2, "", "scalerl.py: error: --steps must be >= 0 (got -1)\n")
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -3236,8 +3248,8 @@ def test_a_silent_generator_stops_the_split_after_generator_timeout():
     """A generator alive but silent stops the run after --generator-timeout seconds (status 1, resumable); without it
     the wait is 900 s, or 0.5 s per --max-new-tokens token where that is more."""
     import queue
-    split = G.SplitEngine.__new__(G.SplitEngine)
-    split.gens = {0: G.Generator(types.SimpleNamespace(is_alive=lambda: True, pid=1), None)}  # alive, silent
+    split = generators.SplitEngine.__new__(generators.SplitEngine)
+    split.gens = {0: generators.Generator(types.SimpleNamespace(is_alive=lambda: True, pid=1), None)}  # alive, silent
     split.results = queue.Queue()
     split.cfg = S.Config(generators=1, generator_timeout=0.2)
     with pytest.raises(S.ScaleRLError, match=r"no word from the generators in 0.2 s \(--generator-timeout\)") as e:
@@ -3252,7 +3264,7 @@ def test_a_silent_generator_stops_the_split_after_generator_timeout():
     for tokens, wait in ((8, 900), (4000, 2000)):
         split.cfg = S.Config(generators=1, max_new_tokens=tokens)
         with pytest.MonkeyPatch.context() as m:
-            m.setattr(G, "time", S_time)
+            m.setattr(generators, "time", S_time)
             with pytest.raises(S.ScaleRLError, match=f"no word from the generators in {wait} s"):
                 split.receive()
 
@@ -4071,7 +4083,7 @@ def test_split_generator_labels_each_token_with_the_weights_that_sampled_it(tmp_
                 p.add_(0.005 * torch.randn_like(p))
     with torch.no_grad():  # version 2: EOS after every token (the head row of EOS raised for every previous token)
         models[2].lm_head.weight[tok.eos_token_id] += 50.0 / models[2].config.hidden_size ** 0.5
-    engine = G.SplitEngine(cfg, path, torch.device("cpu"), torch.float32, 512, model0)
+    engine = generators.SplitEngine(cfg, path, torch.device("cpu"), torch.float32, 512, model0)
     try:
         prompts, done = [tok("3941:").input_ids, tok("275:").input_ids], {}
         for i, p in enumerate(prompts):
@@ -4205,13 +4217,14 @@ def test_split_weights_go_through_disk_when_shared_memory_has_no_room_for_two_fi
     model = tiny_model(tied=True)
     shm, disk = tmp_path / "shm", tmp_path / "disk"
     shm.mkdir(), disk.mkdir()
-    G.write_weights(str(tmp_path / "w"), model, torch.float32, 0, True)
+    generators.write_weights(str(tmp_path / "w"), model, torch.float32, 0, True)
     size = os.path.getsize(tmp_path / "w")  # weights (the tied head once) and the float32 head
-    monkeypatch.setattr(G.tempfile, "tempdir", str(disk))
+    monkeypatch.setattr(generators.tempfile, "tempdir", str(disk))
     real = shutil.disk_usage
     for free, where in ((2 * size, shm), (size, disk)):
-        monkeypatch.setattr(G.shutil, "disk_usage", lambda p: real(p)._replace(free=free) if p == str(shm) else real(p))
-        d = G.weights_dir(model, torch.float32, True, str(shm))
+        monkeypatch.setattr(generators.shutil, "disk_usage",
+                            lambda p: real(p)._replace(free=free) if p == str(shm) else real(p))
+        d = generators.weights_dir(model, torch.float32, True, str(shm))
         assert os.path.dirname(d) == str(where) and os.path.basename(d).startswith("scalerl-")
         lines = capsys.readouterr().out.splitlines()
         assert lines == [] if where == shm else len(lines) == 1 and lines[0].startswith(
