@@ -419,14 +419,25 @@ MEMORY_GRID = [("qwen2-0.5b", 0, 1024, []), ("qwen2-0.5b", 0, 1024, ["--no-activ
 PLAN_BOUND = 1.15  # the plan's trainer may be up to this many times the tracker's peak, and never below it
 
 
-def memory_row(model_name, ranks, seq_len, argv, timeout=1200):
-    """One configuration: the simulation in a process of its own (a fake process group a process), the plan beside it.
-    Prints its table; returns (tracker's peak, plan's trainer) in bytes."""
-    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--memory-one", json.dumps(
-        [model_name, ranks, seq_len, argv])], capture_output=True, text=True, timeout=timeout)
-    if p.returncode:
-        sys.exit(f"bench.py: --memory {model_name} failed: " + (p.stderr.strip().splitlines() or ["?"])[-1])
-    cats, peak = json.loads(p.stdout.strip().splitlines()[-1])
+def memory_rows(configs, timeout=1200, at_once=2):
+    """Each configuration (model, ranks, sequence length, flags): the simulation in a process of its own (a fake
+    process group a process; two at a time, each on one core), the plan beside it. Prints each one's table, in order;
+    returns [(tracker's peak, plan's trainer)] in bytes."""
+    out = []
+    for k in range(0, len(configs), at_once):
+        started = [(c, subprocess.Popen([sys.executable, os.path.abspath(__file__), "--memory-one", json.dumps(c)],
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                   for c in configs[k:k + at_once]]
+        for c, p in started:
+            stdout, stderr = p.communicate(timeout=timeout)
+            if p.returncode:
+                sys.exit(f"bench.py: --memory {c[0]} failed: " + (stderr.strip().splitlines() or ["?"])[-1])
+            out.append(memory_row(*c, *json.loads(stdout.strip().splitlines()[-1])))
+    return out
+
+
+def memory_row(model_name, ranks, seq_len, argv, cats, peak):
+    """One configuration's table: what the tracker saw (cats, peak) and the plan; returns (peak, plan's trainer)."""
     cfg = memory_cfg(argv)
     plan = scalerl.memory_plan(scalerl.model_sizes(shape_config(model_name)), cfg, max(ranks, 1), 80 * 2**30, seq_len,
                                ranks > 0)
@@ -447,10 +458,8 @@ def bench_memory(args, rest):
     """--memory: one configuration (a shape or a model directory, --ranks, --seq-len, scalerl.py's flags after --), or
     with no model the grid, ending with its summary table; fails when a plan is outside [1, PLAN_BOUND] x the peak."""
     grid = [(args.memory, args.ranks, args.seq_len, rest)] if args.memory else MEMORY_GRID
-    t0, rows = time.time(), []
-    for model_name, ranks, seq_len, argv in grid:
-        peak, plan = memory_row(model_name, ranks, seq_len, argv)
-        rows.append((model_name, ranks, seq_len, argv, peak, plan))
+    t0 = time.time()
+    rows = [(*config, *measured) for config, measured in zip(grid, memory_rows([list(c) for c in grid]))]
     print(f"\n| model | ranks | sequence | flags | tracker's peak (GiB) | plan's trainer (GiB) | plan / peak |\n"
           "|---|---|---|---|---|---|---|")
     for model_name, ranks, seq_len, argv, peak, plan in rows:
