@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from scalerl import Completion, ScaleRLError, VLLMEngine, broadcast, full_tensor, full_weights, quiet_libraries, rank, \
-    world
+from scalerl import (Completion, ScaleRLError, VLLMEngine, broadcast, full_tensor, full_weights, quiet_libraries, rank,
+                     world)
+
 
 def weights_dir(model, dtype, fp32_head, shm="/dev/shm"):
     """The split's weights file goes to shared memory if it has room for two (a generator may still read the last
