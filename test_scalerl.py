@@ -3562,6 +3562,11 @@ def _on_rank(rank, world, port, fn, args):
         fn(rank, *args)
     finally:
         torch.distributed.destroy_process_group()
+    # ended here, as scalerl.main ends a rank: a gloo worker thread still freeing a collective's tensors aborted the
+    # interpreter's shutdown now and then ("terminate called without an active exception": SIGABRT, seen in CI)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def on_two_ranks(fn, *args):
