@@ -419,20 +419,33 @@ MEMORY_GRID = [("qwen2-0.5b", 0, 1024, []), ("qwen2-0.5b", 0, 1024, ["--no-activ
 PLAN_BOUND = 1.15  # the plan's trainer may be up to this many times the tracker's peak, and never below it
 
 
+def run_together(commands, at_once, timeout=None, **popen):
+    """(exit status, stdout, stderr) of each command, in order, `at_once` processes at a time; those still running
+    when the caller stops reading are killed."""
+    for k in range(0, len(commands), at_once):
+        started = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+                   for c in commands[k:k + at_once]]
+        try:
+            for p in started:
+                stdout, stderr = p.communicate(timeout=timeout)
+                yield p.returncode, stdout, stderr
+        finally:
+            for p in started:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+
+
 def memory_rows(configs, timeout=1200, at_once=2):
     """Each configuration (model, ranks, sequence length, flags): the simulation in a process of its own (a fake
     process group a process; two at a time, each on one core), the plan beside it. Prints each one's table, in order;
     returns [(tracker's peak, plan's trainer)] in bytes."""
+    commands = [[sys.executable, os.path.abspath(__file__), "--memory-one", json.dumps(c)] for c in configs]
     out = []
-    for k in range(0, len(configs), at_once):
-        started = [(c, subprocess.Popen([sys.executable, os.path.abspath(__file__), "--memory-one", json.dumps(c)],
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-                   for c in configs[k:k + at_once]]
-        for c, p in started:
-            stdout, stderr = p.communicate(timeout=timeout)
-            if p.returncode:
-                sys.exit(f"bench.py: --memory {c[0]} failed: " + (stderr.strip().splitlines() or ["?"])[-1])
-            out.append(memory_row(*c, *json.loads(stdout.strip().splitlines()[-1])))
+    for c, (status, stdout, stderr) in zip(configs, run_together(commands, at_once, timeout)):
+        if status:
+            sys.exit(f"bench.py: --memory {c[0]} failed: " + (stderr.strip().splitlines() or ["?"])[-1])
+        out.append(memory_row(*c, *json.loads(stdout.strip().splitlines()[-1])))
     return out
 
 
@@ -498,31 +511,21 @@ def check_mismatch(device):
             shape = ["--model", os.path.join(tmp, "m"), "--prompts-per-step", "16", "--generations-per-prompt", "8",
                      "--max-new-tokens", "256", "--length-control", "truncate", "--no-mask-truncated", "--val-size",
                      "8", "--eval-samples", "1"]
-        def start(arm):
-            launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"] \
-                if "torchrun" in arm else [sys.executable]
-            return subprocess.Popen([*launch, SCALERL, "--device", device, "--max-lag", "0", "--steps", "3",
-                                     "--no-zero-variance-filter", "--eval-every", "100", "--no-live-fit", *arms[arm],
-                                     *shape, "--out", os.path.join(tmp, arm.replace(" ", "_"))],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                    env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-        names, at_once = list(arms), 1 if cuda else 2  # (a CPU: two arms at a time, a core each; a GPU: one, as vLLM
-        for k in range(0, len(names), at_once):        # sizes its share by the memory that is free when it starts)
-            started = {arm: start(arm) for arm in names[k:k + at_once]}
-            for arm, p in started.items():
-                _, err = p.communicate()
-                out = os.path.join(tmp, arm.replace(" ", "_"))
-                done = read_metrics(out) if os.path.isfile(os.path.join(out, "metrics.jsonl")) else []
-                if p.returncode:
-                    exits.append(f"{arm} exit {p.returncode}: " + (err.strip().splitlines() or ["?"])[-1][:160])
-                if len(done) < 4:  # rows 0-3: the run did not complete
-                    for q in started.values():
-                        q.kill()
-                        q.wait()
-                    return False, f"{arm}: no complete run; " + "; ".join(exits)
-                rows = [r for r in done[1:] if r["train_tokens"]]
-                got[arm] = sum(r["mismatch_fresh_abs_logprob"] for r in rows) / max(len(rows), 1)
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
+        outs = {arm: os.path.join(tmp, arm.replace(" ", "_")) for arm in arms}
+        commands = [[*(torchrun if "torchrun" in arm else [sys.executable]), SCALERL, "--device", device, "--max-lag",
+                     "0", "--steps", "3", "--no-zero-variance-filter", "--eval-every", "100", "--no-live-fit", *flags,
+                     *shape, "--out", outs[arm]] for arm, flags in arms.items()]
+        # a CPU runs two arms at a time, a core each; a GPU one, as vLLM sizes its share by the memory free at its start
+        finished = run_together(commands, 1 if cuda else 2, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        for arm, (status, _, err) in zip(arms, finished):
+            done = read_metrics(outs[arm]) if os.path.isfile(os.path.join(outs[arm], "metrics.jsonl")) else []
+            if status:
+                exits.append(f"{arm} exit {status}: " + (err.strip().splitlines() or ["?"])[-1][:160])
+            if len(done) < 4:  # rows 0-3: the run did not complete
+                return False, f"{arm}: no complete run; " + "; ".join(exits)
+            rows = [r for r in done[1:] if r["train_tokens"]]
+            got[arm] = sum(r["mismatch_fresh_abs_logprob"] for r in rows) / max(len(rows), 1)
     heads = {k: v for k, v in got.items() if "no FP32" not in k}
     ok = max(heads.values()) < MISMATCH_BOUND and ("vllm" not in got or not cuda or got["vllm"] <
                                                     got["vllm, no FP32 head"])
