@@ -44,7 +44,8 @@ def write_weights(path, model, dtype, version, fp32_head):
     generator still reading the previous file keeps it. Under torchrun rank 0 writes what every rank gathers."""
     from safetensors.torch import save_file
     head = (("fp32_head", full_tensor(model.get_output_embeddings().weight).float()) for _ in range(fp32_head))  # lazy
-    tensors = {n: t.detach().to("cpu", copy=True) for n, t in itertools.chain(full_weights(model, dtype), head)
+    weights = itertools.chain(full_weights(model, dtype, checkpoint=True), head)  # (the checkpoint's names and layout)
+    tensors = {n: t.detach().to("cpu", copy=True, memory_format=torch.contiguous_format) for n, t in weights
                if rank() == 0}
     if rank() == 0:
         save_file(tensors, path + ".tmp", metadata={"version": str(version)})

@@ -1950,13 +1950,20 @@ def even_out(batches, pad_id):
     return batches + [filler] * (int(all_max(len(batches))) - len(batches))
 
 
-def full_weights(model, dtype):
+def full_weights(model, dtype, checkpoint=False):
     """(name, whole tensor in dtype) of each weight, one at a time, for a push: under torchrun each is gathered when the
-    engine asks for it, every rank in the same order, so no rank holds the whole model twice (vLLM reloads by layer)."""
+    engine asks for it, every rank in the same order, so no rank holds the whole model twice (vLLM reloads by layer).
+    checkpoint: under the names and in the layout of the model's checkpoint, which vLLM reads, one layer at a time:
+    transformers converts some models on load (an MoE's experts fused into 3D tensors, Mixtral's modules renamed) and
+    its revert_weight_conversion is what save_pretrained writes back; a state_dict() as it is in memory would corrupt
+    the experts where the shapes happen to fit, and fail where they do not."""
+    from transformers.core_model_loading import revert_weight_conversion
     tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
-    for name, t in model.state_dict().items():
-        if name not in tied:  # a tied head is the embedding, pushed as the embedding (vLLM's Gemma 2 has no lm_head)
-            yield name, full_tensor(t).detach().to(dtype)
+    layer = lambda name: re.match(r"(.*?\.\d+\.)?", name).group()  # noqa: E731  ("model.layers.3.": one group)
+    for _, group in itertools.groupby(((n, t) for n, t in model.state_dict().items() if n not in tied),
+                                      key=lambda nt: layer(nt[0])):  # (a tied head is the embedding, pushed as such:
+        whole = {n: full_tensor(t).detach().to(dtype) for n, t in group}             # vLLM's Gemma 2 has no lm_head)
+        yield from (revert_weight_conversion(model, whole) if checkpoint else whole).items()
 
 # --------------------------------------------------------------------------------------------------
 # 7. Engines. One contract: submit(key, token_ids, max_tokens, seed) queues a request; step() advances generation and
@@ -2191,6 +2198,16 @@ def load_engine_head(model, weight):
         mine[:new.shape[0]].copy_(new)
 
 
+def forget_moe_kernels(model):
+    """Inside the vLLM engine, before a push: vLLM 0.32 reprocesses an unquantized MoE layer's experts on a reload, but
+    once the layer has its kernel it skips the experts' own step (unquantized_fused_moe_method.py, _setup_kernel), which
+    on a CPU pads and prepacks them: the raw weights would land in the packed storage (a push of unchanged weights moved
+    log-probs by 0.04), or fail to fit it. Without its kernel, a layer's reload goes as its first load went."""
+    for m in model.modules():
+        if getattr(getattr(m, "quant_method", None), "moe_kernel", None) is not None:
+            m.quant_method.moe_kernel = None
+
+
 def repack_tied_head(model):
     """Inside the vLLM engine (apply_model), after a push without the FP32 head: vLLM's CPU backend packs the LM head's
     weight for oneDNN when the model loads (cpu_linear), and a tied head, which shares the embedding's weight, gets no
@@ -2327,10 +2344,11 @@ class VLLMEngine:
         self.wake()
         head = (lambda: full_tensor(model.get_output_embeddings().weight).detach().float()) \
             if self.cfg.lm_head_fp32 else None
-        self.load(full_weights(model, self.core.model_config.dtype), head, version)
+        self.load(full_weights(model, self.core.model_config.dtype, checkpoint=True), head, version)
 
     def load(self, weights, head, version):
         """push's work, from an iterator of (name, tensor) and a function returning the float32 head (or None)."""
+        self.llm.apply_model(forget_moe_kernels)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         if head is not None:
             w = head()
