@@ -922,6 +922,8 @@ class Config(Recipe):
                     ["auto", "float32", "bfloat16", "float16"])
     param_dtype: str = flag("float32", "dtype of the trained weights and optimiser state", ["float32", "bfloat16"])
     tie_word_embeddings: bool = flag(False, "embedded model only: tie the input embedding and the LM head")
+    moe: bool = flag(False, "embedded model only: a Mixture-of-Experts (Qwen3-MoE, 8 experts of width 256, 2 a token: "
+                          "the dense Llama's active width) in place of the dense Llama")
     fp32_head_product: str = flag("auto", "the FP32 head's product: float32 operands, or split (h and W each two bf16 "
                                           "parts, three bf16 products summed in float32: float32's accuracy within "
                                           "2-3x at tensor-core speed); auto: split on CUDA",
@@ -1143,8 +1145,8 @@ def refusals(cfg):
         "on some answers): --reward math needs grading processes (--reward-workers -1 or >= 1)")
     yield cfg.model and not is_hub_id(cfg.model) and not os.path.isfile(os.path.join(cfg.model, "config.json")), (
         f"--model {cfg.model}: no such model directory (a local model needs config.json)")
-    yield cfg.model and cfg.tie_word_embeddings, (
-        "--tie-word-embeddings applies to the embedded model only; a --model brings its own head")
+    yield cfg.model and (cfg.tie_word_embeddings or cfg.moe), (
+        f"--{'moe' if cfg.moe else 'tie-word-embeddings'} applies to the embedded model only; a --model brings its own")
     yield cfg.data and not cfg.model, (
         "--data needs --model: the embedded model's character tokenizer covers only the built-in task")
     yield cfg.data and cfg.task != "largest", "--task chooses a built-in task; it does not apply with --data"
@@ -1564,19 +1566,22 @@ def save_atomically(model, tok, path):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def build_tiny_model(cache_dir, seed, tied):
+def build_tiny_model(cache_dir, seed, tied, moe=False):
     """Build (once) the embedded default: a 2-layer Llama with head size 32 (vLLM's CPU backend needs 32 or
-    more) and the character tokenizer, saved to a cache directory and then loaded like any --model."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-    path = os.path.join(cache_dir, f"tiny-llama-v2-seed{seed}-{'tied' if tied else 'untied'}")
+    more) and the character tokenizer, saved to a cache directory and then loaded like any --model; moe: a Qwen3-MoE of
+    the same shape whose MLPs are 8 experts, 2 of them a token."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3MoeConfig
+    path = os.path.join(cache_dir, f"tiny-{'moe' if moe else 'llama'}-v2-seed{seed}-{'tied' if tied else 'untied'}")
     if not os.path.isfile(os.path.join(path, "config.json")):
-        conf = LlamaConfig(vocab_size=len(SPECIALS) + len(CHARS), hidden_size=128, intermediate_size=512,
-                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, head_dim=32,
-                           max_position_embeddings=256, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2,
-                           pad_token_id=0)
+        shape = dict(vocab_size=len(SPECIALS) + len(CHARS), hidden_size=128, intermediate_size=512,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, head_dim=32,
+                     max_position_embeddings=256, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2,
+                     pad_token_id=0)
+        conf = Qwen3MoeConfig(**shape, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256) if moe \
+            else LlamaConfig(**shape)
         torch.manual_seed(seed)
         os.makedirs(cache_dir, exist_ok=True)
-        save_atomically(LlamaForCausalLM(conf), make_char_tokenizer(), path)
+        save_atomically(AutoModelForCausalLM.from_config(conf), make_char_tokenizer(), path)
     return path
 
 
@@ -1588,7 +1593,7 @@ def load_tokenizer(cfg, path=None):
     if not path:
         hf_logging.disable_progress_bar()
         cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "scalerl")
-        path = build_tiny_model(cache, cfg.seed, cfg.tie_word_embeddings)
+        path = build_tiny_model(cache, cfg.seed, cfg.tie_word_embeddings, cfg.moe)
     try:  # (any error reading a user's files is a file that cannot be loaded, named as such)
         config = AutoConfig.from_pretrained(path)
     except Exception as e:  # noqa: BLE001  (a wrong type in config.json is a TypeError, bad JSON a ValueError, ...)
