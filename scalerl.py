@@ -1598,6 +1598,7 @@ def load_tokenizer(cfg, path=None):
         config = AutoConfig.from_pretrained(path)
     except Exception as e:  # noqa: BLE001  (a wrong type in config.json is a TypeError, bad JSON a ValueError, ...)
         cannot_load(cfg, path, e, "config.json")
+    check_architecture(cfg, config, path)
     if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
         cannot_load(cfg, path, f"no tokenizer: none of {', '.join(TOKENIZER_FILES)} is there", "its tokenizer")
     try:
@@ -1624,6 +1625,23 @@ def load_model(cfg, device, path=None, empty=False):
     except (OSError, ValueError, TypeError, RuntimeError, SafetensorError) as e:
         cannot_load(cfg, path, e, "its weights")
     return model if empty else model.to(device), tok, path
+
+
+def check_architecture(cfg, config, path):
+    """A model that the trainer (a causal-LM class of transformers) or the vLLM engine has no class for is refused,
+    named, before any weight loads (vLLM's registry costs the import of vLLM, which its engine pays anyway)."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    arch = (getattr(config, "architectures", None) or [type(config).__name__])[0]
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        die(f"{path}: its architecture {arch} ({config.model_type}) has no causal-LM class in transformers "
+            f"{transformers.__version__}: the trainer cannot run it")
+    if cfg.engine == "vllm":
+        import vllm
+        from vllm.model_executor.models.registry import ModelRegistry
+        if arch not in ModelRegistry.get_supported_archs():
+            die(f"{path}: vLLM {vllm.__version__} cannot run its architecture {arch}; use a model vLLM supports, or "
+                "--engine hf")
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")

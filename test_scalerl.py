@@ -1521,6 +1521,62 @@ def test_gemma2_with_vllm_soft_capping_and_a_tied_head_without_lm_head(tmp_path,
     assert all(r["mismatch_abs_logprob"] < 1e-5 and r["grad_norm"] > 0 for r in rows[1:])
 
 
+def moe_model(family, seed=0):
+    """A tiny random Mixture-of-Experts that transformers converts on load (its experts fused into 3D tensors in
+    memory; Mixtral's block_sparse_moe renamed mlp): a Qwen3-MoE whose experts' width (48, padded to 64 by vLLM's CPU
+    kernel) is not the embedded --moe's, and a Mixtral."""
+    import transformers
+    common = dict(vocab_size=len(S.SPECIALS) + len(S.CHARS), hidden_size=64, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0, num_experts_per_tok=2)
+    conf = {"qwen3_moe": lambda: transformers.Qwen3MoeConfig(num_experts=6, moe_intermediate_size=48,
+                                                             intermediate_size=96, **common),
+            "mixtral": lambda: transformers.MixtralConfig(num_local_experts=4, intermediate_size=96, **common)}
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(conf[family]())
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_moe_pushes_reach_vllm_in_the_checkpoints_layout(tmp_path, family, monkeypatch):
+    """An MoE with the vLLM engine, synchronous, every step training on groups that are not flat at a large learning
+    rate (every push moves the experts): the engine's log-probs are the trainer's to float rounding on every step, as
+    for a dense model. Pushed as the trainer holds them in memory, Mixtral's first push raised (vLLM has no
+    'layers.0.mlp') and the Qwen3-MoE's did too (its fused experts read in another layout); pushed in the checkpoint's
+    layout but with vLLM's CPU experts not packed again on the reload, the mismatch was 0.03. (The reward: the parity
+    of the distinct characters, every completion graded, as in the Gemma 2 test.)"""
+    need_vllm()
+    monkeypatch.setitem(S.REWARDS, "digit", lambda text, answer, row: float(len(set(text)) % 2 == 0))
+    real_score = S.score
+    monkeypatch.setattr(S, "score", lambda tok, groups, *a: real_score(
+        tok, [[dataclasses.replace(c, finished=True) for c in g] for g in groups], *a))
+    path = str(tmp_path / family)
+    S.save_atomically(moe_model(family), S.make_char_tokenizer(), path)
+    rows = S.run(small_cfg(tmp_path, model=path, engine="vllm", max_lag=0, steps=3, eval_every=100, lr=1e-2,
+                           warmup_steps=0, mask_truncated=False, zero_variance_filter=False, length_control="truncate",
+                           max_new_tokens=6))
+    assert all(r["mismatch_fresh_abs_logprob"] < 1e-5 and r["grad_norm"] > 0 for r in rows[1:]), [
+        (r.get("mismatch_fresh_abs_logprob"), r.get("grad_norm")) for r in rows]
+
+
+def test_an_architecture_the_trainer_or_vllm_cannot_run_is_refused_by_name(tmp_path, capfd):
+    """Before any weight loads (the directories hold none): a model type with no causal-LM class in transformers, and
+    an architecture vLLM's registry does not know (with --engine hf the same model goes on to its weights)."""
+    need_vllm()
+    for name, conf in (("t5", {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]}),
+                       ("foo", {"model_type": "llama", "architectures": ["FooForCausalLM"], "vocab_size": 80})):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(conf))
+        S.make_char_tokenizer().save_pretrained(str(d))
+    with pytest.raises(S.ScaleRLError, match=r"T5ForConditionalGeneration \(t5\) has no causal-LM class"):
+        S.run(small_cfg(tmp_path, model=str(tmp_path / "t5"), engine="hf", out=str(tmp_path / "o1")))
+    with pytest.raises(S.ScaleRLError, match=r"vLLM \S+ cannot run its architecture FooForCausalLM"):
+        S.run(small_cfg(tmp_path, model=str(tmp_path / "foo"), engine="vllm", out=str(tmp_path / "o2")))
+    with pytest.raises(S.ScaleRLError, match="its weights"):  # the hf engine has no registry to ask: on to the weights
+        S.run(small_cfg(tmp_path, model=str(tmp_path / "foo"), engine="hf", out=str(tmp_path / "o3")))
+    assert not any((tmp_path / o).exists() for o in ("o1", "o2"))
+
+
 def test_fp32_head_is_checked_at_engine_start_and_pushed_in_float32(default_model, monkeypatch):
     """With --lm-head-fp32 the engine's LM head computes in float32 from the trainer's float32 weights: in a bfloat16
     engine its weight after a push is the trainer's head bit for bit (vLLM's own head would hold it rounded to
@@ -2576,10 +2632,14 @@ def load_params(ckpt):
     return AutoModelForCausalLM.from_pretrained(ckpt).state_dict()
 
 
-def test_resume_is_exact(tmp_path):
-    whole = S.run(ckpt_cfg(tmp_path / "whole"))
-    S.run(ckpt_cfg(tmp_path / "parts", steps=3))
-    S.run(ckpt_cfg(tmp_path / "parts", steps=6, resume="auto"))
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_resume_is_exact(tmp_path, moe):
+    """Also for the embedded MoE (--moe, smaller steps: the HF engine decodes an MoE slowly): its checkpoint is written
+    in the checkpoint's layout (the experts one tensor each) and read back into the fused in-memory layout."""
+    small = dict(moe=True, prompts_per_step=8, generations_per_prompt=4, val_size=8) if moe else {}
+    whole = S.run(ckpt_cfg(tmp_path / "whole", **small))
+    S.run(ckpt_cfg(tmp_path / "parts", steps=3, **small))
+    S.run(ckpt_cfg(tmp_path / "parts", steps=6, resume="auto", **small))
     parts = read_metrics(str(tmp_path / "parts"))
     assert [r["step"] for r in parts] == list(range(7))  # no step duplicated or missing
     assert sum(r["active_prompts"] for r in whole[1:]) > 0  # the run really trained
@@ -4020,27 +4080,49 @@ def test_prompts_per_step_not_a_multiple_of_the_ranks_is_refused(monkeypatch):
         S.parse_args(["--prompts-per-step", "7"])
 
 
-@pytest.mark.parametrize("mode", ["pipeline", "ppo"])
+@pytest.mark.parametrize("mode", ["pipeline", "ppo", "moe"])
 def test_two_rank_run_with_a_vllm_engine_per_rank(tmp_path, mode):
     """torchrun, 2 ranks, one vLLM CPU engine each. Pipeline: the ranks stream, and tokens from older weights are
     trained on. PPO-off-policy-2, with an evaluation mid-round: every token of a step has the same age, 0 or 1, and a
     step of age 0 is the synchronous loop's: every token trained on was sampled right after a push, so the trainer's
-    log-probs match both engines' (the mismatch sums over both ranks' tokens)."""
+    log-probs match both engines' (the mismatch sums over both ranks' tokens). MoE: the embedded --moe, synchronous,
+    stopped after step 2 and resumed: every push, each rank's experts gathered from their shards and sent in the
+    checkpoint's layout, gives both engines the trainer's log-probs, before the resume and after it."""
     need_vllm()
     out = str(tmp_path / "run")
-    p = torchrun("--engine", "vllm", "--out", out, "--steps", "3", "--prompts-per-step", "16", "--eval-every", "3",
-                 "--val-size", "16", "--eval-samples", "2",
-                 *{"ppo": ["--off-policy", "ppo", "--max-lag", "2"]}.get(mode, []))
+    flags = {"ppo": ["--off-policy", "ppo", "--max-lag", "2"],
+             "moe": ["--moe", "--max-lag", "0", "--no-zero-variance-filter", "--lr", "1e-2"]}.get(mode, [])
+    p = torchrun("--engine", "vllm", "--out", out, "--steps", "2" if mode == "moe" else "3", "--prompts-per-step", "16",
+                 "--eval-every", "3", "--val-size", "16", "--eval-samples", "2", *flags)
     assert p.returncode == 0, p.stderr[-3000:]
+    if mode == "moe":
+        p = torchrun("--out", out, "--steps", "3", "--resume", "auto")
+        assert p.returncode == 0 and "resuming after step 2" in p.stdout, p.stderr[-3000:]
     rows = read_metrics(out)
     trained = [b for a, b in zip(rows, rows[1:]) if b["train_tokens"] > a["train_tokens"]]  # (train_tokens counts
     assert [r["step"] for r in rows] == [0, 1, 2, 3] and len(trained) >= 2  # up; a step of flat groups trains none)
     if mode == "pipeline":
         assert max(r["lag_max"] for r in trained) >= 1 and max(r["mismatch_abs_logprob"] for r in trained) > 1e-4
+    elif mode == "moe":
+        assert len(trained) == 3 and all(r["lag_max"] == 0 and r["mismatch_abs_logprob"] < 1e-5 for r in trained)
     else:
         assert all(r["lag_mean"] == r["lag_max"] <= 1 for r in trained)
         fresh = [r for r in trained if r["lag_max"] == 0]
         assert fresh and all(r["mismatch_abs_logprob"] < 1e-5 for r in fresh)
+
+
+def test_the_splits_weights_file_is_the_checkpoints_layout(tmp_path):
+    """--generators' weights file holds what save_pretrained writes for an MoE (names, layout, values), so that the
+    generators' vLLM engines read it as they read the checkpoint; the float32 head beside it."""
+    from safetensors.torch import load_file
+    import generators
+    model = moe_model("mixtral")
+    model.save_pretrained(str(tmp_path / "ckpt"))
+    generators.write_weights(str(tmp_path / "w.safetensors"), model, torch.float32, 3, True)
+    got, want = load_file(str(tmp_path / "w.safetensors")), load_file(str(tmp_path / "ckpt" / "model.safetensors"))
+    assert torch.equal(got.pop("fp32_head"), model.lm_head.weight)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert "model.layers.0.block_sparse_moe.experts.3.w2.weight" in got
 
 
 # ---------------------------------------------------------------------------------------------- generator-trainer split
