@@ -1074,7 +1074,7 @@ def fill_defaults(cfg):
         cuda = cfg.device.startswith("cuda") or cfg.device == "auto" and torch.cuda.is_available()
         cfg.fp32_head_product = "split" if cuda else "float32"
     if cfg.resume == "auto":
-        found = list_checkpoints(cfg.out) if cfg.out else []
+        found = list_checkpoints(cfg.out) or unrenamed(cfg.out) if cfg.out else []
         if not found:
             die(f"--resume auto: no checkpoint in --out {cfg.out or '(not given)'}")
         cfg.resume = found[-1]
@@ -2815,7 +2815,7 @@ class Recorder:
         self.cfg, self.state, self.rows, self.first, self.out = cfg, state, rows, first, cfg.out
         self.done, self.saved = first - 1, first - 1 if cfg.resume else -1  # (a new run: step 0 not saved yet)
         self.stop, self.in_a_row, self.handlers, self.unlogged, self.warned = [], 0, {}, None, set()
-        self.fresh_over = 0  # steps in a row over --max-fresh-mismatch
+        self.fresh_over, self.saving = 0, False  # steps in a row over --max-fresh-mismatch; a checkpoint being written
         self.release, self.writer, self.restored = release, rank() == 0, len(rows)
         n_params = sum(p.numel() for p in state.model.parameters())
         const, const_rate = best_constant_pass_rate([a for _, a, _ in state.val])
@@ -2926,8 +2926,10 @@ class Recorder:
         """A checkpoint of the last step logged (the newest checkpoint, where it has one already)."""
         if self.saved == self.done:
             return last_checkpoint(self.out)
-        self.saved = self.done
-        return save_checkpoint(self.out, self.done, self.state, self.cfg)
+        self.saved, self.saving = self.done, True
+        final = save_checkpoint(self.out, self.done, self.state, self.cfg)
+        self.saving = False
+        return final
 
     def __exit__(self, kind, exc, tb):
         try:
@@ -2938,7 +2940,8 @@ class Recorder:
                     self.log(self.unlogged, [])
                 exc.args = (f"{exc}; checkpoint {self.save()}; continue with: {resume_command(self.out)}",)
             elif kind is KeyboardInterrupt:
-                print(f"\nstep {self.done + 1} abandoned; {self.done} steps are in {self.out}/metrics.jsonl; last "
+                what = f"writing the checkpoint of step {self.done}" if self.saving else f"step {self.done + 1}"
+                print(f"\n{what} abandoned; {self.done} steps are in {self.out}/metrics.jsonl; last "
                       f"checkpoint: {last_checkpoint(self.out)}", file=sys.stderr)
         finally:
             for sig, handler in self.handlers.items():
@@ -3082,6 +3085,14 @@ def list_checkpoints(out, complete=True):
             if os.path.isfile(os.path.join(root, n, "trainer_state.pt")) == complete]
 
 
+def unrenamed(out):
+    """Complete checkpoints whose rename into place was cut short (step_N.tmpPID holding trainer_state.pt, written
+    last): claim finishes the rename, and --resume auto takes them."""
+    root = os.path.join(out, "checkpoints")
+    return sorted(os.path.join(root, n) for n in (os.listdir(root) if os.path.isdir(root) else [])
+                  if re.fullmatch(r"step_\d+\.tmp\d+", n) and os.path.isfile(os.path.join(root, n, "trainer_state.pt")))
+
+
 def run_of(ckpt):
     """The run directory a checkpoint is in: RUN/checkpoints/step_N -> RUN."""
     return os.path.dirname(os.path.dirname(os.path.abspath(ckpt)))
@@ -3119,7 +3130,7 @@ def check_run_dir(cfg, step=None):
     elif "metrics.jsonl" in held:
         die(f"--out {out} already holds a run: " + (
             f"branch {cfg.resume} into a new directory, or continue {out} with --resume auto" if cfg.resume else
-            "continue it with --resume auto, or choose another directory" if list_checkpoints(out) else
+            "continue it with --resume auto, or choose another directory" if list_checkpoints(out) + unrenamed(out) else
             "it has no checkpoint to continue from; remove it, or choose another directory"))
     elif held:
         die(f"--out {out} holds " + ("checkpoints but no metrics.jsonl" if "checkpoints" in held else
@@ -3159,17 +3170,22 @@ def claim(cfg, step=None):
             "or choose another --out")
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
+    root, done = os.path.join(out, "checkpoints"), unrenamed(out)
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:  # a writer killed mid-write left it (the
+        tmp, final = os.path.join(root, name), os.path.join(root, name.split(".")[0])  # lock held: none is alive)
+        if tmp in done and not os.path.exists(final):  # complete: only its rename was cut short
+            os.replace(tmp, final)
+            cfg.resume = final if cfg.resume == tmp else cfg.resume
+            print(f"scalerl: {final}: a complete checkpoint whose rename was cut short, renamed", flush=True)
+        elif re.fullmatch(r"step_\d+\.tmp\d+", name):
+            shutil.rmtree(tmp, ignore_errors=True)
+            print(f"scalerl: removed {tmp}, a checkpoint whose writing did not finish", flush=True)
     try:
-        check_run_dir(cfg, step)
+        check_run_dir(cfg, step)  # (again, with the lock held and the leftovers settled)
     except ScaleRLError:
         os.close(fd)
         raise
     fresh = not in_place(cfg)  # (check_run_dir: then the directory was new or empty)
-    root = os.path.join(out, "checkpoints")
-    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:  # a writer killed mid-write left it (the
-        if re.fullmatch(r"step_\d+\.tmp\d+", name):                       # lock held now: no writer is alive)
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-            print(f"scalerl: removed {os.path.join(root, name)}, a checkpoint whose writing did not finish", flush=True)
 
     def release(undo=False):
         """Unlock; with undo, what it did to the directory, in words (or '')."""
@@ -3238,12 +3254,15 @@ def save_checkpoint(out, step, state, cfg):
             torch.save({"step": step, "totals": dict(state.totals), "loop": {"version": state.version}, "ranks": ranks,
                         "digests": state.digests,
                         "optimizer": optimizer, "scheduler": state.sched.state_dict(),
-                        "config": dataclasses.asdict(cfg)}, os.path.join(tmp, "trainer_state.pt"))
-            if os.path.exists(final):  # (a run never writes a step twice; a directory there is not to be lost)
-                raise FileExistsError(errno.EEXIST, f"{final} exists: not written over")
-            os.replace(tmp, final)
+                        "config": dataclasses.asdict(cfg)}, os.path.join(tmp, "trainer_state.pt.tmp"))
+            os.replace(os.path.join(tmp, "trainer_state.pt.tmp"), os.path.join(tmp, "trainer_state.pt"))  # complete
+            finish_checkpoint(tmp, final)
             for old in list_checkpoints(out)[:-cfg.keep_last]:  # (what a killed writer left: claim removed it)
                 shutil.rmtree(old, ignore_errors=True)
+    except KeyboardInterrupt:  # (a second Ctrl-C: a complete checkpoint is a rename away from its place, and takes it)
+        if rank() == 0 and os.path.isfile(os.path.join(tmp, "trainer_state.pt")):
+            finish_checkpoint(tmp, final)
+        raise
     except (OSError, RuntimeError, SafetensorError) as e:  # (torch.save and safetensors wrap a full disk their way)
         shutil.rmtree(tmp, ignore_errors=True)
         size, free = checkpoint_cost(state.model, cfg)[0], shutil.disk_usage(os.path.dirname(final)).free
@@ -3254,6 +3273,13 @@ def save_checkpoint(out, step, state, cfg):
     if world() > 1:  # the checkpoint is complete before any rank goes on (or exits): the other ranks wait for rank 0's
         dist.barrier(group=checkpoint_group(state.model, cfg))  # write, on a group whose timeout is sized for it
     return final
+
+
+def finish_checkpoint(tmp, final):
+    """Rename a complete checkpoint (its trainer_state.pt, written last, is there) into place."""
+    if os.path.exists(final):  # (a run never writes a step twice; a directory there is not to be lost)
+        raise FileExistsError(errno.EEXIST, f"{final} exists: not written over")
+    os.replace(tmp, final)
 
 
 def checkpoint_cost(model, cfg):

@@ -3114,6 +3114,30 @@ def test_nothing_of_a_run_is_lost_to_a_failed_resume_an_incomplete_checkpoint_or
     assert victim.read_text() == "the user's own"
 
 
+def test_a_complete_checkpoint_whose_rename_was_cut_short_is_finished_never_lost(tmp_path, monkeypatch, capfd):
+    """A second Ctrl-C that lands after step 1's checkpoint is written but before its rename (here: raised by the
+    rename itself, once): the rename is finished on the way out, and the message names the checkpoint's writing as
+    what was abandoned, with the checkpoint. A leftover step_N.tmpPID that holds a complete checkpoint (the writer
+    killed between the two renames) is what --resume auto resumes, renamed into place by the run that holds the lock.
+    (Before: the run said 'step 2 abandoned ... last checkpoint: none', and --resume auto found no checkpoint.)"""
+    out, real = tmp_path / "run", S.finish_checkpoint
+    calls = []
+    monkeypatch.setattr(S, "finish_checkpoint", lambda tmp, final: real(tmp, final) if calls or calls.append(1) else (
+        _ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        S.run(S.parse_args([*TINY, "--steps", "2", "--save-every", "1", "--out", str(out)]))
+    step1 = out / "checkpoints" / "step_000001"
+    assert f"writing the checkpoint of step 1 abandoned; 1 steps are in {out}/metrics.jsonl; last checkpoint: {step1}" \
+        in capfd.readouterr().err
+    assert S.list_checkpoints(str(out)) == [str(step1)] and os.listdir(step1.parent) == ["step_000001"]
+    monkeypatch.undo()
+    os.rename(step1, step1.parent / "step_000001.tmp4242")  # killed between its two renames
+    rows = S.run(S.parse_args(["--resume", "auto", "--out", str(out), "--steps", "2"]))
+    assert f"{step1}: a complete checkpoint whose rename was cut short, renamed" in capfd.readouterr().out
+    assert [r["step"] for r in rows] == [0, 1, 2] and [os.path.basename(c) for c in S.list_checkpoints(str(out))] == [
+        "step_000001", "step_000002"]
+
+
 @pytest.mark.parametrize("limit,error", [(1 << 20, "File too large"), (3 << 20, "enforce fail")])
 def test_a_checkpoint_that_fills_the_disk_is_one_line_and_leaves_nothing_behind(tmp_path, limit, error):
     """A checkpoint write that runs out of room (here the file size limit, ulimit -f: 1 MiB stops the weights in
