@@ -838,7 +838,7 @@ def start_run(cfg, saved, release):
                   {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0, "skipped_updates": 0},
                   serial=rank(), policy=policy, frozen=frozen,
                   digests={k: file_digest(getattr(cfg, k)) for k in ("data", "val_data") if getattr(cfg, k)})
-    rows = restore(saved, state) if saved else []                       # 11. a resumed run's state
+    rows = restore(saved, state, cfg.resume) if saved else []           # 11. a resumed run's state
     engine.push(model, state.version)  # the engine starts from exactly the trainer's weights
     ceiling = hidden_task_ceiling([p for p, _, _ in val]) if not cfg.data and cfg.task == "hidden" else None
     return state, cfg, Recorder(cfg, state, rows, saved["step"] + 1 if saved else 1, device, ceiling, release)  # 10.
@@ -2927,7 +2927,7 @@ class Recorder:
         if self.saved == self.done:
             return last_checkpoint(self.out)
         self.saved, self.saving = self.done, True
-        final = save_checkpoint(self.out, self.done, self.state, self.cfg)
+        final = save_checkpoint(self.out, self.done, self.state, self.cfg, self.rows[-1])
         self.saving = False
         return final
 
@@ -3231,9 +3231,9 @@ def pending_prompts(state):
     return list(state.requeue) + [g.prompt_index for g in started]
 
 
-def save_checkpoint(out, step, state, cfg):
-    """Save what a run needs to continue, to a temporary directory renamed into place (a crash mid-write leaves the last
-    checkpoint intact). Under torchrun rank 0 gathers it whole, in CPU memory."""
+def save_checkpoint(out, step, state, cfg, row=None):
+    """Save what a run needs to continue, with its step's metrics row, to a temporary directory renamed into place (a
+    crash mid-write leaves the last checkpoint intact). Under torchrun rank 0 gathers it whole, in CPU memory."""
     from safetensors import SafetensorError
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                          get_optimizer_state_dict)
@@ -3254,7 +3254,8 @@ def save_checkpoint(out, step, state, cfg):
             torch.save({"step": step, "totals": dict(state.totals), "loop": {"version": state.version}, "ranks": ranks,
                         "digests": state.digests,
                         "optimizer": optimizer, "scheduler": state.sched.state_dict(),
-                        "config": dataclasses.asdict(cfg)}, os.path.join(tmp, "trainer_state.pt.tmp"))
+                        "config": dataclasses.asdict(cfg), "script": os.path.basename(__file__), "row": row},
+                       os.path.join(tmp, "trainer_state.pt.tmp"))
             os.replace(os.path.join(tmp, "trainer_state.pt.tmp"), os.path.join(tmp, "trainer_state.pt"))  # complete
             finish_checkpoint(tmp, final)
             for old in list_checkpoints(out)[:-cfg.keep_last]:  # (what a killed writer left: claim removed it)
@@ -3301,12 +3302,13 @@ def checkpoint_group(model, cfg):
 
 
 RANK_STATE = {"curriculum", "serial", "pending", "torch_rng", "cuda_rng"}  # each rank's entry in trainer_state.pt
+TOTALS = {"device_hours", "flops", "gen_tokens", "train_tokens", "skipped_updates"}  # the run's counters (State)
 
 
 def resumed_config(cfg, ckpt):
     """The checkpoint's config, the run's every setting kept but those of MAY_CHANGE typed now; another value typed is
     refused (a data file's new path with the run's content is taken: moved_data). Returns it and the checkpoint's state,
-    checked, with its run's rows up to its step (run_rows). It reads only: what is wrong stops the run in one line."""
+    checked. It reads only: what is wrong stops the run in one line."""
     try:  # tensors and plain data only: a pickle that would run code is refused, not run
         state = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=True, mmap=True)
     except pickle.UnpicklingError as e:
@@ -3320,7 +3322,10 @@ def resumed_config(cfg, ckpt):
              "scheduler": dict, "config": dict}  # (what save_checkpoint writes, and restore reads)
     wrong = [k for k, kind in shape.items() if not isinstance(state, dict) or not isinstance(state.get(k, ...), kind)]
     wrong = wrong or ["loop"] * ("version" not in state["loop"]) + ["ranks"] * any(
-        not isinstance(r, dict) or RANK_STATE - set(r) for r in state["ranks"])
+        not isinstance(r, dict) or RANK_STATE - set(r) or not isinstance(r["curriculum"], dict) or
+        {"order", "history", "removed"} - set(r["curriculum"]) or not isinstance(r["torch_rng"], torch.Tensor)
+        for r in state["ranks"]) + ["totals"] * bool(TOTALS - set(state["totals"])) + \
+        ["scheduler"] * ("last_epoch" not in state["scheduler"])
     if wrong:
         die(f"--resume {ckpt}: trainer_state.pt is damaged or not this script's: {', '.join(wrong)} missing or not "
             "as this script writes it")
@@ -3333,7 +3338,7 @@ def resumed_config(cfg, ckpt):
             die(f"--resume {ckpt}: {name} is damaged ({e}): the checkpoint cannot be loaded")
     if len(state["ranks"]) != world():
         die(f"--resume {ckpt}: the run had {len(state['ranks'])} ranks; resume it with as many (this has {world()})")
-    saved = {**state["config"], "think_budget": tuple(state["config"].get("think_budget", (0, 0)))}
+    saved = check_settings(state["config"], state.get("script"), ckpt)
     default = {f.name: f.default for f in dataclasses.fields(Config)}  # (a flag newer than the checkpoint: its default)
     moved = moved_data(cfg, saved, state.get("digests") if isinstance(state.get("digests"), dict) else {}, ckpt)
     changed = [k for k in default if k in cfg.typed and k not in MAY_CHANGE and k not in moved
@@ -3345,12 +3350,36 @@ def resumed_config(cfg, ckpt):
             "with other values: " + ", ".join(f"--{k.replace('_', '-')} {getattr(cfg, k)} (the run's: {was[k]})"
                                              for k in changed))
     step, steps = state["step"], saved.get("steps") if cfg.steps is None else cfg.steps
+    if steps is None:
+        die(f"--resume {ckpt}: its settings do not say how many steps the run takes: give --steps N")
     if steps < step:
         die(f"--steps {steps}: the checkpoint is of step {step}; a resumed run goes on from there")
     if steps == step:
         raise ScaleRLError(f"{ckpt} is step {step} of {steps}: nothing to do (--steps N, N > {step}, goes on)", 0)
     return Config(**{**saved, **moved, **{k: getattr(cfg, k) for k in MAY_CHANGE if k in cfg.typed}, "steps": steps,
-                     "resume": ckpt, "out": cfg.out}), {**state, "rows": run_rows(ckpt, step)}
+                     "resume": ckpt, "out": cfg.out}), state
+
+
+def check_settings(saved, script, ckpt):
+    """A checkpoint's settings, typed as the command line types them (a flag newer than the checkpoint is left to its
+    default). One line for another script's (a setting this one does not know, or lacks) and for a wrong type."""
+    fields, mine = {f.name: f for f in dataclasses.fields(Config)}, os.path.basename(__file__)
+    unknown, missing = sorted(set(saved) - set(fields)), sorted(set(fields) - set(saved))
+    by = f"made by {script}" if script else "not made by this script"
+    if unknown or script and script != mine and missing:
+        die(f"--resume {ckpt}: {by}: " + "; ".join(f"{what} " + ", ".join("--" + k.replace("_", "-") for k in keys)
+                                                   for what, keys in (("settings this script does not know:", unknown),
+                                                                      ("settings it does not have:", missing)) if keys)
+            + f"; resume it with {script or 'the script that made it'}")
+    kinds = {bool: (bool,), int: (int,), float: (int, float), str: (str,), tuple: (list, tuple)}
+    typed = lambda k, v: type(v) in kinds[fields[k].type] and (  # noqa: E731  (think_budget: two integers)
+        fields[k].type is not tuple or len(v) == 2 and all(type(x) is int for x in v))
+    wrong = [k for k, v in saved.items() if not (v is None and fields[k].default is None or typed(k, v))]
+    if wrong:
+        die(f"--resume {ckpt}: its settings are not as this script writes them: " + ", ".join(
+            f"{k} {saved[k]!r} (not {'two integers' if fields[k].type is tuple else fields[k].type.__name__})"
+            for k in wrong) + "; the checkpoint is damaged, or another script's")
+    return {**saved, "think_budget": tuple(saved.get("think_budget", (0, 0)))}
 
 
 def file_digest(path):
@@ -3384,9 +3413,10 @@ def moved_data(cfg, saved, digests, ckpt):
     return moved
 
 
-def run_rows(ckpt, step):
+def run_rows(ckpt, step, own=None):
     """The rows of a checkpoint's run (its metrics.jsonl) up to its step: the resumed run writes them again, then its
-    own, so that no step is duplicated or missing. A row cut off at the end (a crash mid-write) is dropped."""
+    own, so that no step is duplicated or missing. A row cut off at the end (a crash mid-write) is dropped, a step's
+    second row too; the checkpoint's own row (`own`, kept in it) comes back if the file lost it; a gap is named."""
     path = os.path.join(run_of(ckpt), "metrics.jsonl")
     if not os.path.isfile(path):
         print(f"scalerl: no metrics.jsonl beside {ckpt}: the rows start after step {step}", flush=True)
@@ -3396,7 +3426,7 @@ def run_rows(ckpt, step):
             lines = f.read().splitlines()
     except (OSError, UnicodeDecodeError) as e:
         die(f"{path}: cannot read it ({e})")
-    rows = []
+    rows = {}
     for k, line in enumerate(lines, 1):
         try:
             row = json.loads(line)
@@ -3408,11 +3438,19 @@ def run_rows(ckpt, step):
         if not isinstance(row, dict) or type(row.get("step")) is not int:
             die(f"{path}: line {k} is not a metrics row (JSON, but not an object with an integer step); the run cannot "
                 "be resumed from this file")
-        rows.append(row)
-    return [r for r in rows if r["step"] <= step]
+        if row["step"] in rows:
+            print(f"scalerl: {path}: line {k} is step {row['step']}'s second row; dropped", flush=True)
+        rows.setdefault(row["step"], row)
+    if own and step not in rows:
+        rows[step] = own
+        print(f"scalerl: {path}: step {step}'s row, lost from it, is restored from the checkpoint", flush=True)
+    if gone := sorted(set(range(step + 1)) - set(rows)):
+        print(f"scalerl: {path}: the rows of step{'s' * (len(gone) > 1)} {', '.join(map(str, gone))} are gone; the run "
+              "goes on without them", flush=True)
+    return sorted((r for r in rows.values() if r["step"] <= step), key=lambda r: r["step"])
 
 
-def restore(saved, state):
+def restore(saved, state, ckpt):
     """Put a checkpoint's state back. Returns the rows of its run up to its step (the Recorder writes them)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
     if saved["optimizer"] is not None:
@@ -3431,7 +3469,7 @@ def restore(saved, state):
     torch.set_rng_state(mine["torch_rng"])
     if mine["cuda_rng"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(mine["cuda_rng"])
-    return saved["rows"]
+    return run_rows(ckpt, saved["step"], saved.get("row"))
 
 
 def main(argv=None, end_process=False):

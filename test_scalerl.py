@@ -2776,6 +2776,30 @@ def test_resume_drops_a_cut_off_last_row_and_refuses_a_broken_one_before_it(tmp_
         S.run(resume_cli("--resume", "auto", "--out", tmp_path, "--steps", 4))
 
 
+def test_resume_repairs_metrics_with_no_silent_gap(tmp_path, capsys):
+    """The checkpoint's own row cut mid-line (the crash while writing it) comes back from the checkpoint, which keeps a
+    copy; a duplicated row is dropped (no step appears twice); rows lost further back are named, once each resume.
+    (Before: the file read 0, 1, 3 without a word, the notice printed twice, and a duplicate was kept.)"""
+    S.run(ckpt_cfg(tmp_path, steps=2, save_every=1))
+    path = tmp_path / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:2] + [lines[1]]) + "\n" + lines[2][:40])  # 0, 1, 1 again, 2 cut off
+    capsys.readouterr()
+    S.run(resume_cli("--resume", "auto", "--out", tmp_path, "--steps", 3))
+    out = capsys.readouterr().out.splitlines()
+    assert [line for line in out if line.startswith(f"scalerl: {path}")] == [
+        f"scalerl: {path}: line 3 is step 1's second row; dropped",
+        f"scalerl: {path}: its last row was cut off (the run stopped while writing it); dropped",
+        f"scalerl: {path}: step 2's row, lost from it, is restored from the checkpoint"]
+    rows = read_metrics(str(tmp_path))
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and json.dumps(rows[2]) == lines[2]  # the row as it was written
+    path.write_text("\n".join(path.read_text().splitlines()[:1] + path.read_text().splitlines()[3:]) + "\n")  # 0, 3
+    S.run(resume_cli("--resume", "auto", "--out", tmp_path, "--steps", 4))
+    assert [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"scalerl: {path}")] == [
+        f"scalerl: {path}: the rows of steps 1, 2 are gone; the run goes on without them"]
+    assert [r["step"] for r in read_metrics(str(tmp_path))] == [0, 3, 4]
+
+
 def test_steps_on_resume_means_what_was_given(tmp_path, monkeypatch, capfd):
     """--steps given on resume is the run's new length, also when it equals the default (150); not given, the run's
     own. Below the checkpoint's step it is refused, equal to it there is nothing to do (exit 0): both before anything
@@ -2891,6 +2915,43 @@ def test_resume_refuses_a_trainer_state_that_would_run_code(tmp_path, capfd):
     assert status == 2 and err.strip() == f"scalerl.py: error: --resume {ckpt}: trainer_state.pt holds more than " \
         "tensors and plain data (posix.system), which this script's checkpoints never do: refused, not loaded"
     assert not (tmp_path / "pwned").exists()
+
+
+def test_another_scripts_checkpoint_or_one_with_settings_or_state_not_as_written_is_one_line(tiny_run, tmp_path,
+                                                                                              capfd):
+    """A checkpoint's settings go through the command line's checks: a fork's checkpoint (a setting this script does not
+    know, or one it lacks) names the settings and the script that made it; a value of the wrong type, and damaged
+    parts of the training state, are named. Each one line, exit status 2, nothing written. (Before: a raw TypeError
+    from Config(**saved), a traceback for 'max_lag': '8', and 'yes' for a bool accepted and written back; empty
+    totals restarted the compute axis.)"""
+    run = run_copy(tiny_run, tmp_path)
+    ckpt = S.list_checkpoints(str(run))[-1]
+    state = torch.load(ckpt + "/trainer_state.pt", weights_only=True)
+    assert state["script"] == "scalerl.py"
+    before = snapshot(run)
+
+    def resumed_with(steps=("--steps", "5"), **change):
+        torch.save({**state, **change}, ckpt + "/trainer_state.pt")
+        return refused(["--resume", ckpt, *steps], capfd)
+    config = state["config"]
+    assert resumed_with(config={**config, "kl_coef": 0.1}, script="my_fork.py") == (
+        f"--resume {ckpt}: made by my_fork.py: settings this script does not know: --kl-coef; resume it with my_fork.py")
+    lacking = {k: v for k, v in config.items() if k not in ("prompts_per_step", "moe")}
+    assert resumed_with(config=lacking, script="my_fork.py") == (
+        f"--resume {ckpt}: made by my_fork.py: settings it does not have: --moe, --prompts-per-step; resume it with "
+        "my_fork.py")
+    assert resumed_with(config={**config, "max_lag": "8", "think_budget": 5, "lm_head_fp32": "yes"}) == (
+        f"--resume {ckpt}: its settings are not as this script writes them: max_lag '8' (not int), think_budget 5 (not "
+        "two integers), lm_head_fp32 'yes' (not bool); the checkpoint is damaged, or another script's")
+    assert resumed_with(config={k: v for k, v in config.items() if k != "steps"}, steps=()) == (
+        f"--resume {ckpt}: its settings do not say how many steps the run takes: give --steps N")
+    for part, damaged in (("totals", {}), ("scheduler", {}), ("ranks", [{**state["ranks"][0], "torch_rng": None}]),
+                          ("ranks", [{**state["ranks"][0], "curriculum": {}}])):
+        assert resumed_with(**{part: damaged}) == (f"--resume {ckpt}: trainer_state.pt is damaged or not this "
+                                                   f"script's: {part} missing or not as this script writes it")
+    with open(ckpt + "/trainer_state.pt", "wb") as f:  # (the test's own changes undone: nothing else changed)
+        f.write(before[os.path.relpath(ckpt, run) + "/trainer_state.pt"])
+    assert snapshot(run) == before
 
 
 class Pwn:
