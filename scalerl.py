@@ -916,7 +916,8 @@ class Config(Recipe):
                                          "long completion on a large model can rightly take that long)", at_least=0)
     out: str = flag("", "run directory, this run's alone: new or empty, or the run --resume continues (default "
                       "runs/<time>-<pid>)")
-    seed: int = flag(0, "random seed (data order, sampling, the embedded model's initial weights)", at_least=0)
+    seed: int = flag(0, "random seed (data order, sampling, the embedded model's initial weights)", at_least=0,
+                     below=2**63)
     device: str = flag("auto", "auto | cpu | cuda | cuda:N")
     dtype: str = flag("auto", "compute dtype (auto: bfloat16 on CUDA, float32 on CPU)",
                     ["auto", "float32", "bfloat16", "float16"])
@@ -1145,6 +1146,9 @@ def refusals(cfg):
         "on some answers): --reward math needs grading processes (--reward-workers -1 or >= 1)")
     yield cfg.model and not is_hub_id(cfg.model) and not os.path.isfile(os.path.join(cfg.model, "config.json")), (
         f"--model {cfg.model}: no such model directory (a local model needs config.json)")
+    yield "fp32_head_product" in getattr(cfg, "typed", ()) and not cfg.lm_head_fp32, (
+        f"--fp32-head-product {cfg.fp32_head_product} chooses the FP32 head's product; with --no-lm-head-fp32 there "
+        "is none")
     yield cfg.model and (cfg.tie_word_embeddings or cfg.moe), (
         f"--{'moe' if cfg.moe else 'tie-word-embeddings'} applies to the embedded model only; a --model brings its own")
     yield cfg.data and not cfg.model, (

@@ -2492,7 +2492,7 @@ def test_every_numeric_flag_has_a_bound(module=S):
             module.parse_args([f"--{f.name.replace('_', '-')}={flag_bound(f)}"])
 
 
-@pytest.mark.parametrize("name,value", [(n, v) for n, v in BOUNDS.items()] +
+@pytest.mark.parametrize("name,value", [(n, v) for n, v in BOUNDS.items()] + [("seed", 2**64 + 1)] +
                          [(f.name, bad) for f in numeric_fields() if f.type is float
                           for bad in ("nan", "inf", "-inf")])
 def test_bad_numbers_are_refused_in_one_line(name, value):
@@ -2501,6 +2501,15 @@ def test_bad_numbers_are_refused_in_one_line(name, value):
     lines = str(e.value).splitlines()
     assert e.value.status == 2 and len(lines) == 1 and lines[0].startswith("--"), lines
     assert name.replace("_", "-") in lines[0] and ("finite" in lines[0] if value in ("nan", "inf", "-inf") else True)
+
+
+def test_contradictory_flags_are_refused():
+    """A flag that the others make moot is refused, not silently ignored (before: --fp32-head-product split with
+    --no-lm-head-fp32 ran without a word)."""
+    with pytest.raises(S.ScaleRLError, match="--fp32-head-product split chooses the FP32 head's product; with "
+                                             "--no-lm-head-fp32 there is none"):
+        S.parse_args(["--fp32-head-product", "split", "--no-lm-head-fp32"])
+    assert S.parse_args(["--no-lm-head-fp32"]).fp32_head_product == "float32"  # (its default, derived: no refusal)
 
 
 def test_bad_think_budget_is_refused():
