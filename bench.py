@@ -53,6 +53,15 @@ SHAPES = {  # name: (architecture, config)
     "llama-135m": ("Llama", dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                                  num_key_value_heads=3, head_dim=64, vocab_size=49152, tie_word_embeddings=True,
                                  max_position_embeddings=2048)),
+    # MoE: Qwen3-30B-A3B (128 experts, 8 a token), and a small one of its kind (not a released model) for one GPU
+    "qwen3-30b-a3b": ("Qwen3Moe", dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                                       num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
+                                       head_dim=128, num_experts=128, num_experts_per_tok=8, vocab_size=151936,
+                                       tie_word_embeddings=False, max_position_embeddings=40960, rope_theta=1e6)),
+    "qwen3-moe-2b": ("Qwen3Moe", dict(hidden_size=1024, intermediate_size=3072, moe_intermediate_size=384,
+                                      num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+                                      num_experts=64, num_experts_per_tok=8, vocab_size=151936,
+                                      tie_word_embeddings=True, max_position_embeddings=40960, rope_theta=1e6)),
 }
 
 
@@ -370,7 +379,8 @@ def simulate_memory(model_name, ranks, seq_len, argv):
     samples = [scalerl.Sample(list(range(3, 3 + prompt)), [5] * (seq_len - prompt), [0.0] * (seq_len - prompt),
                               [1] * (seq_len - prompt), None, 1.0, 1e-3) for _ in range(2)]
     with FakeTensorMode(allow_non_fake_inputs=True):
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, cfg.param_dtype))
+        model = scalerl.autocast_experts(  # (as load_model: an MoE's experts in the compute dtype)
+            transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, cfg.param_dtype)))
         if cfg.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         policy = scalerl.fsdp_units(model, mesh) if ranks else scalerl.Policy(model)
