@@ -53,6 +53,15 @@ SHAPES = {  # name: (architecture, config)
     "llama-135m": ("Llama", dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                                  num_key_value_heads=3, head_dim=64, vocab_size=49152, tie_word_embeddings=True,
                                  max_position_embeddings=2048)),
+    # MoE: Qwen3-30B-A3B (128 experts, 8 a token), and a small one of its kind (not a released model) for one GPU
+    "qwen3-30b-a3b": ("Qwen3Moe", dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                                       num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
+                                       head_dim=128, num_experts=128, num_experts_per_tok=8, vocab_size=151936,
+                                       tie_word_embeddings=False, max_position_embeddings=40960, rope_theta=1e6)),
+    "qwen3-moe-2b": ("Qwen3Moe", dict(hidden_size=1024, intermediate_size=3072, moe_intermediate_size=384,
+                                      num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+                                      num_experts=64, num_experts_per_tok=8, vocab_size=151936,
+                                      tie_word_embeddings=True, max_position_embeddings=40960, rope_theta=1e6)),
 }
 
 
@@ -370,7 +379,8 @@ def simulate_memory(model_name, ranks, seq_len, argv):
     samples = [scalerl.Sample(list(range(3, 3 + prompt)), [5] * (seq_len - prompt), [0.0] * (seq_len - prompt),
                               [1] * (seq_len - prompt), None, 1.0, 1e-3) for _ in range(2)]
     with FakeTensorMode(allow_non_fake_inputs=True):
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, cfg.param_dtype))
+        model = scalerl.autocast_experts(  # (as load_model: an MoE's experts in the compute dtype)
+            transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, cfg.param_dtype)))
         if cfg.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         policy = scalerl.fsdp_units(model, mesh) if ranks else scalerl.Policy(model)
@@ -406,7 +416,8 @@ def simulate_memory(model_name, ranks, seq_len, argv):
 
 # --memory's grid: (model, ranks, sequence length, scalerl.py flags); ranks 0 is one process without torchrun. The
 # README's 7B command (8 ranks), the shapes one GPU takes, checkpointing on and off, a 4,096-token micro-batch, a
-# 4,096-token head chunk and a sequence longer than the micro-batch budget.
+# 4,096-token head chunk and a sequence longer than the micro-batch budget; MoE: a small one in one process and
+# Qwen3-30B-A3B on 8 ranks, checkpointing on and off.
 MEMORY_GRID = [("qwen2-0.5b", 0, 1024, []), ("qwen2-0.5b", 0, 1024, ["--no-activation-checkpointing"]),
                ("qwen2-0.5b", 1, 1024, []), ("qwen2.5-1.5b", 0, 1024, []),
                ("qwen2.5-1.5b", 0, 1024, ["--no-activation-checkpointing"]),
@@ -415,7 +426,9 @@ MEMORY_GRID = [("qwen2-0.5b", 0, 1024, []), ("qwen2-0.5b", 0, 1024, ["--no-activ
                ("qwen2.5-7b", 8, 1024, ["--no-activation-checkpointing"]),
                ("qwen2.5-7b", 8, 1024, ["--logprob-chunk", "4096"]), ("qwen2.5-7b", 8, 12288, []),
                ("qwen2-0.5b", 0, 1024, ["--fp32-head-product", "split"]),
-               ("qwen2.5-7b", 8, 1024, ["--fp32-head-product", "split"])]
+               ("qwen2.5-7b", 8, 1024, ["--fp32-head-product", "split"]),
+               ("qwen3-moe-2b", 0, 1024, []), ("qwen3-moe-2b", 0, 1024, ["--no-activation-checkpointing"]),
+               ("qwen3-30b-a3b", 8, 1024, []), ("qwen3-30b-a3b", 8, 1024, ["--no-activation-checkpointing"])]
 PLAN_BOUND = 1.15  # the plan's trainer may be up to this many times the tracker's peak, and never below it
 
 
@@ -546,35 +559,46 @@ def check_learning(device):
     return last > first + 0.1 and lag <= 8, f"reward {first:.2f} -> {last:.2f} in 30 steps; lag max {lag} (bound 8)"
 
 
-def check_shape(device):
+def check_shape(device, shape="qwen2-0.5b", engine=None, fresh_bound=None):
     """The 0.5B shape (random weights): step time, generation speed, and the trainer's peak memory (gpu_peak_gb) against
     the memory plan's trainer for this run (memory_plan: 1.00-1.06 times torch's memory tracker on fake tensors,
     docs/benchmarks.md). It must fall within PEAK_FACTOR of the plan: the plan is an upper bound of the tracker's
     count, and a GPU's allocator rounds each block up (by at most a few percent). Without vLLM the HF engine generates:
-    the trainer's update, and so its peak, is the same."""
+    the trainer's update, and so its peak, is the same. shape, engine: another of SHAPES, an engine named
+    (check_moe_shape); fresh_bound: the fresh mismatch must also be below it."""
     if not device.startswith("cuda"):
         return None, "needs CUDA (too slow on a CPU)"
     import torch
-    engine = "vllm" if importlib.util.find_spec("vllm") else "hf"
+    engine = engine or ("vllm" if importlib.util.find_spec("vllm") else "hf")
     flags = ["--engine", engine, "--device", device, "--steps", "4", "--prompts-per-step", "16",
              "--generations-per-prompt", "8", "--max-new-tokens", "512", "--length-control", "truncate",
              "--no-zero-variance-filter", "--eval-every", "100", "--val-size", "8", "--eval-samples", "1",
              "--no-live-fit", "--no-mask-truncated"]
     with tempfile.TemporaryDirectory() as tmp:
-        n = build("qwen2-0.5b", os.path.join(tmp, "m"))
+        n = build(shape, os.path.join(tmp, "m"))
         rows = run_rows(["--model", os.path.join(tmp, "m"), *flags])[2:]
         cfg = scalerl.parse_args(["--model", os.path.join(tmp, "m"), *flags])
     # (a random 151,936-token model almost never ends: masked, its truncated completions would leave nothing to train)
     peak, step = max(r.get("gpu_peak_gb", 0.0) for r in rows), sum(r["step_seconds"] for r in rows) / len(rows)
     tok_s = sum(r["gen_tokens"] - a["gen_tokens"] for a, r in zip(rows, rows[1:])) / sum(
         r["gen_seconds"] for r in rows[1:]) if len(rows) > 1 else float("nan")
-    plan = scalerl.memory_plan(scalerl.model_sizes(shape_config("qwen2-0.5b")), cfg, 1,
+    fresh = sum(r["mismatch_fresh_abs_logprob"] for r in rows) / len(rows)  # (synchronous: every completion fresh)
+    plan = scalerl.memory_plan(scalerl.model_sizes(shape_config(shape)), cfg, 1,
                                torch.cuda.get_device_properties(0).total_memory, 9 + 512)["trainer"] / 2**30
     lo, hi = PEAK_FACTOR
-    return lo <= peak / plan <= hi, (f"{n / 1e6:.0f}M params, --engine {engine}: step {step:.2f} s, generation "
-                                     f"{tok_s:.0f} tok/s, "
-                                     f"trainer peak {peak:.1f} GiB against the plan's {plan:.1f} GiB: "
-                                     f"{peak / plan:.2f} (bound [{lo}, {hi}])")
+    ok = lo <= peak / plan <= hi and (fresh_bound is None or fresh < fresh_bound)
+    return ok, (f"{n / 1e6:.0f}M params, --engine {engine}: step {step:.2f} s, generation {tok_s:.0f} tok/s, trainer "
+                f"peak {peak:.1f} GiB against the plan's {plan:.1f} GiB: {peak / plan:.2f} (bound [{lo}, {hi}]); "
+                f"fresh mean |dlogp| {fresh:.2e}" + (f" (bound {fresh_bound})" if fresh_bound else ""))
+
+
+def check_moe_shape(device):
+    """check_shape at a small MoE's shape (qwen3-moe-2b: 64 experts, 8 a token, random weights), generating with the HF
+    engine: the trainer's step as on CUDA (float32 weights, bf16 autocast, its experts' grouped product in bf16:
+    load_model's autocast_experts), its peak against the plan's trainer (which counts the experts and their
+    activations at top-k), and the HF engine generating with the same experts, its fresh mismatch within
+    MISMATCH_BOUND of the trainer's log-probs."""
+    return check_shape(device, "qwen3-moe-2b", "hf", MISMATCH_BOUND)
 
 
 PEAK_FACTOR = (0.8, 1.1)  # the 0.5B row's measured trainer peak, over the memory plan's trainer (an H200: 0.999-1.045
@@ -728,7 +752,8 @@ GPU_CHECKS = {"engine on the chosen device": check_engine_device, "two versions 
               "sleep, wake-up, reload": check_sleep_reload, "bf16 mismatch, FP32 head": check_mismatch,
               "pipeline learns (built-in task)": check_learning, "0.5B shape: memory, time": check_shape,
               "torchrun, 2 GPUs": check_torchrun, "generator-trainer split, 2 GPUs": check_split,
-              "FP32 head's cost (measured)": check_head_cost}
+              "FP32 head's cost (measured)": check_head_cost,
+              "MoE 2B shape, HF engine: memory, time": check_moe_shape}
 
 
 def gpu_check(device, only=None, timeout=600):

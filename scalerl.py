@@ -57,6 +57,7 @@ run(). Part II is plumbing: nothing in it changes the recipe (command line, data
 import argparse
 import collections
 import contextlib
+import copy
 import csv
 import ctypes
 import dataclasses
@@ -1628,7 +1629,30 @@ def load_model(cfg, device, path=None, empty=False):
             model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.param_dtype))
     except (OSError, ValueError, TypeError, RuntimeError, SafetensorError) as e:
         cannot_load(cfg, path, e, "its weights")
-    return model if empty else model.to(device), tok, path
+    return autocast_experts(model if empty else model.to(device)), tok, path
+
+
+def autocast_experts(model):
+    """An MoE's experts multiplied in autocast's dtype, as its Linear layers are. transformers' default experts
+    (grouped_mm) multiply in their weights' dtype, the trainer's float32: torch's grouped product is no autocast op,
+    and CUDA's kernel takes bfloat16 only (float32 falls back to a loop over the experts; fake tensors, as in bench.py
+    --memory, refuse it). Here the same function, the weights cast first where autocast is on (a CPU forces it with
+    --dtype bfloat16); a dense model is left as it is."""
+    from transformers.integrations.moe import ExpertsInterface
+    if getattr(model.config, "_experts_implementation", None) == "grouped_mm":
+        ExpertsInterface.register("grouped_mm_autocast", grouped_mm_autocast)
+        model.set_experts_implementation("grouped_mm_autocast")
+    return model
+
+
+def grouped_mm_autocast(experts, hidden, *routing):
+    """transformers' grouped_mm experts function; under autocast, on a shallow copy of the experts module whose
+    parameters are cast to its dtype (autograd takes each cast's gradient back to its float32 weight)."""
+    from transformers.integrations.moe import grouped_mm_experts_forward
+    if torch.is_autocast_enabled(kind := hidden.device.type):
+        experts, dtype = copy.copy(experts), torch.get_autocast_dtype(kind)
+        experts._parameters = {n: p.to(dtype) for n, p in experts._parameters.items() if p is not None}
+    return grouped_mm_experts_forward(experts, hidden, *routing)
 
 
 def check_architecture(cfg, config, path):
@@ -1687,17 +1711,21 @@ def model_sizes(config):
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     (V, H), heads = model.get_output_embeddings().weight.shape, config.num_attention_heads
+    d = getattr(config, "head_dim", None) or H // heads
     units = [m for m in model.modules() if type(m).__name__ in (getattr(model, "_no_split_modules", None) or [])]
-    return {"params": sum(p.numel() for p in model.parameters()), "V": V, "H": H,
-            "I": getattr(config, "intermediate_size", 4 * H), "L": len(units),
-            "layer": sum(p.numel() for p in units[0].parameters()),
+    k = getattr(config, "num_experts_per_tok", None) or 0  # an MoE: I is its experts' width at top-k
+    experts = [p for p in units[0].parameters() if p.dim() == 3] if k else []  # its experts, fused (transformers 5)
+    width = getattr(config, "moe_intermediate_size", None) or getattr(config, "intermediate_size", 4 * H)
+    return {"params": sum(p.numel() for p in model.parameters()), "V": V, "H": H, "I": width * (k or 1), "k": k,
+            "E": experts[0].shape[0] if experts else 0, "experts": sum(p.numel() for p in experts), "L": len(units),
+            "A": heads * d, "layer": sum(p.numel() for p in units[0].parameters()),
             "tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight,
-            "kv": 2 * len(units) * getattr(config, "num_key_value_heads", heads) *
-            (getattr(config, "head_dim", None) or H // heads)}
+            "kv": 2 * len(units) * getattr(config, "num_key_value_heads", heads) * d}
 
 
 # The plan's constants, each checked against torch's memory tracker or read in vLLM (docs/benchmarks.md):
-KEPT_PER_TOKEN = (37, 8)  # bytes a token and layer that backward keeps without checkpointing: 37 x H + 8 x I
+KEPT_PER_TOKEN = (37, 8, 10, 5, 10)  # bytes a token and layer that backward keeps without checkpointing: times H, I,
+# the attention's width beyond H (heads x head_dim - H) and an MoE's k x H (its rows through the experts) and E
 RECOMPUTED = 2.25  # a checkpointed layer's backward: its activations recomputed and their gradients, x KEPT_PER_TOKEN
 HEAD_PER_LOGIT = 16  # the head's backward: float32 logits, their gradients and softmax, bytes a token and vocab entry
 SAMPLER_PER_LOGIT = 28  # vLLM's profiling run: the sampler's float32 logits and their sort, bytes a row and vocab entry
@@ -1726,7 +1754,7 @@ def trainer_plan(sizes, cfg, ranks, longest, sharded):
     shard = params * param_bytes / ranks
     plan = {"params": params, "weights": shard, "gradients": shard, "adam": 2 * shard,
             "root": param_bytes * V * H * (1 if sizes["tied"] else 2) * sharded}
-    kept = KEPT_PER_TOKEN[0] * H + KEPT_PER_TOKEN[1] * I  # bytes a token and layer
+    kept = sum(map(operator.mul, KEPT_PER_TOKEN, (H, I, sizes["A"] - H, sizes["k"] * H, sizes["E"])))
     if cfg.activation_checkpointing:  # each layer's input
         plan["activations"] = (L + 3) * tokens * H * param_bytes
     else:  # everything, and each layer's weights cast to the compute dtype
@@ -1740,8 +1768,10 @@ def trainer_plan(sizes, cfg, ranks, longest, sharded):
         "head backward": max(HEAD_PER_LOGIT * chunk_logits, (8 * chunk_logits + 8 * V * H) * split)
         + 4 * V * H * (1 + split + (sharded and not sizes["tied"])) + 4 * tokens * H + gathered * (ranks > 1),
         "AdamW step": shard - plan["activations"]}  # (a moment-sized temporary)
-    if cfg.activation_checkpointing:  # a layer's activations recomputed, and FSDP2's buffers of three layers
-        phases["layer backward"] = RECOMPUTED * tokens * kept + gathered * (1 + 2 * (ranks > 1))
+    if cfg.activation_checkpointing:  # a layer's activations recomputed, FSDP2's buffers of three layers, and an
+        # MoE's experts cast to the compute dtype for the grouped product (autocast_experts) and that cast's gradient
+        phases["layer backward"] = RECOMPUTED * tokens * kept + gathered * (1 + 2 * (ranks > 1)) \
+            + 2 * sizes["experts"] * compute_bytes * (compute_bytes < param_bytes)
     plan["phase"] = max(phases, key=phases.get)
     plan["transient"] = phases[plan["phase"]]
     plan["trainer"] = sum(plan[k] for k in ("weights", "gradients", "adam", "root", "activations", "transient")) \
@@ -1764,7 +1794,7 @@ def engine_plan(sizes, cfg, ranks, device_bytes, longest, sharded):
     seqs, tokens = cfg.vllm_max_num_seqs or (1024 if big else 256), 16384 if big else 8192
     plan = {"kv_token": kv_token, "engine": share, "engine_weights": params * compute_bytes,
             "fp32_head": 4 * V * H * cfg.lm_head_fp32, "graphs": GRAPHS,
-            "profile": max(tokens * compute_bytes * (3 * I + 4 * H), SAMPLER_PER_LOGIT * seqs * V)}
+            "profile": max(tokens * compute_bytes * (3 * I + (4 + sizes["k"]) * H), SAMPLER_PER_LOGIT * seqs * V)}
     plan["kv"] = share - sum(plan[k] for k in ("engine_weights", "fp32_head", "profile", "graphs"))
     return plan
 

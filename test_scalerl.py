@@ -3519,13 +3519,76 @@ def test_memory_plan_refusals_by_hand():
     assert hf["engine"] == 1600 * (1500 * 2 * 24 * 2 * 64 * 2 + 8 * 151936) and "kv" not in hf or hf["kv"] == 0
 
 
-def test_memory_plan_against_the_tracker_on_two_small_shapes(tmp_path):
+MOE = dict(vocab_size=4096, hidden_size=512, intermediate_size=1536, moe_intermediate_size=512, num_hidden_layers=4,
+           num_attention_heads=8, num_key_value_heads=2, head_dim=128, num_experts=32, num_experts_per_tok=4,
+           tie_word_embeddings=False)  # a small Qwen3-MoE whose attention (8 x 128) is wider than its hidden size
+
+
+@pytest.mark.quick
+def test_memory_plan_of_an_moe_by_hand():
+    """An MoE's sizes and what its layers keep, by hand: all its experts' parameters (32 of them, each a gated MLP of
+    width 512, fused in 3D), I = the experts' width at top-k (4 x 512, not the dense intermediate_size 1536), the
+    attention's width (8 heads x 128); kept for backward a token and layer 37 H + 8 I + 10 (A - H) + 5 k H + 10 E bytes
+    (without checkpointing, with every layer's bf16 casts), and with it a layer's backward 2.25 x that a token and,
+    beside one gathered layer, the experts' bf16 cast and its gradient. A dense model's sizes have none of it."""
+    from transformers import Qwen3MoeConfig
+    V, H, Ie, L, heads, kv, d, E, k = 4096, 512, 512, 4, 8, 2, 128, 32, 4
+    experts = E * 3 * H * Ie
+    layer = H * heads * d + 2 * H * kv * d + heads * d * H + 2 * d + E * H + experts + 2 * H
+    sizes = S.model_sizes(Qwen3MoeConfig(**MOE))
+    assert sizes["params"] == 2 * V * H + L * layer + H and sizes["layer"] == layer
+    assert (sizes["I"], sizes["k"], sizes["E"], sizes["experts"], sizes["A"]) == (k * Ie, k, E, experts, heads * d)
+    T, kept = 8192, 37 * H + 8 * k * Ie + 10 * (heads * d - H) + 5 * k * H + 10 * E
+    whole = S.memory_plan(sizes, S.fill_defaults(S.Config(model="org/name", activation_checkpointing=False)), 1, H100,
+                          1500, sharded=False)
+    assert whole["activations"] == L * T * kept + L * layer * 2 + 3 * T * H * 4
+    plan = S.memory_plan(sizes, S.fill_defaults(S.Config(model="org/name")), 2, H100, 1500, sharded=True)
+    assert plan["phase"] == "layer backward" and plan["transient"] == pytest.approx(2.25 * T * kept + 3 * 4 * layer
+                                                                                    + 2 * 2 * experts)
+    dense = qwen_sizes("0.5b")
+    assert (dense["I"], dense["k"], dense["E"], dense["experts"], dense["A"]) == (4864, 0, 0, 0, 896)
+
+
+def test_an_moes_experts_multiply_in_the_autocast_dtype(tmp_path, monkeypatch):
+    """A loaded MoE's experts, forced onto autocast's path on a CPU (bf16, as the trainer on CUDA): every grouped
+    product takes bf16 operands (transformers' stock function multiplies the float32 master weights in float32, which
+    CUDA's fast kernel and fake tensors refuse), its logits and float32 weight gradients those of transformers' eager
+    experts (F.linear per expert, which autocast casts) to bf16's rounding; without autocast, float32 products and the
+    stock function's logits exactly."""
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+    vocab, path = len(S.make_char_tokenizer()), str(tmp_path / "moe")
+    torch.manual_seed(0)
+    S.save_atomically(AutoModelForCausalLM.from_config(Qwen3MoeConfig(**{
+        **MOE, "hidden_size": 64, "moe_intermediate_size": 32, "head_dim": 16, "num_experts": 8, "num_hidden_layers": 2,
+        "vocab_size": vocab, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0})), S.make_char_tokenizer(), path)
+    model = S.load_model(S.Config(model=path), torch.device("cpu"))[0]  # (as setup loads the trainer)
+    stock, eager = (AutoModelForCausalLM.from_pretrained(path, experts_implementation=e)
+                    for e in ("grouped_mm", "eager"))
+    seen, grouped_mm = [], torch.nn.functional.grouped_mm
+    monkeypatch.setattr(torch.nn.functional, "grouped_mm", lambda a, b, **kw: seen.append((a.dtype, b.dtype)) or
+                        grouped_mm(a, b, **kw))
+    x = torch.randint(0, vocab, (2, 12))
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        got, want = model(x).logits.float(), eager(x).logits.float()
+    assert set(seen) == {(torch.bfloat16, torch.bfloat16)} and len(seen) == 2 * 2  # gate_up and down, 2 layers
+    assert (got - want).abs().max() < 2e-2 and got.std() > 0.1
+    (got.square().sum() + want.square().sum()).backward()
+    for name in ("model.layers.1.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj"):
+        g, w = model.get_parameter(name).grad, eager.get_parameter(name).grad
+        assert g.dtype == torch.float32 and (g - w).norm() < 0.02 * w.norm(), name
+    seen.clear()
+    assert torch.equal(model(x).logits, stock(x).logits) and set(seen) == {(torch.float32, torch.float32)}
+    dense = S.load_model(S.Config(model=S.build_tiny_model(str(tmp_path), 0, False)), torch.device("cpu"))[0]
+    assert dense.config._experts_implementation == "eager"  # (a dense model: no experts, left as it is)
+
+
+def test_memory_plan_against_the_tracker_on_small_shapes(tmp_path):
     """bench.py --memory on a small shape (the 135M Llama's, 4 layers; tied) in one process without checkpointing, and
     an untied one on 2 fake ranks with it, and the tied one with it and the split head (its parts on fake tensors take
-    CUDA's path): torch's memory tracker runs the update on fake tensors, and the plan's trainer is 1 to 1.15 times its
-    peak."""
+    CUDA's path), and a small MoE (its experts' grouped product under bf16 autocast: fake tensors refuse float32 ones):
+    torch's memory tracker runs the update on fake tensors, and the plan's trainer is 1 to 1.15 times its peak."""
     import bench
-    from transformers import LlamaConfig
+    from transformers import LlamaConfig, Qwen3MoeConfig
     configs = []
     for ranks, tied, argv in ((0, True, ["--no-activation-checkpointing"]), (2, False, []),
                               (0, True, ["--fp32-head-product", "split"])):
@@ -3533,6 +3596,9 @@ def test_memory_plan_against_the_tracker_on_two_small_shapes(tmp_path):
         LlamaConfig(**{**bench.SHAPES["llama-135m"][1], "num_hidden_layers": 4, "tie_word_embeddings": tied}) \
             .save_pretrained(d)
         configs.append([str(d), ranks, 512, ["--micro-batch-tokens", "2048", *argv]])
+    d = tmp_path / "moe"  # an MoE (MOE: top-4 of 32 experts, its attention wider than H), without checkpointing
+    Qwen3MoeConfig(**MOE).save_pretrained(d)
+    configs.append([str(d), 0, 512, ["--micro-batch-tokens", "2048", "--no-activation-checkpointing"]])
     for (_, ranks, _, _), (peak, plan) in zip(configs, bench.memory_rows(configs)):
         assert 1 <= plan / peak <= bench.PLAN_BOUND, (ranks, plan / peak)
 
