@@ -336,7 +336,10 @@ def shape_config(name):
     if not os.path.isfile(os.path.join(name, "config.json")):
         raise scalerl.ScaleRLError(f"--memory {name}: neither a shape ({', '.join(SHAPES)}) nor a directory with "
                                    "config.json")
-    return transformers.AutoConfig.from_pretrained(name)
+    try:  # (a wrong type in config.json is a TypeError, bad JSON a ValueError, ...)
+        return transformers.AutoConfig.from_pretrained(name)
+    except Exception as e:  # noqa: BLE001
+        raise scalerl.ScaleRLError(f"--memory {name}: its config.json cannot be read ({' '.join(str(e).split())})")
 
 
 def memory_cfg(argv):
@@ -484,6 +487,10 @@ def bench_memory(args, rest):
     """--memory: one configuration (a shape or a model directory, --ranks, --seq-len, scalerl.py's flags after --), or
     with no model the grid, ending with its summary table; fails when a plan is outside [1, PLAN_BOUND] x the peak."""
     grid = [(args.memory, args.ranks, args.seq_len, rest)] if args.memory else MEMORY_GRID
+    if args.memory:  # (checked here, before the simulation's process: one line, not its last)
+        shape_config(args.memory)
+        if args.ranks < 0 or args.seq_len < 4:
+            scalerl.die(f"--ranks must be >= 0 (0: one process) and --seq-len >= 4 (got {args.ranks}, {args.seq_len})")
     t0 = time.time()
     rows = [(*config, *measured) for config, measured in zip(grid, memory_rows([list(c) for c in grid]))]
     print(f"\n| model | ranks | sequence | flags | tracker's peak (GiB) | plan's trainer (GiB) | plan / peak |\n"
@@ -811,15 +818,29 @@ def run_finished(d, steps):
     return bool(ckpts) and int(ckpts[-1].rsplit("_", 1)[1]) >= steps
 
 
+def script_module(path):
+    """--script: a copy of scalerl.py (a fork's) as a module, or one line: not a Python file, one that does not load,
+    or another script (without scalerl.py's parse_args and ScaleRLError)."""
+    if os.path.realpath(path) == os.path.realpath(SCALERL):
+        return scalerl
+    if not (path.endswith(".py") and os.path.isfile(path)):
+        scalerl.die(f"--script {path}: not a Python file (a copy of scalerl.py, say a fork's)")
+    try:
+        spec = importlib.util.spec_from_file_location("scalerl_checked", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001  (a syntax error, a failed import: whatever its top level raises)
+        scalerl.die(f"--script {path}: it does not load ({type(e).__name__}: {' '.join(str(e).split())[:160]})")
+    if not all(hasattr(module, name) for name in ("parse_args", "ScaleRLError", "main")):
+        scalerl.die(f"--script {path}: not a copy of scalerl.py (it has no parse_args, ScaleRLError and main)")
+    return module
+
+
 def check_command(cmd):
     """scalerl.py's own checks of a run's command line (they write nothing), before the study writes anything: a bad
     flag or a model that is not there is one line now, not a failed run later. cmd[1] is the script that will run it:
     a fork's copy checks its own flags."""
-    module = scalerl
-    if os.path.realpath(cmd[1]) != os.path.realpath(SCALERL):
-        spec = importlib.util.spec_from_file_location("scalerl_checked", cmd[1])
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    module = script_module(cmd[1])
     try:
         module.parse_args(cmd[2:])
     except module.ScaleRLError as e:  # (a fork's own class: main() prints scalerl's)
@@ -1451,10 +1472,18 @@ def run_bench(argv):
         ok, measured = list(GPU_CHECKS.values())[args.gpu_check_one](args.device)
         print("gpu-check: " + json.dumps([ok if ok in (None, "measured") else bool(ok), measured]), flush=True)
         return
+    if args.gpu_check and args.device.startswith("cuda") and not scalerl.torch.cuda.is_available():
+        scalerl.die("--gpu-check: CUDA is not available on this machine; --device cpu runs what a CPU can check")
     if args.gpu_check:
         print(f"{'check':<34} {'result':<8} measured", flush=True)
         rows = gpu_check(args.device)
         sys.exit(any(r[1] == "FAIL" for r in rows))
+    script_module(args.script)
+    own = sorted({"--out", "--seed", "--model", "--data", "--val-data", "--resume", "--steps"} & {
+        a.split("=")[0] for a in rest}) if args.real_model or args.loo else []
+    if own:
+        scalerl.die(f"{' '.join(own)} after --: the study sets {'it' if len(own) == 1 else 'them'} for each of its runs "
+                    "(--out, --seeds and --seed-list are bench.py's own flags)")
     args.out = args.out or ("runs/learn" if args.learn else "runs/real-model" if args.real_model else "runs/loo")
     if args.seeds is not None and args.seeds < 1:
         scalerl.die(f"--seeds must be >= 1 (got {args.seeds})")

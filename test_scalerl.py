@@ -2503,6 +2503,47 @@ def test_bad_numbers_are_refused_in_one_line(name, value):
     assert name.replace("_", "-") in lines[0] and ("finite" in lines[0] if value in ("nan", "inf", "-inf") else True)
 
 
+def test_bench_inputs_are_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    """bench.py's inputs are checked as scalerl.py's are, before anything runs or is written: one line, exit 2, each
+    (before: a traceback for each bad --script, a run in the wrong place for -- --out, a doubled prefix, a raw
+    TypeError and an AssertionError for --memory, and a table of 'CUDA is not available' rows for --gpu-check)."""
+    import bench as B
+
+    def refused_by_bench(*argv):
+        monkeypatch.setattr(sys, "argv", ["bench.py", *map(str, argv)])
+        with pytest.raises(SystemExit) as e:
+            B.main()
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and err[0].startswith("bench.py: error: "), (e.value.code, err)
+        return err[0][len("bench.py: error: "):]
+    (tmp_path / "notes.txt").write_text("not python")
+    (tmp_path / "broken.py").write_text("def f(:\n")
+    (tmp_path / "other.py").write_text("x = 1\n")
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": "x"}))
+    assert refused_by_bench("--learn", "--script", tmp_path / "notes.txt").startswith(f"--script {tmp_path}/notes.txt: "
+                                                                                      "not a Python file")
+    assert refused_by_bench("--learn", "--script", tmp_path / "missing.py").startswith(
+        f"--script {tmp_path}/missing.py: not a Python file")
+    assert refused_by_bench("--learn", "--script", tmp_path / "broken.py").startswith(
+        f"--script {tmp_path}/broken.py: it does not load (SyntaxError: ")
+    assert refused_by_bench("--learn", "--script", tmp_path / "other.py") == (
+        f"--script {tmp_path}/other.py: not a copy of scalerl.py (it has no parse_args, ScaleRLError and main)")
+    assert refused_by_bench("--real-model", "m", "--out", tmp_path / "r", "--", "--out", "elsewhere", "--seed=3") == (
+        "--out --seed after --: the study sets them for each of its runs (--out, --seeds and --seed-list are bench.py's "
+        "own flags)")
+    assert refused_by_bench("--memory", tmp_path / "nothing", "--ranks", 0) == (
+        f"--memory {tmp_path}/nothing: neither a shape ({', '.join(B.SHAPES)}) nor a directory with config.json")
+    assert refused_by_bench("--memory", tmp_path / "m", "--ranks", 0).startswith(
+        f"--memory {tmp_path}/m: its config.json cannot be read (")
+    assert refused_by_bench("--memory", "qwen2-0.5b", "--ranks", -1) == (
+        "--ranks must be >= 0 (0: one process) and --seq-len >= 4 (got -1, 1024)")
+    if not torch.cuda.is_available():
+        assert refused_by_bench("--gpu-check") == (
+            "--gpu-check: CUDA is not available on this machine; --device cpu runs what a CPU can check")
+    assert not (tmp_path / "r").exists() and not os.path.exists("elsewhere")
+
+
 def test_contradictory_flags_are_refused():
     """A flag that the others make moot is refused, not silently ignored (before: --fp32-head-product split with
     --no-lm-head-fp32 ran without a word)."""
