@@ -272,8 +272,7 @@ class Completion:
     mask: list            # 1 = sampled by the policy, 0 = injected (the interruption phrase)
     versions: list        # weight version (optimiser updates so far) that sampled each token
     interrupted: bool = False
-    experts: object = None  # MoE: the generator's experts routing each token's predicting position, [tokens, layers,
-    #                         k] int16 (-1: injected, none); None for a dense model
+    experts: object = None  # MoE: the experts routing each token's predicting position [tokens, layers, k] (-1: none)
 
 
 @dataclass
@@ -2252,37 +2251,31 @@ def forget_moe_kernels(model):
 
 
 def capture_routing(llm):
-    """An MoE's experts in the vLLM engine, {(request, completion index): [[layers x k] a token sampled]}, filled as
-    each token is sampled (None for a dense model): vLLM 0.32 returns them (enable_return_routed_experts) only with its
-    model runner V2, which needs Triton, so on a CPU the routers' own capture hook (set_capture_fn, eager only) keeps
-    each forward's experts, and after the forward each request's last row, the position that predicts the token it
-    samples, is filed under its request id: f"{index}_{request}-{suffix}" (a child of n > 1), f"{request}-{suffix}"."""
+    """An MoE's experts in the vLLM engine, {(request, index in it): [a [layers][k] list a token sampled]}, or None for
+    a dense model. vLLM 0.32 returns them (enable_return_routed_experts) only from its model runner V2, which needs
+    Triton (a CPU has none): the routers' own capture hook keeps a forward's experts (eager only), then each request's
+    last row, the position that predicts the token it samples, goes under its request's id."""
     from vllm.model_executor.layers.fused_moe.layer import MoERunner
     rows, step = {}, {}
 
-    def bind(model):
-        for m in (runners := [m for m in model.modules() if isinstance(m, MoERunner)]):
-            m.router.set_capture_fn(lambda ids, layer=m.layer_id: step.__setitem__(layer, ids))
-        return len(runners)
-
-    def wrap(worker):
+    def install(worker):
         runner, execute = worker.model_runner, worker.model_runner.execute_model
 
         def execute_and_record(scheduled, *args, **kw):
-            out = execute(scheduled, *args, **kw)
-            if step:  # requests in the batch's order, each with its scheduled tokens
-                ids = [r for r in runner.input_batch.req_ids if r in scheduled.num_scheduled_tokens]
-                ends = np.cumsum([scheduled.num_scheduled_tokens[r] for r in ids]) - 1
-                for r, e in zip(ids, torch.stack([step[k] for k in sorted(step)], 1)[ends].tolist()):
-                    index, _, request = r.rpartition("-")[0].rpartition("_")
-                    rows.setdefault((request, int(index or 0)), []).append(e)
-                step.clear()
+            out, n = execute(scheduled, *args, **kw), scheduled.num_scheduled_tokens
+            ids = [r for r in runner.input_batch.req_ids if r in n]  # the batch's requests, in its order
+            ends = np.cumsum([n[r] for r in ids]) - 1
+            for r, e in zip(ids, torch.stack([step[k] for k in sorted(step)], 1)[ends].tolist() if step else []):
+                index, _, request = r.rpartition("-")[0].rpartition("_")  # f"{index}_{request}-{suffix}" (n > 1)
+                rows.setdefault((request, int(index or 0)), []).append(e)
+            step.clear()
             return out
-        runner.execute_model = execute_and_record
-    if not llm.apply_model(bind)[0]:
-        return None
-    llm.collective_rpc(wrap)
-    return rows
+        runners = [m for m in runner.get_model().modules() if isinstance(m, MoERunner)]
+        for m in runners:
+            m.router.set_capture_fn(lambda ids, layer=m.layer_id: step.__setitem__(layer, ids))
+        runner.execute_model = execute_and_record if runners else execute
+        return bool(runners)
+    return rows if llm.collective_rpc(install)[0] else None
 
 
 def repack_tied_head(model):
@@ -2347,7 +2340,7 @@ class VLLMEngine:
         self.version = 0
         self.core.set_weight_version("0")
         self.seeded = device.type == "cpu" if cfg.vllm_request_seeds is None else cfg.vllm_request_seeds
-        self.routes = capture_routing(self.llm) if kw.get("enforce_eager") else None  # an MoE's experts
+        self.routes = capture_routing(self.llm) if kw.get("enforce_eager") else None  # an MoE's experts (CPU)
 
     @property
     def capacity(self):
@@ -2407,10 +2400,11 @@ class VLLMEngine:
             keys, prompt = self.live.pop(out.request_id)
             for c in out.outputs:
                 versions = [int(s.version) for s in c.weight_versions for _ in range(s.start, s.end)]
-                tokens, routed = list(c.token_ids), self.routes and self.routes.pop((out.request_id, c.index))
+                tokens = list(c.token_ids)
+                experts = None if self.routes is None else np.int16(self.routes.pop((out.request_id, c.index)))
                 done.append((keys[c.index], Completion(tokens, [lp[t].logprob for t, lp in zip(tokens, c.logprobs)],
-                                                       c.finish_reason == "stop", [1] * len(tokens), versions,
-                                                       experts=routed and np.array(routed[-len(tokens):], np.int16))))
+                                                       c.finish_reason == "stop", [1] * len(tokens), versions, False,
+                                                       experts)))
                 decoded += len(tokens)
                 self.seen += 1  # the running mean of sequence lengths (the last 256 or so weigh most)
                 self.mean_len += (prompt + len(tokens) - self.mean_len) / min(self.seen, 256)
@@ -2445,7 +2439,7 @@ class VLLMEngine:
         """Drop every request in flight."""
         self.core.abort_request(list(self.live))
         self.live, self.queue = {}, []
-        if self.routes:
+        if self.routes is not None:  # (the rows of the requests dropped)
             self.routes.clear()
 
     def close(self):
@@ -2780,12 +2774,10 @@ def batch_tensors(samples, pad_id, device):
             "fresh": tensor(s.lags is not None and not any(
                 lag for lag, m in zip(s.lags, s.mask or [1] * len(s.lags)) if m) for s in of),
             "values": {name: tensor(float(s.values[name]) for s in of) for name in samples[0].values}}
-    shape = next((s.experts.shape[1:] for s in samples if s.experts is not None), None)
-    if shape:  # MoE: the generator's experts at each completion token's predicting position, -1 elsewhere
-        e = torch.full((len(seqs), width, *shape), -1, dtype=torch.int16)
+    if samples[0].experts is not None:  # an MoE's: the generator's experts at each token's predicting position, or -1
+        e = torch.full((len(seqs), width, *samples[0].experts.shape[1:]), -1, dtype=torch.int16)
         for k, s in enumerate(samples):
-            e[k, len(s.prompt) - 1:len(s.prompt) - 1 + len(s.tokens)] = torch.from_numpy(s.experts) if s.experts is \
-                not None else -1
+            e[k, len(s.prompt) - 1:len(s.prompt) - 1 + len(s.tokens)] = torch.from_numpy(s.experts)
         x["experts"] = e.to(device)
     return x
 
@@ -2793,9 +2785,8 @@ def batch_tensors(samples, pad_id, device):
 def mismatch_sums(logp, logp_gen, fresh, eps_max, routed=None):
     """Train/inference mismatch on the trained tokens, before the update: sums of |log pi_train - log pi_gen|, of the k3
     estimate of KL(pi_gen || pi_train), and of ratios over eps_max [Sec. 3.2]; mismatch_fresh_abs_logprob, the first
-    over the `fresh` tokens alone, where no lag can explain one (the Recorder's --max-fresh-mismatch). An MoE's routed
-    (routing_differs, [tokens, layers]): the tokens routed to other experts than the generator's in any layer, and
-    the (token, layer) pairs, over the tokens whose generator recorded its experts (docs/moe.md)."""
+    over the `fresh` tokens alone, where no lag can explain one (the Recorder's --max-fresh-mismatch). An MoE's (routed:
+    routing_differs): the tokens routed to other experts than the generator's in any layer, and the (token, layer)s."""
     d, n = (logp.detach() - logp_gen).double(), len(logp)
     sums = {"mismatch_abs_logprob": (d.abs().sum(), n), "mismatch_kl_k3": ((torch.exp(d) - 1 - d).sum(), n),
             "mismatch_trunc_frac": ((d > math.log(eps_max)).sum(), n),
