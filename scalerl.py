@@ -1698,6 +1698,7 @@ def model_sizes(config):
     units = [m for m in model.modules() if type(m).__name__ in (getattr(model, "_no_split_modules", None) or [])]
     return {"params": sum(p.numel() for p in model.parameters()), "V": V, "H": H,
             "I": getattr(config, "intermediate_size", 4 * H), "L": len(units),
+            "k": getattr(config, "num_experts_per_tok", 0),  # an MoE's experts a token
             "layer": sum(p.numel() for p in units[0].parameters()),
             "tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight,
             "kv": 2 * len(units) * getattr(config, "num_key_value_heads", heads) *
@@ -1750,9 +1751,12 @@ def trainer_plan(sizes, cfg, ranks, longest, sharded):
         "AdamW step": shard - plan["activations"]}  # (a moment-sized temporary)
     if cfg.activation_checkpointing:  # a layer's activations recomputed, and FSDP2's buffers of three layers
         phases["layer backward"] = RECOMPUTED * tokens * kept + gathered * (1 + 2 * (ranks > 1))
+    if sizes.get("k"):  # an MoE's recorded experts (routing column, --routing-replay): int16, layers x k a token
+        plan["routing"] = 2 * tokens * L * sizes["k"]
     plan["phase"] = max(phases, key=phases.get)
     plan["transient"] = phases[plan["phase"]]
-    plan["trainer"] = sum(plan[k] for k in ("weights", "gradients", "adam", "root", "activations", "transient")) \
+    plan["trainer"] = sum(plan.get(k, 0) for k in ("weights", "gradients", "adam", "root", "activations", "transient",
+                                                   "routing")) \
         + SMALL_TENSORS
     return plan
 

@@ -105,7 +105,6 @@ def test_replay_reaches_the_forward(norm):
     assert torch.equal(replayed["logp"], plain["logp"]) and replayed["routing_differs"].sum() == 0
 
 
-@pytest.mark.quick
 def test_dense_model_has_no_routing_column():
     """A dense model: no hook, no routing term, mismatch_sums' columns as before."""
     from test_scalerl import tiny_model
@@ -165,3 +164,15 @@ def test_vllm_engine_records_routing():
         assert engine.routes == {}  # (every request's rows taken)
     finally:
         engine.close()
+
+
+def test_plan_counts_the_recorded_experts():
+    """The memory plan's trainer part: an MoE's recorded experts, int16, layers x k a token of the micro-batch (the
+    batch_tensors' "experts" tensor); none for a dense model, whose plan is as before."""
+    from test_scalerl import tiny_model
+    cfg = S.fill_defaults(S.Config(micro_batch_tokens=1000))
+    dense = S.model_sizes(tiny_model(False).config)
+    moe = dict(dense, k=3)
+    plain, planned = S.trainer_plan(dense, cfg, 1, 10, False), S.trainer_plan(moe, cfg, 1, 10, False)
+    assert "routing" not in plain and planned["routing"] == 2 * 1000 * dense["L"] * 3
+    assert planned["trainer"] - plain["trainer"] == planned["routing"]
