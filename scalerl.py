@@ -664,12 +664,11 @@ def token_terms(logits, targets):
 
 
 def replay_routing(logits, experts, own, renormalise):
-    """Routing replay (R3, arXiv 2510.11370), --routing-replay: in each MoE layer of the trainer's forward, the experts
-    the generator routed each token to (`experts` [N, k]; -1 where none was recorded: the router's own top-k, `own`)
-    in place of the router's own, their gate weights computed as the router computes its own, from the trainer's
-    logits [N, E]: the softmax over all experts taken at those experts, renormalised over them where the router
-    renormalises (Mixtral; Qwen3-MoE with norm_topk_prob). pi_train is then evaluated on the routing that sampled the
-    token, and the router still gets its gradient through the gate weights. (route_hook, Part II, calls it.)"""
+    """Routing replay (R3, arXiv 2510.11370; --routing-replay), in each MoE layer of the trainer's forward (route_hook,
+    Part II): the generator's experts `experts` [N, k] (-1: none recorded, the router's own `own`) in place of the
+    router's, gate weights as the router computes its own from the trainer's logits [N, E] (softmax, taken at those
+    experts, renormalised where the router renormalises): pi_train is evaluated on the routing that sampled the token,
+    and the router still gets its gradient."""
     experts = torch.where(experts >= 0, experts.long(), own)
     w = torch.softmax(logits.float(), dim=-1).gather(-1, experts)
     return (w / w.sum(-1, keepdim=True) if renormalise else w), experts
@@ -2686,10 +2685,9 @@ def as_policy(model):
 
 
 def set_routing(model, state):
-    """What an MoE model's routers do in its next forward passes (route_hook), hooked on first use: transformers'
-    *TopKRouter modules (Qwen2/3-MoE, Mixtral, OLMoE, ...: a softmax, then the top k), whose output is (logits, gate
-    weights, top-k experts). state: None, nothing; a list, hf_generate's record; (experts, replay, used): the
-    Policy's micro-batch. Returns the number of routers, the MoE layers (0: a dense model, no hook)."""
+    """What an MoE's routers do in the model's next forward passes (route_hook), hooked on first use: transformers'
+    *TopKRouter modules (a softmax, then the top k: Qwen2/3-MoE, Mixtral, OLMoE...), out = (logits, weights, experts).
+    state: None; a list (hf_generate's record); (experts, replay, used) (Policy). Returns the MoE layers (dense: 0)."""
     if not hasattr(model, "moe_routers"):
         model.moe_routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
         for layer, r in enumerate(model.moe_routers):
@@ -2795,10 +2793,10 @@ def mismatch_sums(logp, logp_gen, fresh, eps_max, routed=None):
     sums = {"mismatch_abs_logprob": (d.abs().sum(), n), "mismatch_kl_k3": ((torch.exp(d) - 1 - d).sum(), n),
             "mismatch_trunc_frac": ((d > math.log(eps_max)).sum(), n),
             "mismatch_fresh_abs_logprob": ((d.abs() * fresh).sum(), fresh.sum())}
-    if routed is not None:
-        known = routed[~routed[:, 0].isnan()]
-        sums.update(routing_mismatch_frac=((known > 0).any(-1).sum(), len(known)),
-                    routing_mismatch_layer_frac=(known.sum(), known.numel()))
+    if routed is not None:  # (NaN: no experts recorded; no data-dependent shape, for bench.py's fake tensors)
+        known, differs = (~routed[:, 0].isnan()).sum(), routed.nan_to_num(0.0)
+        sums.update(routing_mismatch_frac=((differs > 0).any(-1).sum(), known),
+                    routing_mismatch_layer_frac=(differs.sum(), known * routed.shape[1]))
     return sums
 
 
