@@ -154,6 +154,8 @@ class Recipe:
                           at_least=0, below=1)
     eps_high: float = flag(0.0, "DAPO/GSPO: upper clip, ratio <= 1 + eps_high (0: dapo 0.28, gspo 4e-4)", at_least=0)
     lm_head_fp32: bool = flag(True, "compute the LM head (hidden -> logits) in float32, trainer and generator")
+    routing_replay: bool = flag(False, "MoE: routing replay (R3, arXiv 2510.11370): the trainer's forward routes each "
+                                     "sampled token to the experts the generator routed it to (docs/moe.md)")
     # sampling, optimiser and evaluation
     steps: int = flag(None, "number of training steps (optimiser updates); default 150, with --resume the run's "
                           "own; 0: evaluate the initial weights and save them as checkpoint step 0, which --resume "
@@ -271,6 +273,7 @@ class Completion:
     mask: list            # 1 = sampled by the policy, 0 = injected (the interruption phrase)
     versions: list        # weight version (optimiser updates so far) that sampled each token
     interrupted: bool = False
+    experts: object = None  # MoE: the experts routing each token's predicting position [tokens, layers, k] (-1: none)
 
 
 @dataclass
@@ -326,12 +329,14 @@ class Rollouts:
             c = g.completions[j]
             c.tokens, c.logprobs, c.mask, c.versions, c.finished = (
                 c.tokens + p.tokens, c.logprobs + p.logprobs, c.mask + p.mask, c.versions + p.versions, p.finished)
+            c.experts = join_experts(c.experts, p.experts)
             action = next_request(c, g.budgets[j], self.cfg, self.think_end)
             if action == "interrupt":  # the phrase was not sampled: loss mask 0, a placeholder log-prob
                 phrase = self.phrase["" if self.tok.decode(c.tokens[-1:])[-1:].isspace() else " "]  # its own word
                 n = len(phrase)
                 c.tokens, c.logprobs, c.mask = c.tokens + phrase, c.logprobs + [0.0] * n, c.mask + [0] * n
                 c.versions, c.interrupted = c.versions + [self.engine.version] * n, True
+                c.experts = join_experts(c.experts, n)
             if action == "done":
                 g.left -= 1
                 if not g.left:
@@ -348,6 +353,14 @@ class Rollouts:
         got = {g.key: g for g in self.done if g.key in want}
         self.done = [g for g in self.done if g.key not in want]
         return [got[k] for k in keys]
+
+
+def join_experts(a, b):
+    """A completion's routed experts (Completion.experts) followed by a piece's, or by b rows of -1 (b an int: the
+    injected phrase, which no routing sampled); None for a dense model."""
+    if isinstance(b, int):
+        b = None if a is None else np.full((b, *a.shape[1:]), -1)
+    return b if a is None or b is None else np.concatenate((a, b)).astype(np.int16)
 
 
 def next_request(c, budget, cfg, think_end):
@@ -422,7 +435,7 @@ def build_batch(prompt_ids, groups, correct, rewards, version, cfg):
         for j, w in zip(js, weights[a]):
             c = groups[i][j]
             samples.append(Sample(prompt_ids[i], c.tokens, c.logprobs, c.mask, [version - v for v in c.versions],
-                                  float(adv[a, j]), w, completion_values(c, correct[i, j], rewards[i, j])))
+                                  float(adv[a, j]), w, completion_values(c, correct[i, j], rewards[i, j]), c.experts))
     return samples, stats
 
 
@@ -478,6 +491,7 @@ class Sample:
     advantage: float = 0.0      # the completion's normalised advantage
     weight: float = 0.0         # its tokens' aggregation weight (completion_weights)
     values: dict = field(default_factory=dict)  # completion_values: policy_loss gets each, repeated over its tokens
+    experts: object = None      # MoE: Completion.experts, the generator's routing (R3 replays it: --routing-replay)
 
 
 def completion_values(c, correct, reward):
@@ -579,11 +593,12 @@ def compute_gradients(model, batches, cfg, pad_id, autocast_dtype=None, frozen=N
             terms = policy(x, cfg)  # token_terms of the trained tokens, "logp" among them
             with torch.no_grad():
                 terms.update({f"{k}_logp": as_policy(m)(x, cfg)["logp"] for k, m in (frozen or {}).items()})
-        logp = terms.pop("logp")
+        logp, routed = terms.pop("logp"), terms.pop("routing_differs", None)  # (routed: an MoE's, Policy)
         loss, mb_metrics = policy_loss(logp, x["logp_gen"], x["A"], x["weight"], x["seq"], cfg, **x["values"], **terms)
         backward_sum(loss)  # (this rank's share of the sum: under torchrun the gradient is the sum's, Part II)
         loss_sum, n_tok = loss_sum + loss.detach().double(), n_tok + len(logp)
-        for k, (total, count) in {**mb_metrics, **mismatch_sums(logp, x["logp_gen"], x["fresh"], cfg.eps_max)}.items():
+        mismatch = mismatch_sums(logp, x["logp_gen"], x["fresh"], cfg.eps_max, routed)
+        for k, (total, count) in {**mb_metrics, **mismatch}.items():
             metrics[k] = (metrics.get(k, (0.0, 0))[0] + total.double(), metrics.get(k, (0.0, 0))[1] + count)
     return loss_sum, n_tok, metrics
 
@@ -647,6 +662,17 @@ def token_terms(logits, targets):
     divided by the temperature): "logp", log pi_train of each target, which the losses need, and whatever a fork adds
     here (an entropy, say: docs/fork.md). Each is a tensor [N]; policy_loss receives every one under its name."""
     return {"logp": logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)}
+
+
+def replay_routing(logits, experts, own, renormalise):
+    """Routing replay (R3, arXiv 2510.11370; --routing-replay), in each MoE layer of the trainer's forward (route_hook,
+    Part II): the generator's experts `experts` [N, k] (-1: none recorded, the router's own `own`) in place of the
+    router's, gate weights as the router computes its own from the trainer's logits [N, E] (softmax, taken at those
+    experts, renormalised where the router renormalises): pi_train is evaluated on the routing that sampled the token,
+    and the router still gets its gradient."""
+    experts = torch.where(experts >= 0, experts.long(), own)
+    w = torch.softmax(logits.float(), dim=-1).gather(-1, experts)
+    return (w / w.sum(-1, keepdim=True) if renormalise else w), experts
 
 
 def fp32_head_logits(h, w, b=None, parts=None):
@@ -1152,6 +1178,7 @@ def refusals(cfg):
         "is none")
     yield cfg.model and (cfg.tie_word_embeddings or cfg.moe), (
         f"--{'moe' if cfg.moe else 'tie-word-embeddings'} applies to the embedded model only; a --model brings its own")
+    yield cfg.routing_replay and not (cfg.moe or cfg.model), "--routing-replay needs an MoE (--moe, or an MoE --model)"
     yield cfg.data and not cfg.model, (
         "--data needs --model: the embedded model's character tokenizer covers only the built-in task")
     yield cfg.data and cfg.task != "largest", "--task chooses a built-in task; it does not apply with --data"
@@ -1196,6 +1223,8 @@ def device_refusals(cfg):
     yield cfg.engine == "vllm" and importlib.util.find_spec("vllm") is None, (
         "--engine vllm: vllm is not installed (pip install -r requirements.txt; on CPU see the README), or use "
         "--engine hf")
+    yield cfg.routing_replay and cuda and cfg.engine == "vllm", (
+        "--routing-replay: the vLLM engine records an MoE's experts on a CPU only (docs/moe.md); use --engine hf")
     yield cfg.vllm_sleep and not cuda, "--vllm-sleep: vLLM's sleep mode needs CUDA; it is refused on CPU"
     if cfg.generators:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
@@ -1772,9 +1801,12 @@ def trainer_plan(sizes, cfg, ranks, longest, sharded):
         # MoE's experts cast to the compute dtype for the grouped product (autocast_experts) and that cast's gradient
         phases["layer backward"] = RECOMPUTED * tokens * kept + gathered * (1 + 2 * (ranks > 1)) \
             + 2 * sizes["experts"] * compute_bytes * (compute_bytes < param_bytes)
+    if sizes.get("k"):  # an MoE's recorded experts (routing column, --routing-replay): int16, layers x k a token
+        plan["routing"] = 2 * tokens * L * sizes["k"]
     plan["phase"] = max(phases, key=phases.get)
     plan["transient"] = phases[plan["phase"]]
-    plan["trainer"] = sum(plan[k] for k in ("weights", "gradients", "adam", "root", "activations", "transient")) \
+    plan["trainer"] = sum(plan.get(k, 0) for k in ("weights", "gradients", "adam", "root", "activations", "transient",
+                                                   "routing")) \
         + SMALL_TENSORS
     return plan
 
@@ -2094,6 +2126,8 @@ def hf_generate(model, tok, prompts, max_tokens, temperature, seed, fp32_head, a
     # generate fills the settings gen_cfg leaves unset (repetition_penalty, min_p, ...) from the model's own
     # generation config: in its place, gen_cfg alone decides how to sample
     model.generation_config = gen_cfg
+    routes = []  # an MoE's experts, each forward's and layer's (route_hook), and its layers
+    L = set_routing(model, routes)
     torch.manual_seed(seed)
     try:
         with torch.no_grad(), torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
@@ -2102,13 +2136,18 @@ def hf_generate(model, tok, prompts, max_tokens, temperature, seed, fp32_head, a
     finally:
         model.train(was_training)
         model.generation_config = shipped
+        set_routing(model, None)
         if hook:
             hook.remove()
     recorded.append(last["lp"].gather(1, seqs[:, -1:]).squeeze(1))
     gen, lps = seqs[:, width:].tolist(), torch.stack(recorded, 1).tolist()
     ends = [t.index(eos) + 1 if eos in t else len(t) for t in gen]  # after EOS come pad tokens
     cuts = [min(k, m) for k, m in zip(ends, max_tokens)]
-    comps = [Completion(t[:k], lp[:k], eos in t[:k], [1] * k, []) for t, lp, k in zip(gen, lps, cuts)]
+    if L:  # each token's experts: those of the last position of the forward that sampled it, [rows, tokens, L, k]
+        routes = torch.stack([torch.stack(routes[i:i + L], 1).view(len(prompts), -1, L, routes[i].shape[-1])[:, -1]
+                              for i in range(0, len(routes), L)], 1).to(torch.int16).cpu().numpy()
+    comps = [Completion(t[:k], lp[:k], eos in t[:k], [1] * k, [], experts=routes[i, :k] if L else None)
+             for i, (t, lp, k) in enumerate(zip(gen, lps, cuts))]
     return comps, sum(ends)
 
 
@@ -2265,6 +2304,34 @@ def forget_moe_kernels(model):
             m.quant_method.moe_kernel = None
 
 
+def capture_routing(llm):
+    """An MoE's experts in the vLLM engine, {(request, index in it): [a [layers][k] list a token sampled]}, or None for
+    a dense model. vLLM 0.32 returns them (enable_return_routed_experts) only from its model runner V2, which needs
+    Triton (a CPU has none): the routers' own capture hook keeps a forward's experts (eager only), then each request's
+    last row, the position that predicts the token it samples, goes under its request's id."""
+    from vllm.model_executor.layers.fused_moe.layer import MoERunner
+    rows, step = {}, {}
+
+    def install(worker):
+        runner, execute = worker.model_runner, worker.model_runner.execute_model
+
+        def execute_and_record(scheduled, *args, **kw):
+            out, n = execute(scheduled, *args, **kw), scheduled.num_scheduled_tokens
+            ids = [r for r in runner.input_batch.req_ids if r in n]  # the batch's requests, in its order
+            ends = np.cumsum([n[r] for r in ids]) - 1
+            for r, e in zip(ids, torch.stack([step[k] for k in sorted(step)], 1)[ends].tolist() if step else []):
+                index, _, request = r.rpartition("-")[0].rpartition("_")  # f"{index}_{request}-{suffix}" (n > 1)
+                rows.setdefault((request, int(index or 0)), []).append(e)
+            step.clear()
+            return out
+        runners = [m for m in runner.get_model().modules() if isinstance(m, MoERunner)]
+        for m in runners:
+            m.router.set_capture_fn(lambda ids, layer=m.layer_id: step.__setitem__(layer, ids))
+        runner.execute_model = execute_and_record if runners else execute
+        return bool(runners)
+    return rows if llm.collective_rpc(install)[0] else None
+
+
 def repack_tied_head(model):
     """Inside the vLLM engine (apply_model), after a push without the FP32 head: vLLM's CPU backend packs the LM head's
     weight for oneDNN when the model loads (cpu_linear), and a tied head, which shares the embedding's weight, gets no
@@ -2327,6 +2394,7 @@ class VLLMEngine:
         self.version = 0
         self.core.set_weight_version("0")
         self.seeded = device.type == "cpu" if cfg.vllm_request_seeds is None else cfg.vllm_request_seeds
+        self.routes = capture_routing(self.llm) if kw.get("enforce_eager") else None  # an MoE's experts (CPU)
 
     @property
     def capacity(self):
@@ -2387,8 +2455,10 @@ class VLLMEngine:
             for c in out.outputs:
                 versions = [int(s.version) for s in c.weight_versions for _ in range(s.start, s.end)]
                 tokens = list(c.token_ids)
+                experts = None if self.routes is None else np.int16(self.routes.pop((out.request_id, c.index)))
                 done.append((keys[c.index], Completion(tokens, [lp[t].logprob for t, lp in zip(tokens, c.logprobs)],
-                                                       c.finish_reason == "stop", [1] * len(tokens), versions)))
+                                                       c.finish_reason == "stop", [1] * len(tokens), versions, False,
+                                                       experts)))
                 decoded += len(tokens)
                 self.seen += 1  # the running mean of sequence lengths (the last 256 or so weigh most)
                 self.mean_len += (prompt + len(tokens) - self.mean_len) / min(self.seen, 256)
@@ -2423,6 +2493,8 @@ class VLLMEngine:
         """Drop every request in flight."""
         self.core.abort_request(list(self.live))
         self.live, self.queue = {}, []
+        if self.routes is not None:  # (the rows of the requests dropped)
+            self.routes.clear()
 
     def close(self):
         """Shut the engine down (under torchrun it takes the process group with it: it goes last); asleep, it is woken
@@ -2646,17 +2718,62 @@ class Policy(torch.nn.Module):
         self.model = model
 
     def forward(self, x, cfg):
-        """token_terms of the trained tokens of x, a micro-batch's batch_tensors."""
+        """token_terms of the trained tokens of x, a micro-batch's batch_tensors; an MoE's routing_differs besides."""
+        used = {}  # an MoE's experts in this forward, {layer: [rows x positions, k]} (route_hook)
+        moe = set_routing(self.model, (x.get("experts"), cfg.routing_replay, used))
         hidden = self.model.get_decoder()(input_ids=x["ids"], attention_mask=x["attn"],
                                           use_cache=False).last_hidden_state
         terms = token_logprobs(hidden[x["row"], x["pos"]], self.model.get_output_embeddings(), x["targets"],
                                cfg.temperature, head_product(cfg), cfg.logprob_chunk,
                                logit_transform(self.model.config))
+        if moe:
+            terms["routing_differs"] = routing_differs(x, used, moe)
         return {k: v[x["keep"]] for k, v in terms.items()}
 
 
 def as_policy(model):
     return model if isinstance(model, Policy) else Policy(model)
+
+
+def set_routing(model, state):
+    """What an MoE's routers do in the model's next forward passes (route_hook), hooked on first use: transformers'
+    *TopKRouter modules (a softmax, then the top k: Qwen2/3-MoE, Mixtral, OLMoE...), out = (logits, weights, experts).
+    state: None; a list (hf_generate's record); (experts, replay, used) (Policy). Returns the MoE layers (dense: 0)."""
+    if not hasattr(model, "moe_routers"):
+        model.moe_routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+        for layer, r in enumerate(model.moe_routers):
+            r.register_forward_hook(lambda m, i, out, layer=layer: route_hook(model, m, layer, out))
+    model.routing = state
+    return len(model.moe_routers)
+
+
+def route_hook(model, router, layer, out):
+    """set_routing's hook on MoE layer `layer`'s router: out = (logits, gate weights, experts) of the forward's tokens
+    (rows x positions). hf_generate's record keeps the experts; the Policy's micro-batch with the generator's experts
+    (batch_tensors' "experts") replaces them by those with --routing-replay (replay_routing), and keeps those used."""
+    state, (logits, weights, experts) = model.routing, out
+    if isinstance(state, list):
+        state.append(experts)
+    elif state is not None and state[0] is not None:
+        gen, replay, used = state
+        if replay:
+            w, experts = replay_routing(logits, gen[..., layer, :].reshape(experts.shape), experts,
+                                        getattr(router, "norm_topk_prob", True))
+            out = logits, w.to(weights.dtype), experts
+        used[layer] = experts
+        return out
+
+
+def routing_differs(x, used, layers):
+    """Per completion token of micro-batch x, per MoE layer: 1.0 where the experts that routed its predicting position
+    in the trainer's forward (`used`) are not the set the generator's did (x["experts"]), else 0.0; NaN where the
+    generator recorded none (the injected phrase; an engine that records none)."""
+    if "experts" not in x:
+        return torch.full((len(x["targets"]), layers), math.nan, device=x["ids"].device)
+    gen = x["experts"][x["row"], x["pos"]].long()  # [tokens, layers, k]
+    mine = torch.stack([used[k] for k in sorted(used)], 1).view(*x["ids"].shape, *gen.shape[1:])[x["row"], x["pos"]]
+    differs = (gen.sort(-1).values != mine.sort(-1).values).any(-1).float()
+    return torch.where(gen[..., 0] >= 0, differs, math.nan)
 
 
 def logit_transform(config):
@@ -2698,7 +2815,7 @@ def batch_tensors(samples, pad_id, device):
     trained = [(k, t) for k, t, m in tokens if m]
     of = [samples[k] for k, _ in trained]  # each trained token's sample
     tensor = lambda x, dtype=torch.float32: torch.tensor(list(x), dtype=dtype, device=device)  # noqa: E731
-    return {"ids": tensor([q + [pad_id] * (width - len(q)) for q in seqs], torch.long),
+    x = {"ids": tensor([q + [pad_id] * (width - len(q)) for q in seqs], torch.long),
             "attn": tensor([[1] * len(q) + [0] * (width - len(q)) for q in seqs], torch.long),
             "row": tensor((k for k, _, _ in tokens), torch.long),
             "pos": tensor((len(samples[k].prompt) - 1 + t for k, t, _ in tokens), torch.long),
@@ -2710,16 +2827,28 @@ def batch_tensors(samples, pad_id, device):
             "fresh": tensor(s.lags is not None and not any(
                 lag for lag, m in zip(s.lags, s.mask or [1] * len(s.lags)) if m) for s in of),
             "values": {name: tensor(float(s.values[name]) for s in of) for name in samples[0].values}}
+    if samples[0].experts is not None:  # an MoE's: the generator's experts at each token's predicting position, or -1
+        e = torch.full((len(seqs), width, *samples[0].experts.shape[1:]), -1, dtype=torch.int16)
+        for k, s in enumerate(samples):
+            e[k, len(s.prompt) - 1:len(s.prompt) - 1 + len(s.tokens)] = torch.from_numpy(s.experts)
+        x["experts"] = e.to(device)
+    return x
 
 
-def mismatch_sums(logp, logp_gen, fresh, eps_max):
+def mismatch_sums(logp, logp_gen, fresh, eps_max, routed=None):
     """Train/inference mismatch on the trained tokens, before the update: sums of |log pi_train - log pi_gen|, of the k3
     estimate of KL(pi_gen || pi_train), and of ratios over eps_max [Sec. 3.2]; mismatch_fresh_abs_logprob, the first
-    over the `fresh` tokens alone, where no lag can explain one (the Recorder's --max-fresh-mismatch)."""
+    over the `fresh` tokens alone, where no lag can explain one (the Recorder's --max-fresh-mismatch). An MoE's (routed:
+    routing_differs): the tokens routed to other experts than the generator's in any layer, and the (token, layer)s."""
     d, n = (logp.detach() - logp_gen).double(), len(logp)
-    return {"mismatch_abs_logprob": (d.abs().sum(), n), "mismatch_kl_k3": ((torch.exp(d) - 1 - d).sum(), n),
+    sums = {"mismatch_abs_logprob": (d.abs().sum(), n), "mismatch_kl_k3": ((torch.exp(d) - 1 - d).sum(), n),
             "mismatch_trunc_frac": ((d > math.log(eps_max)).sum(), n),
             "mismatch_fresh_abs_logprob": ((d.abs() * fresh).sum(), fresh.sum())}
+    if routed is not None:  # (NaN: no experts recorded; no data-dependent shape, for bench.py's fake tensors)
+        known, differs = (~routed[:, 0].isnan()).sum(), routed.nan_to_num(0.0)
+        sums.update(routing_mismatch_frac=((differs > 0).any(-1).sum(), known),
+                    routing_mismatch_layer_frac=(differs.sum(), known * routed.shape[1]))
+    return sums
 
 
 def split_bf16(x):
