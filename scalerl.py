@@ -97,9 +97,9 @@ sys.modules.setdefault("scalerl", sys.modules[__name__])  # run as a script, thi
 # ==================================================================================================
 # PART I -- THE RECIPE: the config, rl_step (the algorithm box), its components in the order it calls them (sections
 # 1-6, numbered as its arrows), then run() (7). Part II names it uses: State; the engines' contract; step_seed, RNG_*;
-# special_ids, completion_text, find_subsequence; Policy, as_policy, batch_tensors, micro_batches, even_out,
-# mismatch_sums, SplitProduct, backward_sum, gpu_peak; all_sum, all_max, full_tensor, mean_over_ranks (torchrun's
-# reductions: in one process the identity); setup, Recorder, live_fit, save_completions.
+# special_ids, completion_text, find_subsequence, join_experts; Policy, as_policy, batch_tensors, micro_batches,
+# even_out, mismatch_sums, SplitProduct, backward_sum, gpu_peak; all_sum, all_max, full_tensor, mean_over_ranks
+# (torchrun's reductions: in one process the identity); setup, Recorder, live_fit, save_completions.
 # ==================================================================================================
 
 
@@ -353,14 +353,6 @@ class Rollouts:
         got = {g.key: g for g in self.done if g.key in want}
         self.done = [g for g in self.done if g.key not in want]
         return [got[k] for k in keys]
-
-
-def join_experts(a, b):
-    """A completion's routed experts (Completion.experts) followed by a piece's, or by b rows of -1 (b an int: the
-    injected phrase, which no routing sampled); None for a dense model."""
-    if isinstance(b, int):
-        b = None if a is None else np.full((b, *a.shape[1:]), -1)
-    return b if a is None or b is None else np.concatenate((a, b)).astype(np.int16)
 
 
 def next_request(c, budget, cfg, think_end):
@@ -665,11 +657,10 @@ def token_terms(logits, targets):
 
 
 def replay_routing(logits, experts, own, renormalise):
-    """Routing replay (R3, arXiv 2510.11370; --routing-replay), in each MoE layer of the trainer's forward (route_hook,
-    Part II): the generator's experts `experts` [N, k] (-1: none recorded, the router's own `own`) in place of the
-    router's, gate weights as the router computes its own from the trainer's logits [N, E] (softmax, taken at those
-    experts, renormalised where the router renormalises): pi_train is evaluated on the routing that sampled the token,
-    and the router still gets its gradient."""
+    """Routing replay (R3, arXiv 2510.11370; --routing-replay) in each MoE layer of the trainer's forward (route_hook):
+    the generator's experts [N, k] (-1: none recorded, the router's own) with the gate weights the router would give
+    them from the trainer's logits [N, E]: pi_train on the routing that sampled the token, the router's gradient
+    kept."""
     experts = torch.where(experts >= 0, experts.long(), own)
     w = torch.softmax(logits.float(), dim=-1).gather(-1, experts)
     return (w / w.sum(-1, keepdim=True) if renormalise else w), experts
@@ -2591,6 +2582,14 @@ def reward_exact(completion_text, answer, row=None):
 
 
 REWARDS = {"digit": reward_last_digit, "math": reward_math, "exact": reward_exact}
+
+
+def join_experts(a, b):
+    """A completion's routed experts (Completion.experts) followed by a piece's, or by b rows of -1 (b an int: the
+    injected phrase, which no routing sampled); None for a dense model."""
+    if isinstance(b, int):
+        b = None if a is None else np.full((b, *a.shape[1:]), -1)
+    return b if a is None or b is None else np.concatenate((a, b)).astype(np.int16)
 
 
 def special_ids(tok):
