@@ -177,7 +177,7 @@ def _one_run(job, stdin, cap):
     os.close(out_w), os.close(rep_w)
     out, rep, fds, why = bytearray(), bytearray(), [out_r, rep_r], None
     pidfd = done = os.pidfd_open(c)
-    while fds:
+    while fds or done > 0:  # (both pipes may be closed before C is gone)
         ready = select.select(fds + [done] * (done > 0), [], [])[0]
         if done in ready:
             status, done = os.waitpid(c, 0)[1], -1

@@ -1,0 +1,140 @@
+"""--reward code and sandbox.py. Hostile programs run only under an outer limit: a /usr/bin/python3 process as user
+nobody, with its own process limit, imports a copy of sandbox.py and grades them, so that a broken sandbox fails a
+test, not the machine."""
+import json
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+import sandbox
+import scalerl as S
+
+CODE = S.REWARDS["code"]
+SECRET = "s3cr3t-of-the-user"
+HOSTILE = {  # name: (program, row, what an isolated sandbox gives: 0.0, or "error" for a limit hit)
+    "fork_bomb": ("import os\nwhile True:\n    os.fork()", {"tests": ["assert 1"]}, "error"),
+    "threads": ("import threading, time\nwhile True:\n    threading.Thread(target=time.sleep, args=(9,)).start()",
+                {"tests": ["assert 1"]}, 0.0),
+    "memory_hog": ("x = []\nwhile True:\n    x.append(bytearray(1 << 24))", {"tests": ["assert 1"]}, "error"),
+    "output_flood": ("while True:\n    print('x' * 4096)", {"inputs": [""], "outputs": [""]}, "error"),
+    "infinite_loop": ("while True:\n    pass", {"tests": ["assert 1"]}, "error"),
+    "sleeper": ("import time\ntime.sleep(60)", {"tests": ["assert 1"]}, "error"),
+    "network": ("import socket\ns = socket.create_connection(('127.0.0.1', PORT), timeout=1)\ns.sendall(b'hi')",
+                {"tests": ["assert 1"]}, 0.0),
+    "write_outside": ("open('OUTSIDE/written', 'w').write('x')", {"tests": ["assert 1"]}, 0.0),
+    "read_outside": ("print(open('OUTSIDE/secret').read())", {"inputs": [""], "outputs": [SECRET]}, 0.0),
+    "env_secret": ("import os\nprint(os.environ.get('SECRET_TOKEN'))", {"inputs": [""], "outputs": [SECRET]}, 0.0),
+    "signals": ("import os, signal\nfor pid in (CALLER, os.getppid(), -1):\n    try:\n"
+                "        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\nx = 1",
+                {"tests": ["assert x == 1"]}, 1.0),
+    "daemon": ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(30)\n"
+               "        open('OUTSIDE/daemon', 'w').write('alive')\n    os._exit(0)\nx = 1",
+               {"tests": ["assert x == 1"]}, 1.0),
+    "sys_exit": ("import sys\nsys.exit(0)", {"tests": ["assert False"]}, 0.0),
+    "os_exit": ("import os\nos._exit(0)", {"tests": ["assert False"]}, 0.0),
+    "swallowed": ("import sys, atexit\nsys.excepthook = lambda *a: None\natexit.register(print, 'passed')",
+                  {"tests": ["assert False"]}, 0.0),
+    "harness_closed": ("import os\nfor fd in range(3, 64):\n    try:\n        os.close(fd)\n    except OSError:\n"
+                       "        pass\nx = 1", {"tests": ["assert x == 1"]}, 0.0),
+    "correct": ("print(sum(map(int, input().split())))", {"inputs": ["1 2\n"], "outputs": ["3"]}, 1.0),
+}
+DRIVER = """
+import json, os, socket, sys
+sys.path.insert(0, sys.argv[1])
+import sandbox
+os.environ["SECRET_TOKEN"] = %(secret)r
+server = socket.create_server(("127.0.0.1", 0))
+server.settimeout(0.2)
+cases, results = json.loads(sys.stdin.read()), {}
+for name, (code, row, _) in cases.items():
+    code = code.replace("PORT", str(server.getsockname()[1])).replace("CALLER", str(os.getpid()))
+    code = code.replace("OUTSIDE", sys.argv[1])
+    try:
+        results[name] = float(sandbox.passes(code, row, cpu_s=2, wall_s=4, mem_mb=256, procs=8, out_kb=64))
+    except sandbox.SandboxError:
+        results[name] = "error"
+try:
+    server.accept()
+    results["server_heard"] = True
+except OSError:
+    results["server_heard"] = False
+left = [p for p in os.listdir("/proc") if p.isdigit() and os.stat("/proc/" + p).st_uid == os.getuid()]
+results["left"] = [open(f"/proc/{p}/cmdline").read() for p in left if int(p) != os.getpid()]
+print(json.dumps(results))
+"""
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "prlimit", "--nproc=64", "--as=4000000000"]
+as_nobody = pytest.mark.skipif(os.getuid() != 0 or not shutil.which("setpriv") or not os.path.exists(sandbox.PYTHON),
+                               reason="needs root (to become nobody), setpriv and /usr/bin/python3")
+
+
+@pytest.fixture(scope="module")
+def hostile():
+    """Each HOSTILE program graded by sandbox.passes (what REWARDS['code'] calls) as nobody; and what was left."""
+    where = pathlib.Path(tempfile.mkdtemp())  # (pytest's own are root's alone)
+    shutil.copy(sandbox.__file__, where)
+    (where / "secret").write_text(SECRET)
+    (where / "driver.py").write_text(DRIVER % {"secret": SECRET})
+    os.chmod(where, 0o777)
+    r = subprocess.run([*NOBODY, "/usr/bin/python3", "-I", "-B", where / "driver.py", where], input=json.dumps(HOSTILE),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    yield json.loads(r.stdout), where
+    shutil.rmtree(where)
+
+
+@as_nobody
+@pytest.mark.parametrize("name", HOSTILE)
+def test_a_hostile_program_costs_only_its_own_completion(hostile, name):
+    results, _ = hostile
+    assert results[name] == HOSTILE[name][2]
+
+
+@as_nobody
+def test_hostile_programs_leave_nothing_behind(hostile):
+    """No process left, nothing written outside, the loopback server heard nothing, no temporary directory left."""
+    results, where = hostile
+    assert results["left"] == [f"/usr/bin/python3\0-I\0-S\0{where}/sandbox.py\0"] and not results["server_heard"]
+    assert sorted(os.listdir(where)) == ["driver.py", "sandbox.py", "secret"]
+    assert not [d for d in os.listdir("/tmp") if d.startswith("sandbox-") and os.stat(f"/tmp/{d}").st_uid == 65534]
+
+
+@pytest.mark.parametrize("text, row, reward", [
+    ("```python\ndef add(a, b):\n    return a + b\n```", {"test_list": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"]},
+     1.0),
+    ("```python\ndef add(a, b):\n    return a - b\n```", {"test_list": ["assert add(1, 2) == 3"]}, 0.0),
+    ("<think>```python\nadd = 0\n```</think>\n```\ndef add(a, b):\n    return a + b\n```",
+     {"test": "def check(candidate):\n    assert candidate(2, 2) == 4\n", "entry_point": "add"}, 1.0),
+    ("```python\ndef f(a, b):\n    return a + b\n```",
+     {"test": "def check(candidate):\n    assert candidate(2, 2) == 4\n", "entry_point": "add"}, 0.0),
+    ("```python\nprint(2 * int(input()))\n```", {"inputs": ["2\n", "5"], "outputs": ["4", "10  \n\n"]}, 1.0),
+    ("```python\nprint(2 * int(input()))\n```", {"inputs": ["2\n", "5"], "outputs": ["4", "11"]}, 0.0),
+    ("```python\nprint(2 * int(input()))\n```", {"input_output": '{"inputs": ["3"], "outputs": ["6"]}'}, 1.0),
+    ("```python\nprint(sum(i * i for i in range(6 * 10 ** 6)) % 7)\n```",  # half a second of CPU or so
+     {"inputs": [""], "outputs": [str(sum(i * i for i in range(6 * 10 ** 6)) % 7)]}, 1.0),
+    ("no code block: def add(a, b): return a + b", {"test_list": ["assert 1"]}, 0.0),
+])
+def test_code_reward_formats(text, row, reward):
+    assert CODE(text, "", row) == reward
+
+
+def test_a_code_row_needs_tests_not_an_answer(tmp_path):
+    good, bad = {"prompt": "add", "test_list": ["assert 1"]}, {"prompt": "add", "inputs": ["1"], "outputs": []}
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    with pytest.raises(S.ScaleRLError, match=r"1 of 2 rows are unusable; line 2: no tests: "):
+        S.load_rows(str(path), S.Config(reward="code"))
+    assert S.load_rows(str(path), S.Config(reward="code", skip_bad_rows=True)) == [("add", "", good)]
+
+
+def test_code_reward_is_refused_where_programs_cannot_be_isolated(monkeypatch):
+    monkeypatch.setattr(sandbox, "missing", lambda: "unshare (user namespaces): Operation not permitted")
+    why = [w for bad, w in S.refusals(S.Config(reward="code")) if bad and w.startswith("--reward code")]
+    assert why == ["--reward code: this machine cannot isolate programs (unshare (user namespaces): Operation not "
+                   "permitted); --weak-sandbox runs them anyway"]
+    assert not [w for bad, w in S.refusals(S.Config(reward="code", weak_sandbox=True)) if bad and "sandbox" in w]
