@@ -105,8 +105,8 @@ def test_hostile_programs_leave_nothing_behind(hostile):
 
 
 @pytest.mark.parametrize("text, row, reward", [
-    ("```python\ndef add(a, b):\n    return a + b\n```", {"test_list": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"]},
-     1.0),
+    ("```python\ndef add(a, b):\n    return a + b\n```",
+     {"test_list": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"]}, 1.0),
     ("```python\ndef add(a, b):\n    return a - b\n```", {"test_list": ["assert add(1, 2) == 3"]}, 0.0),
     ("<think>```python\nadd = 0\n```</think>\n```\ndef add(a, b):\n    return a + b\n```",
      {"test": "def check(candidate):\n    assert candidate(2, 2) == 4\n", "entry_point": "add"}, 1.0),
