@@ -1,27 +1,28 @@
 """Runs untrusted Python programs against their tests, for --reward code. Each program gets fresh Linux namespaces
 (user, mount, network, PID, IPC, UTS) entered with unshare(2) through ctypes, and rlimits: standard library only, it
 imports without torch and needs no system package (why not bubblewrap: docs/data-and-rewards.md). Per calling process:
-  Z, the zygote: /usr/bin/python3 started once with an empty environment in a session of its own; forks A per program
-     and never reads a request itself, so that no row's tests stay in the memory a later program is forked from.
-  A, the warden: reads the request; a root caller becomes nobody (RLIMIT_NPROC does not bind root); makes the temporary
-     directory, enters the namespaces (its own uid mapped: not root there), forks B, kills it at the wall time.
-  B, the harness: PID 1 of the namespace, so that killing it kills every process the program made (daemons too).
-     Mounts a read-only root (/usr, /dev/null and kin, a size-limited tmpfs /tmp: the only writable place; no home, no
-     project, no machine files), drops every capability, forks C per run and reports what each printed and completed.
-  C, the program, under rlimits: the program, its tests in the same interpreter, then a token known to B and C only,
-     on a pipe of B's: a program that ends early (sys.exit, os._exit, a swallowed exception) cannot pass. (A program
-     that reads the harness's frames could find it: in-process asserts cannot be made unforgeable; stdin/stdout tests,
-     compared outside the sandbox, are.) The network namespace has only a loopback that is down: no network; signals
-     cannot name a process outside the PID namespace."""
+  Z, the zygote: /usr/bin/python3 started once with an empty environment in a session of its own; a root caller's
+     becomes nobody (RLIMIT_NPROC does not bind root). Forks A per run and never reads a request itself, so that no
+     row's tests stay in the memory a later program is forked from.
+  A, the warden: reads the request; enters the namespaces (its own uid mapped: not root there), whose root is
+     read-only (/usr, /dev/null and kin, a size-limited tmpfs /tmp: the only writable place, gone with them; no home,
+     no project, no machine files) and the network a loopback that is down; drops every capability; forks C; kills
+     it at the wall time; reports what C printed and whether it completed.
+  C, the program: PID 1 of its namespace, so that every process it made dies with it (daemons too) and none can
+     signal a process outside. Under rlimits, it runs the program, its tests in the same interpreter, then writes a
+     token known to A and C only: a program that ends early (sys.exit, os._exit, a swallowed exception) cannot pass.
+     (A program that reads the harness's frames could find it: in-process asserts cannot be made unforgeable;
+     stdin/stdout tests, compared outside the sandbox, are.)
+Not isolated (--weak-sandbox), A skips the namespaces: C runs in a temporary directory under the rlimits only."""
 import builtins
 import contextlib
 import ctypes
 import functools
+import gc
 import json
 import os
 import resource
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -45,12 +46,12 @@ def row_tests(row):
     """(tests, entry_point, inputs, outputs) of a code row, or a string: why it has none. tests/test/test_list: Python
     run after the program (MBPP's asserts; HumanEval's `def check(candidate)`, called with the row's entry_point);
     inputs/outputs: stdin and expected stdout (APPS, CodeContests, LiveCodeBench); input_output: those as JSON."""
-    for t in (row.get(key) for key in ("tests", "test", "test_list")):
-        t = "\n".join(t) if isinstance(t, list) and all(isinstance(s, str) for s in t) else t
-        if isinstance(t, str) and t.strip():
-            entry = row.get("entry_point") if "def check(" in t else None
-            return (t, entry, None, None) if entry is None or str(entry).isidentifier() else (
-                f"'entry_point' {entry!r} is not a function name, for the tests' check(candidate)")
+    t = next(filter(None, map(row.get, ("tests", "test", "test_list"))), None)
+    t = "\n".join(t) if isinstance(t, list) and all(isinstance(s, str) for s in t) else t
+    if isinstance(t, str) and t.strip():
+        entry = row.get("entry_point") if "def check(" in t else None
+        return (t, entry, None, None) if entry is None or str(entry).isidentifier() else (
+            f"'entry_point' {entry!r} is not a function name, for the tests' check(candidate)")
     io = row.get("input_output", row)
     with contextlib.suppress(TypeError, ValueError):
         io = json.loads(io)
@@ -61,16 +62,14 @@ def row_tests(row):
     return None, None, ins, outs
 
 
-def same_output(out, expected):
-    """stdout compared line by line, trailing whitespace (and trailing empty lines) ignored."""
-    return [s.rstrip() for s in out.rstrip().splitlines()] == [s.rstrip() for s in expected.rstrip().splitlines()]
-
-
 def passes(code, row, **limits):
-    """Whether the program passes every test of its row; SandboxError when it hit a limit or the sandbox failed."""
+    """Whether the program passes every test of its row; SandboxError when it hit a limit or the sandbox failed.
+    Outputs are compared line by line, trailing whitespace (and trailing empty lines) ignored."""
     tests, entry, ins, outs = row_tests(row)
-    runs = sandbox().run(code, tests, entry, ins, **limits)
-    return all(r["ok"] for r in runs) and (ins is None or all(map(same_output, [r["out"] for r in runs], outs)))
+    lines = lambda text: [s.rstrip() for s in text.rstrip().splitlines()]  # noqa: E731
+    runs = ((run(code, tests, entry, stdin, isolated(), **limits), stdin, want)  # (one at a time, until one fails)
+            for stdin, want in zip(ins or [None], outs or [None]))
+    return all(r["ok"] and (stdin is None or lines(r["out"]) == lines(want)) for r, stdin, want in runs)
 
 
 def _check(ret, what):
@@ -83,21 +82,17 @@ def _mount(src, target, fstype, flags, data=None):
            f"mount {target}")
 
 
-def _enter_namespaces():
-    """A: new user, PID, network, IPC and UTS namespaces; the mount namespace is B's, so that A keeps the machine's."""
+def _isolate(file_mb):
+    """A: new user, mount, PID (for its children), network, IPC and UTS namespaces; the root a read-only tmpfs, mounted
+    over /tmp there (the machine's /tmp is left as it is), holding read-only binds of what the interpreter needs,
+    /dev's harmless devices and a writable tmpfs /tmp of file_mb; the machine's root detached; no capability left."""
     uid, gid = os.getuid(), os.getgid()
-    _check(libc.unshare(NEWUSER | NEWPID | NEWNET | NEWIPC | NEWUTS), "unshare (user namespaces)")
+    _check(libc.unshare(NEWUSER | NEWNS | NEWPID | NEWNET | NEWIPC | NEWUTS), "unshare (user namespaces)")
     for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
         with open(f"/proc/self/{name}", "w") as f:
             f.write(text)
-
-
-def _enter_root(root, file_mb):
-    """B: a new mount namespace whose root is a read-only tmpfs holding read-only binds of what the interpreter needs,
-    /dev's harmless devices and a writable tmpfs /tmp of file_mb; the machine's root is detached. Then B drops its
-    capabilities."""
-    _check(libc.unshare(NEWNS), "unshare (mount namespace)")
     _mount(None, "/", None, REC | PRIVATE)
+    root = "/tmp"
     _mount("tmpfs", root, "tmpfs", NOSUID | NODEV, "mode=0755,size=1m")
     for path in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", sys.base_prefix):
         if os.path.islink(path):
@@ -122,16 +117,17 @@ def _enter_root(root, file_mb):
         cap += 1
     _check(libc.syscall(SYS_CAPSET, (0x20080522).to_bytes(4, "little") + bytes(4), bytes(24)), "capset")
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    _check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")  # no process of the program may ptrace B
 
 
-def _program(job, stdin, out_w, rep_w, token):
-    """C: stdin, stdout, the report pipe as fd 3 and nothing else open, the rlimits; the program, then its tests in the
-    same interpreter, then the token. The program's globals are its own; the harness's functions are taken first."""
+def _program(job, out, report, token):
+    """C: a process group of its own (A kills it); stdin, stdout (a memory file; /dev/null with asserts), the report
+    file as fd 3 and nothing else open; the rlimits; the program, then its tests in the same interpreter, then the
+    token. The program's globals are its own; the harness's functions are taken first."""
+    os.setpgid(0, 0)
     fd, lim = os.memfd_create("stdin"), job["limits"]
-    os.write(fd, stdin.encode())
+    os.write(fd, (job["stdin"] or "").encode())
     os.lseek(fd, 0, 0)
-    for src, dst in ((fd, 0), (out_w, 1), (os.open("/dev/null", os.O_WRONLY), 2), (rep_w, 3)):
+    for src, dst in ((fd, 0), (out, 1), (os.open("/dev/null", os.O_WRONLY), 2), (report, 3)):
         os.dup2(src, dst)
     os.closerange(4, 1 << 16)
     for res, n in ((resource.RLIMIT_CPU, lim["cpu_s"]), (resource.RLIMIT_AS, lim["mem_mb"] << 20),
@@ -143,7 +139,7 @@ def _program(job, stdin, out_w, rep_w, token):
         try:
             run(compile(job["code"], "solution.py", "exec"), g)
         except SystemExit as e:  # sys.exit() ends a stdin/stdout program well; with asserts, its tests did not run
-            if job["inputs"] is None or e.code not in (None, 0):
+            if job["stdin"] is None or e.code not in (None, 0):
                 raise
         if job["tests"]:
             run(compile(job["tests"], "tests.py", "exec"), g)
@@ -157,170 +153,96 @@ def _program(job, stdin, out_w, rep_w, token):
         os._exit(0)
 
 
-def _kill_rest(c):
-    """B: kill every process but itself (B is the PID namespace's init), reaping them; not isolated: C alone (A kills
-    the rest, B's process group, at the end)."""
-    with contextlib.suppress(ProcessLookupError, ChildProcessError):
-        while os.getpid() == 1:
-            os.kill(-1, signal.SIGKILL)  # every process of the namespace but init
-            os.waitpid(-1, 0)
-        os.kill(c, signal.SIGKILL)
+def _warden(isolated):
+    """A: one request from fd 0, its answer on fd 1. C writes into memory files that A
+    reads once C is gone: a flood (bounded by the file-size limit) costs A only the bytes it reads, and a process
+    that C left (not isolated) holds no pipe for A to wait on. Not isolated, C's working directory is a temporary
+    directory, removed at the end, and A kills C's process group: what did not leave it."""
+    job, token = json.loads(sys.stdin.buffer.readline()), os.urandom(16).hex().encode()  # (one line: none read ahead)
+    lim, out, report = job["limits"], os.memfd_create("out"), os.memfd_create("report")
+    try:
+        with contextlib.nullcontext() if isolated else tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as cwd:
+            _isolate(lim["file_mb"]) if isolated else os.chdir(cwd)
+            libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # (not isolated, the program could otherwise ptrace A)
+            c = os.fork()
+            if c == 0:
+                _program(job, out if job["stdin"] is not None else os.open("/dev/null", os.O_WRONLY), report, token)
+            os.setpgid(c, c)  # (as C does: whichever comes first, the kill below reaches C's group)
+            in_time = select.select([os.pidfd_open(c)], [], [], lim["wall_s"])[0]
+            with contextlib.suppress(ProcessLookupError):  # isolated, C is init: its namespace dies with it
+                os.killpg(c, signal.SIGKILL)
+            status = os.waitpid(c, 0)[1]
+        printed, said, cap = os.pread(out, (lim["out_kb"] << 10) + 1, 0), os.pread(report, 64, 0), lim["out_kb"] << 10
+        why = ("over the wall time" if not in_time else
+               f"the program was killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else
+               f"the program wrote over {lim['out_kb']} KB" if len(printed) > cap else
+               f"the program hit a limit ({said[1:].decode(errors='replace')})" if said[:1] == b"!" else None)
+        answer = {"ok": said == token and why is None, "out": printed.decode(errors="replace"), "why": why}
+    except Exception as e:  # noqa: BLE001  (a failure of the sandbox itself, reported to the caller)
+        answer = {"ok": False, "out": "", "why": f"sandbox: {e}"}
+    os.write(1, json.dumps(answer).encode() + b"\n")
 
 
-def _one_run(job, stdin, cap):
-    """B: one run of the program in C; what it printed (up to `cap` bytes) and whether it completed."""
-    token, (out_r, out_w), (rep_r, rep_w) = os.urandom(16).hex().encode(), os.pipe(), os.pipe()
-    c = os.fork()
-    if c == 0:
-        os.close(out_r), os.close(rep_r)
-        _program(job, stdin, out_w if job["inputs"] else os.open("/dev/null", os.O_WRONLY), rep_w, token)
-    os.close(out_w), os.close(rep_w)
-    out, rep, fds, why = bytearray(), bytearray(), [out_r, rep_r], None
-    pidfd = done = os.pidfd_open(c)
-    while fds or done > 0:  # (both pipes may be closed before C is gone)
-        ready = select.select(fds + [done] * (done > 0), [], [])[0]
-        if done in ready:
-            status, done = os.waitpid(c, 0)[1], -1
-            _kill_rest(c)  # the program's other processes end with it, and with them the pipes they may hold open
-            why = f"the program was killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else None
-        for fd in set(ready) & set(fds):
-            data = os.read(fd, 1 << 16)
-            (out if fd == out_r else rep).extend(data)
-            fds.remove(fd) if not data else None
-        del rep[64:]  # (a fork bomb's processes may each write there)
-        if len(out) > cap:
-            why = f"the program wrote over {cap >> 10} KB"
-            _kill_rest(c)
-            break
-    why = why or (rep[:1] == b"!" or None) and f"the program hit a limit ({rep[1:].decode(errors='replace')})"
-    for fd in (out_r, rep_r, pidfd):
-        os.close(fd)
-    return {"ok": rep == token and why is None, "out": out.decode(errors="replace"), "why": why}
-
-
-def _harness(job, root, report_w):
-    """B: sets up the root if isolated, then runs the program once (asserts) or once per input; the runs to A."""
-    if job["isolated"]:
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # A gone: B and its namespace die
-        _enter_root(root, job["limits"]["file_mb"])
-    else:
-        os.setsid()  # a process group for A to kill at the end: C, and what it made that did not leave it
-        os.chdir(root)
-    runs, cap = [], job["limits"]["out_kb"] << 10
-    for stdin in job["inputs"] or [""]:
-        runs.append(_one_run(job, stdin, cap - sum(len(r["out"]) for r in runs)))
-        if runs[-1]["why"]:
-            break
-    os.write(report_w, json.dumps(runs).encode())
-
-
-def _warden():
-    """A: one request from fd 0 (None: the caller is gone), its answer on fd 1."""
-    line = sys.stdin.buffer.readline()  # (one request at a time: nothing read ahead is lost)
-    if not line:
-        os._exit(3)
-    job = json.loads(line)
+def _zygote(isolated):
+    """Z: a root caller's becomes nobody; forks a warden per request (it reads the request itself) until the caller
+    is gone."""
     if os.getuid() == 0:
         os.setgroups([])
         os.setresgid(NOBODY, NOBODY, NOBODY)
         os.setresuid(NOBODY, NOBODY, NOBODY)
         libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # (a changed uid made /proc/self root's: the maps need it ours)
-    root = tempfile.mkdtemp(prefix="sandbox-")
-    try:
-        if job["isolated"]:
-            _enter_namespaces()
-        r, w = os.pipe()
-        b = os.fork()
-        if b == 0:
-            os.close(r)
-            try:
-                _harness(job, root, w)
-            finally:
-                os._exit(0)
-        os.close(w)
-        report, data, deadline = bytearray(), None, os.times().elapsed + job["limits"]["wall_s"]
-        while select.select([r], [], [], max(0.0, deadline - os.times().elapsed))[0]:
-            data = os.read(r, 1 << 16)
-            if not data:
-                break
-            report.extend(data)
-        with contextlib.suppress(ProcessLookupError):  # the namespace dies with B; not isolated, B's process group
-            (os.kill if job["isolated"] else os.killpg)(b, signal.SIGKILL)
-        os.waitpid(b, 0)
-        answer = json.loads(report) if data == b"" and report else {"error": "over the wall time"}
-    except Exception as e:  # noqa: BLE001  (a failure of the sandbox itself, reported to the caller)
-        answer = {"error": f"sandbox: {e}"}
-    finally:
-        os.rmdir(root) if job["isolated"] else shutil.rmtree(root, ignore_errors=True)
-    os.write(1, json.dumps(answer).encode() + b"\n")
-
-
-def _zygote():
-    """Z: forks a warden per request (it reads the request itself) until the caller is gone."""
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    while select.select([0], [], []):
-        a = os.fork()
-        if a == 0:
-            _warden()
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # (after the change of uid, which clears it)
+    gc.freeze()  # the forks' garbage collections leave the zygote's objects alone: fewer pages copied per program
+    requests = select.poll()
+    requests.register(0, select.POLLIN)
+    while requests.poll()[0][1] & select.POLLIN:  # (the caller gone and nothing to read: POLLHUP alone)
+        if os.fork() == 0:
+            _warden(isolated)
             os._exit(0)
-        if os.waitstatus_to_exitcode(os.waitpid(a, 0)[1]) == 3:
-            return
+        os.wait()  # (A has read its request when it ends)
 
 
-class Sandbox:
-    """A zygote for this process, started at the first program; `isolated` False runs programs with rlimits only."""
+ZYGOTES = {}  # (this process's pid, isolated): its zygote, started at its first program
 
-    def __init__(self, isolated=True):
-        self.isolated, self.zygote = isolated, None
 
-    def run(self, code, tests=None, entry=None, inputs=None, **limits):
-        """The runs of a program (one, or one per stdin input): {"ok", "out", "why"} each; SandboxError over a limit."""
-        limits = {**LIMITS, **limits}
-        if self.zygote is None or self.zygote.poll() is not None or self.pid != os.getpid():
-            self.zygote, self.pid = subprocess.Popen([PYTHON, "-I", "-S", os.path.abspath(__file__)], env={},
-                                                     cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                                     start_new_session=True), os.getpid()
-        job = dict(code=code, tests=tests, entry=entry, inputs=inputs, limits=limits, isolated=self.isolated)
-        try:
-            self.zygote.stdin.write(json.dumps(job).encode() + b"\n")
-            self.zygote.stdin.flush()
-            ready = select.select([self.zygote.stdout], [], [], limits["wall_s"] + 10)[0]
-            answer = json.loads(self.zygote.stdout.readline() or "null") if ready else None
-        except OSError:
-            answer = None
-        if answer is None:
-            os.killpg(self.zygote.pid, signal.SIGKILL)
-            self.zygote.wait()
-            raise SandboxError("the sandbox did not answer")
-        if isinstance(answer, dict):
-            raise SandboxError(answer["error"])
-        why = next((r["why"] for r in answer if r["why"]), None)
-        if why:
-            raise SandboxError(why)
-        return answer
+def run(code, tests=None, entry=None, stdin=None, isolated=True, **limits):
+    """One run of a program, given stdin or (None) with its output discarded: {"ok", "out", "why"}; SandboxError where
+    it hit a limit or the sandbox failed. `isolated` False runs it with rlimits only."""
+    limits, key = {**LIMITS, **limits}, (os.getpid(), isolated)
+    if key not in ZYGOTES or ZYGOTES[key].poll() is not None:
+        ZYGOTES[key] = subprocess.Popen([PYTHON, "-I", "-S", os.path.abspath(__file__), str(isolated)], env={},
+                                        cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    zygote, job = ZYGOTES[key], dict(code=code, tests=tests, entry=entry, stdin=stdin, limits=limits)
+    try:
+        zygote.stdin.write(json.dumps(job).encode() + b"\n")
+        zygote.stdin.flush()
+        ready = select.select([zygote.stdout], [], [], limits["wall_s"] + 10)[0]
+        answer = json.loads(zygote.stdout.readline() or "null") if ready else None
+    except OSError:
+        answer = None
+    if answer is None:
+        os.killpg(zygote.pid, signal.SIGKILL)
+        zygote.wait()
+        raise SandboxError("the sandbox did not answer")
+    if answer["why"]:
+        raise SandboxError(answer["why"])
+    return answer
 
 
 @functools.lru_cache(None)
 def missing():
     """What the machine lacks for the isolation (a line), or '' when programs can run isolated."""
     try:
-        Sandbox(isolated=True).run("pass", wall_s=30)
-        return ""
+        return run("pass", wall_s=30) and ""
     except SandboxError as e:
         return str(e)
 
 
-def isolation():
-    """Which isolation is in force here, for the run's start-up line."""
-    return ("Linux namespaces (user, mount, network, PID, IPC, UTS) and rlimits" if sandbox().isolated else
-            f"rlimits only, not isolated (--weak-sandbox; {missing()})")
-
-
-@functools.lru_cache(None)
-def sandbox():
-    """This process's sandbox: isolated, or with rlimits only where SCALERL_WEAK_SANDBOX=1 (--weak-sandbox) accepts."""
-    return Sandbox(isolated=os.environ.get("SCALERL_WEAK_SANDBOX") != "1" or not missing())
+def isolated():
+    """Whether programs run isolated: yes, unless SCALERL_WEAK_SANDBOX=1 (--weak-sandbox) accepts a machine that
+    cannot isolate them."""
+    return os.environ.get("SCALERL_WEAK_SANDBOX") != "1" or not missing()
 
 
 if __name__ == "__main__":
-    _zygote()
+    _zygote(sys.argv[1] == "True")

@@ -850,7 +850,9 @@ def start_notes(cfg):
     """The start-up lines for what the flags alone do not say (docs/off-policy.md)."""
     if cfg.reward == "code":
         os.environ["SCALERL_WEAK_SANDBOX"] = str(int(cfg.weak_sandbox))  # (the grading processes inherit it)
-        print(f"scalerl: code sandbox: {sandbox.isolation()}", flush=True)
+        isolation = "namespaces (user, mount, network, PID, IPC, UTS) and rlimits" if sandbox.isolated() else (
+            f"rlimits only, not isolated (--weak-sandbox; {sandbox.missing()})")
+        print(f"scalerl: code sandbox: {isolation}", flush=True)
     if cfg.engine == "hf" and cfg.off_policy == "pipeline" and cfg.max_lag > 0:
         print("scalerl: --engine hf cannot stream; running the synchronous loop (--max-lag 0)", flush=True)
         cfg.max_lag = 0

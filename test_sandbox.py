@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 
 import pytest
@@ -46,19 +47,21 @@ HOSTILE = {  # name: (program, row, what an isolated sandbox gives: 0.0, or "err
 }
 DRIVER = """
 import json, os, socket, sys
-sys.path.insert(0, sys.argv[1])
-import sandbox
+sys.path[:0] = sys.argv[1:3]  # this copy of scalerl.py and sandbox.py, then the environment's packages
+import sandbox, scalerl
+sandbox.LIMITS.update(cpu_s=2, wall_s=4, mem_mb=256, procs=8, out_kb=64)  # (smaller than the defaults: faster)
 os.environ["SECRET_TOKEN"] = %(secret)r
 server = socket.create_server(("127.0.0.1", 0))
 server.settimeout(0.2)
 cases, results = json.loads(sys.stdin.read()), {}
-for name, (code, row, _) in cases.items():
+rss = lambda: int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+for name, (code, row, _) in [("warm-up", cases["correct"])] + list(cases.items()):
     code = code.replace("PORT", str(server.getsockname()[1])).replace("CALLER", str(os.getpid()))
     code = code.replace("OUTSIDE", sys.argv[1])
-    try:
-        results[name] = float(sandbox.passes(code, row, cpu_s=2, wall_s=4, mem_mb=256, procs=8, out_kb=64))
-    except sandbox.SandboxError:
-        results[name] = "error"
+    reward, error = scalerl.grade_one(scalerl.REWARDS["code"], "```python\\n" + code + "\\n```", "", row)
+    results[name] = "error" if error else reward
+    results["rss_before"] = results.get("rss_before") or rss()
+results["rss_growth"] = rss() - results["rss_before"]
 try:
     server.accept()
     results["server_heard"] = True
@@ -68,40 +71,52 @@ left = [p for p in os.listdir("/proc") if p.isdigit() and os.stat("/proc/" + p).
 results["left"] = [open(f"/proc/{p}/cmdline").read() for p in left if int(p) != os.getpid()]
 print(json.dumps(results))
 """
-NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "prlimit", "--nproc=64", "--as=4000000000"]
-as_nobody = pytest.mark.skipif(os.getuid() != 0 or not shutil.which("setpriv") or not os.path.exists(sandbox.PYTHON),
-                               reason="needs root (to become nobody), setpriv and /usr/bin/python3")
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "prlimit", "--nproc=64", "--as=8000000000"]
+PACKAGES = sysconfig.get_paths()["purelib"]  # (the environment's packages, for scalerl's imports as nobody)
+as_nobody = pytest.mark.skipif(
+    os.getuid() != 0 or not shutil.which("setpriv") or not os.path.exists(sandbox.PYTHON)
+    or not all(os.stat(p).st_mode & 0o005 == 0o005 for p in [PACKAGES, *pathlib.Path(PACKAGES).parents])
+    or sys.version_info[:2] != tuple(map(int, subprocess.check_output([sandbox.PYTHON, "-c", "import sys; print("
+                                                                       "sys.version_info[0], sys.version_info[1])"],
+                                                                      text=True).split())),
+    reason="needs root (to become nobody), setpriv, /usr/bin/python3 of this Python's version and packages that "
+           "every user can read")
 
 
 @pytest.fixture(scope="module")
 def hostile():
-    """Each HOSTILE program graded by sandbox.passes (what REWARDS['code'] calls) as nobody; and what was left."""
+    """Each HOSTILE program graded by REWARDS['code'] (as the grading processes call it) in /usr/bin/python3 run as
+    nobody under a process limit; what was left, and what nobody owns in /tmp before and after."""
     where = pathlib.Path(tempfile.mkdtemp())  # (pytest's own are root's alone)
-    shutil.copy(sandbox.__file__, where)
+    for f in (sandbox.__file__, S.__file__):
+        shutil.copy(f, where)
     (where / "secret").write_text(SECRET)
     (where / "driver.py").write_text(DRIVER % {"secret": SECRET})
     os.chmod(where, 0o777)
-    r = subprocess.run([*NOBODY, "/usr/bin/python3", "-I", "-B", where / "driver.py", where], input=json.dumps(HOSTILE),
-                       capture_output=True, text=True, timeout=300)
+    nobodys = lambda: {d for d in os.listdir("/tmp") if os.lstat(f"/tmp/{d}").st_uid == 65534}  # noqa: E731
+    before = nobodys()
+    r = subprocess.run([*NOBODY, "/usr/bin/python3", "-I", "-B", where / "driver.py", where, PACKAGES],
+                       input=json.dumps(HOSTILE), capture_output=True, text=True, timeout=300, cwd=where, env={})
     assert r.returncode == 0, r.stderr
-    yield json.loads(r.stdout), where
+    yield json.loads(r.stdout), where, nobodys() - before
     shutil.rmtree(where)
 
 
 @as_nobody
 @pytest.mark.parametrize("name", HOSTILE)
 def test_a_hostile_program_costs_only_its_own_completion(hostile, name):
-    results, _ = hostile
+    results, _, _ = hostile
     assert results[name] == HOSTILE[name][2]
 
 
 @as_nobody
 def test_hostile_programs_leave_nothing_behind(hostile):
-    """No process left, nothing written outside, the loopback server heard nothing, no temporary directory left."""
-    results, where = hostile
-    assert results["left"] == [f"/usr/bin/python3\0-I\0-S\0{where}/sandbox.py\0"] and not results["server_heard"]
-    assert sorted(os.listdir(where)) == ["driver.py", "sandbox.py", "secret"]
-    assert not [d for d in os.listdir("/tmp") if d.startswith("sandbox-") and os.stat(f"/tmp/{d}").st_uid == 65534]
+    """No process left but the zygote, nothing written outside (the run's own /tmp included), the loopback server
+    heard nothing, and the caller did not grow (beyond 8 MB, after a warm-up program)."""
+    results, where, new_in_tmp = hostile
+    assert results["left"] == [f"/usr/bin/python3\0-I\0-S\0{where}/sandbox.py\0True\0"] and not results["server_heard"]
+    assert sorted(os.listdir(where)) == ["driver.py", "sandbox.py", "scalerl.py", "secret"] and not new_in_tmp
+    assert results["rss_growth"] < 8 << 20
 
 
 @pytest.mark.parametrize("text, row, reward", [
