@@ -174,8 +174,8 @@ def _warden(isolated):
             status = os.waitpid(c, 0)[1]
         printed, said, cap = os.pread(out, (lim["out_kb"] << 10) + 1, 0), os.pread(report, 64, 0), lim["out_kb"] << 10
         why = ("over the wall time" if not in_time else
-               f"the program was killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else
                f"the program wrote over {lim['out_kb']} KB" if len(printed) > cap else
+               f"the program was killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else
                f"the program hit a limit ({said[1:].decode(errors='replace')})" if said[:1] == b"!" else None)
         answer = {"ok": said == token and why is None, "out": printed.decode(errors="replace"), "why": why}
     except Exception as e:  # noqa: BLE001  (a failure of the sandbox itself, reported to the caller)

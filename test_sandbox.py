@@ -18,14 +18,20 @@ import scalerl as S
 
 CODE = S.REWARDS["code"]
 SECRET = "s3cr3t-of-the-user"
-HOSTILE = {  # name: (program, row, what an isolated sandbox gives: 0.0, or "error" for a limit hit)
-    "fork_bomb": ("import os\nwhile True:\n    os.fork()", {"tests": ["assert 1"]}, "error"),
+HOSTILE = {  # name: (program, row, what an isolated sandbox gives: a reward, or "error: " and part of the error)
+    "fork_bomb": ("import os\nwhile True:\n    os.fork()", {"tests": ["assert 1"]}, "error: BlockingIOError"),
+    "processes": ("import os, time\nn = 0\nfor _ in range(30):\n    try:\n        if os.fork() == 0:\n"
+                  "            time.sleep(9)\n            os._exit(0)\n        n += 1\n    except OSError:\n"
+                  "        break", {"tests": ["assert 0 < n < 8 + 3"]}, 1.0),  # (procs=8 below; the outer limit: 64)
     "threads": ("import threading, time\nwhile True:\n    threading.Thread(target=time.sleep, args=(9,)).start()",
                 {"tests": ["assert 1"]}, 0.0),
-    "memory_hog": ("x = []\nwhile True:\n    x.append(bytearray(1 << 24))", {"tests": ["assert 1"]}, "error"),
-    "output_flood": ("while True:\n    print('x' * 4096)", {"inputs": [""], "outputs": [""]}, "error"),
-    "infinite_loop": ("while True:\n    pass", {"tests": ["assert 1"]}, "error"),
-    "sleeper": ("import time\ntime.sleep(60)", {"tests": ["assert 1"]}, "error"),
+    "memory_hog": ("x = [bytearray(1 << 24) for _ in range(32)]", {"tests": ["assert 1"]}, "error: MemoryError"),
+    "output_flood": ("while True:\n    print('x' * 4096)", {"inputs": [""], "outputs": [""]},
+                     "error: wrote over 64 KB"),
+    "infinite_loop": ("while True:\n    pass", {"tests": ["assert 1"]}, "error: "),  # (the CPU or the wall limit)
+    "rlimits": ("import resource as r\nL = [r.getrlimit(getattr(r, 'RLIMIT_' + k)) for k in ('CPU', 'AS', 'NPROC', "
+                "'FSIZE')]", {"tests": ["assert L == [(2, 3), (256 << 20,) * 2, (11, 11), (16 << 20,) * 2]"]}, 1.0),
+    "sleeper": ("import time\ntime.sleep(60)", {"tests": ["assert 1"]}, "error: over the wall time"),
     "network": ("import socket\ns = socket.create_connection(('127.0.0.1', PORT), timeout=1)\ns.sendall(b'hi')",
                 {"tests": ["assert 1"]}, 0.0),
     "write_outside": ("open('OUTSIDE/written', 'w').write('x')", {"tests": ["assert 1"]}, 0.0),
@@ -54,12 +60,13 @@ os.environ["SECRET_TOKEN"] = %(secret)r
 server = socket.create_server(("127.0.0.1", 0))
 server.settimeout(0.2)
 cases, results = json.loads(sys.stdin.read()), {}
+before = {p for p in os.listdir("/proc") if p.isdigit()}
 rss = lambda: int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 for name, (code, row, _) in [("warm-up", cases["correct"])] + list(cases.items()):
     code = code.replace("PORT", str(server.getsockname()[1])).replace("CALLER", str(os.getpid()))
     code = code.replace("OUTSIDE", sys.argv[1])
     reward, error = scalerl.grade_one(scalerl.REWARDS["code"], "```python\\n" + code + "\\n```", "", row)
-    results[name] = "error" if error else reward
+    results[name] = f"error: {error}" if error else reward
     results["rss_before"] = results.get("rss_before") or rss()
 results["rss_growth"] = rss() - results["rss_before"]
 try:
@@ -67,7 +74,7 @@ try:
     results["server_heard"] = True
 except OSError:
     results["server_heard"] = False
-left = [p for p in os.listdir("/proc") if p.isdigit() and os.stat("/proc/" + p).st_uid == os.getuid()]
+left = [p for p in set(os.listdir("/proc")) - before if p.isdigit() and os.stat("/proc/" + p).st_uid == os.getuid()]
 results["left"] = [open(f"/proc/{p}/cmdline").read() for p in left if int(p) != os.getpid()]
 print(json.dumps(results))
 """
@@ -105,14 +112,17 @@ def hostile():
 @as_nobody
 @pytest.mark.parametrize("name", HOSTILE)
 def test_a_hostile_program_costs_only_its_own_completion(hostile, name):
-    results, _, _ = hostile
-    assert results[name] == HOSTILE[name][2]
+    (results, _, _), want = hostile, HOSTILE[name][2]
+    if isinstance(want, str):  # a limit hit: the error names it
+        assert results[name].startswith("error: SandboxError: ") and want[7:] in results[name]
+    else:
+        assert results[name] == want
 
 
 @as_nobody
 def test_hostile_programs_leave_nothing_behind(hostile):
-    """No process left but the zygote, nothing written outside (the run's own /tmp included), the loopback server
-    heard nothing, and the caller did not grow (beyond 8 MB, after a warm-up program)."""
+    """No process of nobody's left but the zygote (of those started meanwhile), nothing written outside (the machine's
+    /tmp included), the loopback server heard nothing, and the caller did not grow (beyond 8 MB, after a warm-up)."""
     results, where, new_in_tmp = hostile
     assert results["left"] == [f"/usr/bin/python3\0-I\0-S\0{where}/sandbox.py\0True\0"] and not results["server_heard"]
     assert sorted(os.listdir(where)) == ["driver.py", "sandbox.py", "scalerl.py", "secret"] and not new_in_tmp
@@ -153,3 +163,19 @@ def test_code_reward_is_refused_where_programs_cannot_be_isolated(monkeypatch):
     assert why == ["--reward code: this machine cannot isolate programs (unshare (user namespaces): Operation not "
                    "permitted); --weak-sandbox runs them anyway"]
     assert not [w for bad, w in S.refusals(S.Config(reward="code", weak_sandbox=True)) if bad and "sandbox" in w]
+
+
+@pytest.mark.parametrize("weak", [False, True])
+def test_weak_sandbox_runs_programs_with_rlimits_only(monkeypatch, weak):
+    """--weak-sandbox (SCALERL_WEAK_SANDBOX=1) on a machine that cannot isolate: the program runs outside the
+    namespaces (not PID 1, the machine's files in sight) in a temporary directory removed afterwards, still under the
+    rlimits. Isolated, it is PID 1 in /tmp of its own root. (Benign programs only: nothing here is hostile.)"""
+    monkeypatch.setenv("SCALERL_WEAK_SANDBOX", str(int(weak)))
+    monkeypatch.setattr(sandbox, "missing", lambda: "unshare: not permitted" if weak else "")
+    assert sandbox.isolated() is not weak
+    seen = "import os\nopen('f', 'w').write('x')\nprint(os.getpid(), os.getcwd(), os.path.exists('/etc/passwd'))"
+    seen += "\nimport resource\nprint(*resource.getrlimit(resource.RLIMIT_CPU))"
+    pid, cwd, etc, *cpu = sandbox.run(seen, stdin="", isolated=sandbox.isolated(), cpu_s=1)["out"].split()
+    assert (pid == "1", cwd == "/tmp", etc, cpu) == ((False, False, "True", ["1", "2"]) if weak else
+                                                     (True, True, "False", ["1", "2"]))
+    assert not os.path.exists(cwd) if weak else True
