@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 LIMITS = {"cpu_s": 5, "wall_s": 8.0, "mem_mb": 512, "procs": 16, "file_mb": 16, "out_kb": 1024}
 NOBODY = 65534
@@ -63,12 +64,13 @@ def row_tests(row):
 
 
 def passes(code, row, **limits):
-    """Whether the program passes every test of its row; SandboxError when it hit a limit or the sandbox failed.
+    """Whether the program passes every test of its row; SandboxError when a run hit a limit or the sandbox failed.
     Outputs are compared line by line, trailing whitespace (and trailing empty lines) ignored."""
     tests, entry, ins, outs = row_tests(row)
     lines = lambda text: [s.rstrip() for s in text.rstrip().splitlines()]  # noqa: E731
-    runs = ((run(code, tests, entry, stdin, isolated(), **limits), stdin, want)  # (one at a time, until one fails)
-            for stdin, want in zip(ins or [None], outs or [None]))
+    end = time.monotonic() + {**LIMITS, **limits}["wall_s"]  # (the row's runs share its wall time)
+    runs = ((run(code, tests, entry, stdin, isolated(), **{**limits, "wall_s": max(0.0, end - time.monotonic())}),
+             stdin, want) for stdin, want in zip(ins or [None], outs or [None]))  # (one at a time, until one fails)
     return all(r["ok"] and (stdin is None or lines(r["out"]) == lines(want)) for r, stdin, want in runs)
 
 

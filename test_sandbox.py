@@ -35,6 +35,8 @@ HOSTILE = {  # name: (program, row, what an isolated sandbox gives: a reward, or
     "network": ("import socket\ns = socket.create_connection(('127.0.0.1', PORT), timeout=1)\ns.sendall(b'hi')",
                 {"tests": ["assert 1"]}, 0.0),
     "write_outside": ("open('OUTSIDE/written', 'w').write('x')", {"tests": ["assert 1"]}, 0.0),
+    "machine_files": ("import os\nx = any(os.path.exists(p + 'etc/passwd') for p in ('/', '/../', '/tmp/../../'))",
+                      {"tests": ["assert x"]}, 0.0),  # (/.. would reach an old root left mounted over the new)
     "read_outside": ("print(open('OUTSIDE/secret').read())", {"inputs": [""], "outputs": [SECRET]}, 0.0),
     "env_secret": ("import os\nprint(os.environ.get('SECRET_TOKEN'))", {"inputs": [""], "outputs": [SECRET]}, 0.0),
     "signals": ("import os, signal\nfor pid in (CALLER, os.getppid(), -1):\n    try:\n"
@@ -80,21 +82,21 @@ print(json.dumps(results))
 """
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "prlimit", "--nproc=64", "--as=8000000000"]
 PACKAGES = sysconfig.get_paths()["purelib"]  # (the environment's packages, for scalerl's imports as nobody)
+PY = "/usr/bin/python3"
 as_nobody = pytest.mark.skipif(
-    os.getuid() != 0 or not shutil.which("setpriv") or not os.path.exists(sandbox.PYTHON)
+    os.getuid() != 0 or not shutil.which("setpriv") or not os.path.exists(PY)
     or not all(os.stat(p).st_mode & 0o005 == 0o005 for p in [PACKAGES, *pathlib.Path(PACKAGES).parents])
-    or sys.version_info[:2] != tuple(map(int, subprocess.check_output([sandbox.PYTHON, "-c", "import sys; print("
-                                                                       "sys.version_info[0], sys.version_info[1])"],
-                                                                      text=True).split())),
-    reason="needs root (to become nobody), setpriv, /usr/bin/python3 of this Python's version and packages that "
-           "every user can read")
+    or subprocess.check_output([PY, "-c", "import sys; print(sys.version_info[:2])"], text=True).strip()
+    != str(sys.version_info[:2]),
+    reason="needs root (to become nobody), setpriv, /usr/bin/python3 of this Python's version, and this Python's "
+           "packages readable by every user")
 
 
 @pytest.fixture(scope="module")
 def hostile():
     """Each HOSTILE program graded by REWARDS['code'] (as the grading processes call it) in /usr/bin/python3 run as
     nobody under a process limit; what was left, and what nobody owns in /tmp before and after."""
-    where = pathlib.Path(tempfile.mkdtemp())  # (pytest's own are root's alone)
+    where = pathlib.Path(tempfile.mkdtemp(dir="/var/tmp"))  # (not /tmp, which the sandbox shadows; pytest's are root's)
     for f in (sandbox.__file__, S.__file__):
         shutil.copy(f, where)
     (where / "secret").write_text(SECRET)
@@ -102,7 +104,7 @@ def hostile():
     os.chmod(where, 0o777)
     nobodys = lambda: {d for d in os.listdir("/tmp") if os.lstat(f"/tmp/{d}").st_uid == 65534}  # noqa: E731
     before = nobodys()
-    r = subprocess.run([*NOBODY, "/usr/bin/python3", "-I", "-B", where / "driver.py", where, PACKAGES],
+    r = subprocess.run([*NOBODY, PY, "-I", "-B", where / "driver.py", where, PACKAGES],
                        input=json.dumps(HOSTILE), capture_output=True, text=True, timeout=300, cwd=where, env={})
     assert r.returncode == 0, r.stderr
     yield json.loads(r.stdout), where, nobodys() - before
