@@ -113,7 +113,8 @@ def bench_grading(n, workers, chars, reward="math", cpu_s=0.0):
         wrong = sum(r != e for r, e in zip(rewards, expected))
         print("bench:", json.dumps({"workers": w, "start_s": round(t1 - t0, 2), "grade_s": round(t2 - t1, 2),
                                     "completions_per_s": round(n / (t2 - t1), 1), "errors": len(errors),
-                                    "verdicts_unlike_expected": wrong, "load_1min": os.getloadavg()[0]}), flush=True)
+                                    "verdicts_unlike_expected": wrong, "load_1min": os.getloadavg()[0],
+                                    "first_error": errors[0] if errors else None}), flush=True)
 
 
 def long_tail_model(path, p_long=0.05, p_stop=0.1):
