@@ -26,7 +26,6 @@ import select
 import signal
 import sys
 import tempfile
-import time
 
 LIMITS = {"cpu_s": 5, "wall_s": 8.0, "mem_mb": 512, "procs": 16, "file_mb": 16, "out_kb": 1024}
 NOBODY = 65534
@@ -67,8 +66,8 @@ def passes(code, row, **limits):
     Outputs are compared line by line, trailing whitespace (and trailing empty lines) ignored."""
     tests, entry, ins, outs = row_tests(row)
     lines = lambda text: [s.rstrip() for s in text.rstrip().splitlines()]  # noqa: E731
-    end = time.monotonic() + {**LIMITS, **limits}["wall_s"]  # (the row's runs share its wall time)
-    runs = ((run(code, tests, entry, stdin, isolated(), **{**limits, "wall_s": max(0.0, end - time.monotonic())}),
+    end = os.times().elapsed + {**LIMITS, **limits}["wall_s"]  # (the row's runs share its wall time)
+    runs = ((run(code, tests, entry, stdin, isolated(), **{**limits, "wall_s": max(0.0, end - os.times().elapsed)}),
              stdin, want) for stdin, want in zip(ins or [None], outs or [None]))  # (one at a time, until one fails)
     return all(r["ok"] and (stdin is None or lines(r["out"]) == lines(want)) for r, stdin, want in runs)
 
@@ -125,6 +124,7 @@ def _program(job, out, report, token):
     file as fd 3 and nothing else open; the rlimits; the program, then its tests in the same interpreter, then the
     token. The program's globals are its own; the harness's functions are taken first."""
     os.setpgid(0, 0)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # A gone: C dies
     fd, lim = os.memfd_create("stdin"), job["limits"]
     os.write(fd, (job["stdin"] or "").encode())
     os.lseek(fd, 0, 0)
@@ -165,6 +165,7 @@ def _warden(isolated):
         with contextlib.nullcontext() if isolated else tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as cwd:
             _isolate(lim["file_mb"]) if isolated else os.chdir(cwd)
             libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # (not isolated, the program could otherwise ptrace A)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # Z gone: A, then C, die (unshare cleared it)
             c = os.fork()
             if c == 0:
                 _program(job, out if job["stdin"] is not None else os.open("/dev/null", os.O_WRONLY), report, token)
@@ -222,12 +223,11 @@ def run(code, tests=None, entry=None, stdin=None, isolated=True, **limits):
         answer = json.loads(zygote.stdout.readline() or "null") if ready else None
     except OSError:
         answer = None
-    if answer is None:
+    if answer is None:  # (a new zygote starts at the next program)
         os.killpg(zygote.pid, signal.SIGKILL)
         zygote.wait()
-        raise SandboxError("the sandbox did not answer")
-    if answer["why"]:
-        raise SandboxError(answer["why"])
+    if answer is None or answer["why"]:
+        raise SandboxError(answer["why"] if answer else "the sandbox did not answer")
     return answer
 
 
