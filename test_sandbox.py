@@ -181,3 +181,16 @@ def test_weak_sandbox_runs_programs_with_rlimits_only(monkeypatch, weak):
     assert (pid == "1", cwd == "/tmp", etc, cpu) == ((False, False, "True", ["1", "2"]) if weak else
                                                      (True, True, "False", ["1", "2"]))
     assert not os.path.exists(cwd) if weak else True
+
+
+@pytest.mark.parametrize("weak", [False, True])
+def test_weak_sandbox_flag_reaches_the_grading_processes(monkeypatch, capsys, weak):
+    """--weak-sandbox is passed to the grading processes in SCALERL_WEAK_SANDBOX (set at start-up, inherited by
+    them), and the start-up line says which isolation is in force."""
+    monkeypatch.setenv("SCALERL_WEAK_SANDBOX", "")
+    monkeypatch.setattr(sandbox, "missing", lambda: "unshare: not permitted")
+    S.start_notes(S.Config(reward="code", weak_sandbox=weak))
+    assert os.environ["SCALERL_WEAK_SANDBOX"] == str(int(weak)) and sandbox.isolated() is not weak
+    line = "rlimits only, not isolated (--weak-sandbox; unshare: not permitted)" if weak else \
+        "namespaces (user, mount, network, PID, IPC, UTS) and rlimits"
+    assert f"scalerl: code sandbox: {line}\n" in capsys.readouterr().out
