@@ -155,10 +155,10 @@ def _program(job, out, report, token):
 
 
 def _warden(isolated):
-    """A: one request from fd 0, its answer on fd 1. C writes into memory files that A
-    reads once C is gone: a flood (bounded by the file-size limit) costs A only the bytes it reads, and a process
-    that C left (not isolated) holds no pipe for A to wait on. Not isolated, C's working directory is a temporary
-    directory, removed at the end, and A kills C's process group: what did not leave it."""
+    """A: one request from fd 0, its answer on fd 1. C writes into memory files that A reads once C is gone: a flood
+    (bounded by the file-size limit) costs A only the bytes it reads, and a process that C left (not isolated) holds
+    no pipe for A to wait on. Not isolated, C's working directory is a temporary directory, removed at the end, and A
+    kills C's process group: what did not leave it."""
     job, token = json.loads(sys.stdin.buffer.readline()), os.urandom(16).hex().encode()  # (one line: none read ahead)
     lim, out, report = job["limits"], os.memfd_create("out"), os.memfd_create("report")
     try:
