@@ -1,6 +1,6 @@
 """--reward code and sandbox.py. Hostile programs run only under an outer limit: a /usr/bin/python3 process as user
-nobody, with its own process limit, imports a copy of sandbox.py and grades them, so that a broken sandbox fails a
-test, not the machine."""
+nobody, with its own process limit, imports a copy of scalerl.py and sandbox.py and grades them with REWARDS["code"],
+so that a broken sandbox fails a test, not the machine."""
 import json
 import os
 import pathlib
