@@ -1,9 +1,10 @@
 """bench.py -- time scalerl.py on random-weight models of real shapes, built from a config (no download);
-or time the math grader on a step's worth of long synthetic completions.
+or time a grader (math, code) on a step's worth of synthetic completions.
 
     python bench.py --shape qwen2-0.5b -- --steps 3 --prompts-per-step 8 --generations-per-prompt 8 \\
         --max-new-tokens 512 --length-control truncate --no-zero-variance-filter --no-mask-truncated
     python bench.py --grading 768 --workers 0 1 2
+    python bench.py --grading 768 --reward code --workers 0 1 2
     python bench.py --long-tail
     python bench.py --loo --out runs/loo --seeds 3 -- --task hidden
     python bench.py --learn
@@ -97,13 +98,23 @@ def synthetic_completions(n, chars, seed=0):
     return out
 
 
-def bench_grading(n, workers, chars):
-    items = synthetic_completions(n, chars)
+def code_completions(n, cpu_s):
+    """n completions for --reward code with an MBPP-style row, right half of the time: a one-line function, after
+    (cpu_s > 0) a loop that spends about cpu_s seconds of the program's CPU time."""
+    spin = f"import time\nt = time.process_time()\nwhile time.process_time() - t < {cpu_s}:\n    pass\n" * (cpu_s > 0)
+    return [(f"<think>...</think>```python\n{spin}def f(x):\n    return x + {1 + i % 2}\n```", "",
+             {"tests": ["assert f(1) == 2"]}) for i in range(n)]
+
+
+def bench_grading(n, workers, chars, reward="math", cpu_s=0.0):
+    items = synthetic_completions(n, chars) if reward == "math" else code_completions(n, cpu_s)
     expected = [float(i % 2 == 0) for i in range(n)]
-    print(f"bench: grading {n} completions of ~{chars} characters with --reward math", flush=True)
+    what = f"~{chars} characters" if reward == "math" else f"programs of ~{cpu_s:g} s of CPU" if cpu_s else \
+        "trivial programs"
+    print(f"bench: grading {n} completions ({what}) with --reward {reward}", flush=True)
     for w in workers:
         t0 = time.time()
-        grader = scalerl.Grader(scalerl.reward_math, w, timeout=10.0)
+        grader = scalerl.Grader(scalerl.REWARDS[reward], w, timeout=10.0)
         t1 = time.time()
         rewards, errors = grader(items)
         t2 = time.time()
@@ -111,7 +122,8 @@ def bench_grading(n, workers, chars):
         wrong = sum(r != e for r, e in zip(rewards, expected))
         print("bench:", json.dumps({"workers": w, "start_s": round(t1 - t0, 2), "grade_s": round(t2 - t1, 2),
                                     "completions_per_s": round(n / (t2 - t1), 1), "errors": len(errors),
-                                    "verdicts_unlike_expected": wrong}), flush=True)
+                                    "verdicts_unlike_expected": wrong, "load_1min": os.getloadavg()[0],
+                                    "first_error": errors[0] if errors else None}), flush=True)
 
 
 def long_tail_model(path, p_long=0.05, p_stop=0.1):
@@ -1424,7 +1436,9 @@ def run_bench(argv):
     p = argparse.ArgumentParser(description="time scalerl.py on a random-weight model of a real shape")
     p.error = scalerl.die  # (its errors in one line too)
     p.add_argument("--shape", choices=sorted(SHAPES))
-    p.add_argument("--grading", type=int, metavar="N", help="time the math grader on N synthetic completions")
+    p.add_argument("--grading", type=int, metavar="N", help="time a grader on N synthetic completions")
+    p.add_argument("--reward", choices=["math", "code"], default="math", help="--grading: which reward")
+    p.add_argument("--cpu-s", type=float, default=0.0, help="--grading --reward code: CPU seconds each program spends")
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="--grading: process counts to try")
     p.add_argument("--chars", type=int, default=16000, help="--grading: reasoning length per completion")
     p.add_argument("--long-tail", nargs="*", choices=list(LONG_TAIL_ARMS), metavar="ARM",
@@ -1504,7 +1518,7 @@ def run_bench(argv):
     if args.long_tail is not None:
         return bench_long_tail(rest, args.long_tail or list(LONG_TAIL_ARMS), os.path.abspath(args.script))
     if args.grading:
-        return bench_grading(args.grading, args.workers, args.chars)
+        return bench_grading(args.grading, args.workers, args.chars, args.reward, args.cpu_s)
     if not args.shape:
         p.error("give --shape, --grading, --long-tail, --loo, --learn or --gpu-check")
     with tempfile.TemporaryDirectory() as tmp:

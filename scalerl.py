@@ -91,6 +91,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+import sandbox
 sys.modules.setdefault("scalerl", sys.modules[__name__])  # run as a script, this is the module generators.py imports
 
 
@@ -864,6 +866,11 @@ def start_run(cfg, saved, release):
 
 def start_notes(cfg):
     """The start-up lines for what the flags alone do not say (docs/off-policy.md)."""
+    if cfg.reward == "code":
+        os.environ["SCALERL_WEAK_SANDBOX"] = str(int(cfg.weak_sandbox))  # (the grading processes inherit it)
+        isolation = "namespaces (user, mount, network, PID, IPC, UTS) and rlimits" if sandbox.isolated() else (
+            f"rlimits only, not isolated (--weak-sandbox; {sandbox.missing()})")
+        print(f"scalerl: code sandbox: {isolation}", flush=True)
     if cfg.engine == "hf" and cfg.off_policy == "pipeline" and cfg.max_lag > 0:
         print("scalerl: --engine hf cannot stream; running the synchronous loop (--max-lag 0)", flush=True)
         cfg.max_lag = 0
@@ -984,9 +991,12 @@ class Config(Recipe):
                           "--data: appended to each prompt (default: ask for the answer in \\boxed{}; '' for none)")
     chat_template: bool = flag(True, "--data: format prompts with the model's chat template when it has one "
                                    "(--no-chat-template for base models)")
-    reward: str = flag("auto", "math: the final answer checked with math-verify; exact: string match; digit: the last "
-                             "digit after the reasoning, for the built-in tasks (auto: math with --data, else digit); "
-                             "the choices are the REWARDS table's", lambda: ["auto", *REWARDS])
+    reward: str = flag("auto", "math: the final answer checked with math-verify; exact: string match; code: the last "
+                             "code block run with the row's tests in sandbox.py; digit: the last digit after the "
+                             "reasoning, for the built-in tasks (auto: math with --data, else digit); the choices are "
+                             "the REWARDS table's", lambda: ["auto", *REWARDS])
+    weak_sandbox: bool = flag(False, "--reward code where the machine cannot isolate programs (no user namespaces): "
+                                     "run them with rlimits only, with the network and files of this user in reach")
     reward_workers: int = flag(-1, "grading processes (-1: min(16, CPUs) for math/exact, 0 for the built-in task; "
                                  "0: grade in this process, with no time limit: --reward-timeout does not apply, "
                                  "and it is refused with --reward math, whose checker can hang)", at_least=-1)
@@ -1181,6 +1191,8 @@ def refusals(cfg):
         f"--prompts-per-step {cfg.prompts_per_step} exceeds --train-size {cfg.train_size}")
     yield not accepts(REWARDS[cfg.reward], "text", "answer", {}), (  # (else an error worth 0 on every completion)
         f"--reward {cfg.reward}: {REWARDS[cfg.reward].__name__} must take (completion_text, answer, row)")
+    yield cfg.reward == "code" and not cfg.weak_sandbox and sandbox.missing(), (
+        f"--reward code: this machine cannot isolate programs ({sandbox.missing()}); --weak-sandbox runs them anyway")
     yield cfg.reward == "math" and importlib.util.find_spec("math_verify") is None, (
         "--reward math needs math-verify: pip install math-verify (it is in requirements.txt)")
     yield cfg.wandb and importlib.util.find_spec("wandb") is None, "--wandb needs the wandb package: pip install wandb"
@@ -1432,6 +1444,8 @@ def row_problem(row, pk, ak):
         return f"'{pk}' is {type(p).__name__}, not a string or a list of {{role, content}} messages"
     if not p.strip():
         return f"empty prompt '{pk}'"
+    if ak is None:  # --reward code: the row's tests instead of an answer
+        return tests if isinstance(tests := sandbox.row_tests(row), str) else None
     if a is None:
         return f"no '{ak}' field (choose another with --answer-key)"
     if isinstance(a, bool) or not isinstance(a, (str, int, float)):
@@ -1451,9 +1465,9 @@ def load_rows(path, cfg):
         where, row = records[0]
         die(f"{path}: no row has a field; {where}: {row_problem(row, PROMPT_KEYS[0], ANSWER_KEYS[0])}")
     pk = cfg.prompt_key or next((k for k in PROMPT_KEYS if k in keys), PROMPT_KEYS[0])
-    ak = cfg.answer_key or next((k for k in ANSWER_KEYS if k in keys), ANSWER_KEYS[0])
+    ak = None if cfg.reward == "code" else cfg.answer_key or next((k for k in ANSWER_KEYS if k in keys), ANSWER_KEYS[0])
     for key, option, known in ((pk, "--prompt-key", PROMPT_KEYS), (ak, "--answer-key", ANSWER_KEYS)):
-        if records and key not in keys:
+        if records and key and key not in keys:
             die(f"{path}: no field '{key}' (looked for {', '.join(known) if key in known else key}; found: "
                 f"{', '.join(sorted(keys))}); name the field with {option}")
     rows, bad = [], []
@@ -1462,7 +1476,7 @@ def load_rows(path, cfg):
         if problem:
             bad.append(f"{where}: {problem}")
         else:
-            rows.append((r[pk], gold_answer(r[ak]), r))
+            rows.append((r[pk], gold_answer(r[ak]) if ak else "", r))
     if bad and not cfg.skip_bad_rows:
         die(f"{path}: {len(bad)} of {len(records)} rows are unusable; " + "; ".join(bad[:5])
             + ("; ..." if len(bad) > 5 else "") + ". Fix them, or pass --skip-bad-rows to drop them")
@@ -2581,7 +2595,15 @@ def reward_exact(completion_text, answer, row=None):
     return float(pred is not None and re.sub(r"\s+", "", pred) == re.sub(r"\s+", "", answer))
 
 
-REWARDS = {"digit": reward_last_digit, "math": reward_math, "exact": reward_exact}
+def reward_code(completion_text, answer, row):
+    """Code reward, binary [Sec. 2: unit tests]: the last fenced code block after the reasoning (```python or bare
+    ```), run with its row's tests in sandbox.py's sandbox; 1 only when every test ran and passed. A program that hit
+    a limit (time, memory, processes, output) raises: 0, counted as a grading error."""
+    blocks = re.findall(r"```(?:python|py)?[ \t]*\n(.*?)```", completion_text.rpartition("</think>")[2], re.S)
+    return float(bool(blocks) and sandbox.passes(blocks[-1], row))
+
+
+REWARDS = {"digit": reward_last_digit, "math": reward_math, "exact": reward_exact, "code": reward_code}
 
 
 def join_experts(a, b):

@@ -1,0 +1,195 @@
+"""--reward code and sandbox.py. Hostile programs run only under an outer limit: a /usr/bin/python3 process as user
+nobody, with its own process limit, imports a copy of scalerl.py and sandbox.py and grades them with REWARDS["code"],
+so that a broken sandbox fails a test, not the machine."""
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+
+import pytest
+
+import sandbox
+import scalerl as S
+
+CODE = S.REWARDS["code"]
+SECRET = "s3cr3t-of-the-user"
+HOSTILE = {  # name: (program, row, what an isolated sandbox gives: a reward, or "error: " and part of the error)
+    "fork_bomb": ("import os\nwhile True:\n    os.fork()", {"tests": ["assert 1"]}, "error: BlockingIOError"),
+    "processes": ("import os, time\nn = 0\nfor _ in range(30):\n    try:\n        if os.fork() == 0:\n"
+                  "            time.sleep(9)\n            os._exit(0)\n        n += 1\n    except OSError:\n"
+                  "        break", {"tests": ["assert 0 < n < 8 + 3"]}, 1.0),  # (procs=8 below; the outer limit: 64)
+    "threads": ("import threading, time\nwhile True:\n    threading.Thread(target=time.sleep, args=(9,)).start()",
+                {"tests": ["assert 1"]}, 0.0),
+    "memory_hog": ("x = [bytearray(1 << 24) for _ in range(32)]", {"tests": ["assert 1"]}, "error: MemoryError"),
+    "output_flood": ("while True:\n    print('x' * 4096)", {"inputs": [""], "outputs": [""]},
+                     "error: wrote over 64 KB"),
+    "infinite_loop": ("while True:\n    pass", {"tests": ["assert 1"]}, "error: "),  # (the CPU or the wall limit)
+    "rlimits": ("import resource as r\nL = [r.getrlimit(getattr(r, 'RLIMIT_' + k)) for k in ('CPU', 'AS', 'NPROC', "
+                "'FSIZE')]", {"tests": ["assert L == [(2, 3), (256 << 20,) * 2, (11, 11), (16 << 20,) * 2]"]}, 1.0),
+    "sleeper": ("import time\ntime.sleep(60)", {"tests": ["assert 1"]}, "error: over the wall time"),
+    "network": ("import socket\ns = socket.create_connection(('127.0.0.1', PORT), timeout=1)\ns.sendall(b'hi')",
+                {"tests": ["assert 1"]}, 0.0),
+    "write_outside": ("open('OUTSIDE/written', 'w').write('x')", {"tests": ["assert 1"]}, 0.0),
+    "machine_files": ("import os\nx = any(os.path.exists(p + 'etc/passwd') for p in ('/', '/../', '/tmp/../../'))",
+                      {"tests": ["assert x"]}, 0.0),  # (/.. would reach an old root left mounted over the new)
+    "read_outside": ("print(open('OUTSIDE/secret').read())", {"inputs": [""], "outputs": [SECRET]}, 0.0),
+    "env_secret": ("import os\nprint(os.environ.get('SECRET_TOKEN'))", {"inputs": [""], "outputs": [SECRET]}, 0.0),
+    "signals": ("import os, signal\nfor pid in (CALLER, os.getppid(), -1):\n    try:\n"
+                "        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\nx = 1",
+                {"tests": ["assert x == 1"]}, 1.0),
+    "daemon": ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(30)\n"
+               "        open('OUTSIDE/daemon', 'w').write('alive')\n    os._exit(0)\nx = 1",
+               {"tests": ["assert x == 1"]}, 1.0),
+    "sys_exit": ("import sys\nsys.exit(0)", {"tests": ["assert False"]}, 0.0),
+    "os_exit": ("import os\nos._exit(0)", {"tests": ["assert False"]}, 0.0),
+    "swallowed": ("import sys, atexit\nsys.excepthook = lambda *a: None\natexit.register(print, 'passed')",
+                  {"tests": ["assert False"]}, 0.0),
+    "harness_closed": ("import os\nfor fd in range(3, 64):\n    try:\n        os.close(fd)\n    except OSError:\n"
+                       "        pass\nx = 1", {"tests": ["assert x == 1"]}, 0.0),
+    "correct": ("print(sum(map(int, input().split())))", {"inputs": ["1 2\n"], "outputs": ["3"]}, 1.0),
+}
+DRIVER = """
+import json, os, socket, sys
+sys.path[:0] = sys.argv[1:3]  # this copy of scalerl.py and sandbox.py, then the environment's packages
+import sandbox, scalerl
+sandbox.LIMITS.update(cpu_s=2, wall_s=4, mem_mb=256, procs=8, out_kb=64)  # (smaller than the defaults: faster)
+os.environ["SECRET_TOKEN"] = %(secret)r
+server = socket.create_server(("127.0.0.1", 0))
+server.settimeout(0.2)
+cases, results = json.loads(sys.stdin.read()), {}
+before = {p for p in os.listdir("/proc") if p.isdigit()}
+rss = lambda: int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+for name, (code, row, _) in [("warm-up", cases["correct"])] + list(cases.items()):
+    code = code.replace("PORT", str(server.getsockname()[1])).replace("CALLER", str(os.getpid()))
+    code = code.replace("OUTSIDE", sys.argv[1])
+    reward, error = scalerl.grade_one(scalerl.REWARDS["code"], "```python\\n" + code + "\\n```", "", row)
+    results[name] = f"error: {error}" if error else reward
+    results["rss_before"] = results.get("rss_before") or rss()
+results["rss_growth"] = rss() - results["rss_before"]
+try:
+    server.accept()
+    results["server_heard"] = True
+except OSError:
+    results["server_heard"] = False
+left = [p for p in set(os.listdir("/proc")) - before if p.isdigit() and os.stat("/proc/" + p).st_uid == os.getuid()]
+results["left"] = [open(f"/proc/{p}/cmdline").read() for p in left if int(p) != os.getpid()]
+print(json.dumps(results))
+"""
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "prlimit", "--nproc=64", "--as=8000000000"]
+PACKAGES = sysconfig.get_paths()["purelib"]  # (the environment's packages, for scalerl's imports as nobody)
+PY = "/usr/bin/python3"
+as_nobody = pytest.mark.skipif(
+    os.getuid() != 0 or not shutil.which("setpriv") or not os.path.exists(PY)
+    or not all(os.stat(p).st_mode & 0o005 == 0o005 for p in [PACKAGES, *pathlib.Path(PACKAGES).parents])
+    or subprocess.check_output([PY, "-c", "import sys; print(sys.version_info[:2])"], text=True).strip()
+    != str(sys.version_info[:2]),
+    reason="needs root (to become nobody), setpriv, /usr/bin/python3 of this Python's version, and this Python's "
+           "packages readable by every user")
+
+
+@pytest.fixture(scope="module")
+def hostile():
+    """Each HOSTILE program graded by REWARDS['code'] (as the grading processes call it) in /usr/bin/python3 run as
+    nobody under a process limit; what was left, and what nobody owns in /tmp before and after."""
+    where = pathlib.Path(tempfile.mkdtemp(dir="/var/tmp"))  # (not /tmp, which the sandbox shadows; pytest's are root's)
+    for f in (sandbox.__file__, S.__file__):
+        shutil.copy(f, where)
+    (where / "secret").write_text(SECRET)
+    (where / "driver.py").write_text(DRIVER % {"secret": SECRET})
+    os.chmod(where, 0o777)
+    nobodys = lambda: {d for d in os.listdir("/tmp") if os.lstat(f"/tmp/{d}").st_uid == 65534}  # noqa: E731
+    before = nobodys()
+    r = subprocess.run([*NOBODY, PY, "-I", "-B", where / "driver.py", where, PACKAGES],
+                       input=json.dumps(HOSTILE), capture_output=True, text=True, timeout=300, cwd=where, env={})
+    assert r.returncode == 0, r.stderr
+    yield json.loads(r.stdout), where, nobodys() - before
+    shutil.rmtree(where)
+
+
+@as_nobody
+@pytest.mark.parametrize("name", HOSTILE)
+def test_a_hostile_program_costs_only_its_own_completion(hostile, name):
+    (results, _, _), want = hostile, HOSTILE[name][2]
+    if isinstance(want, str):  # a limit hit: the error names it
+        assert results[name].startswith("error: SandboxError: ") and want[7:] in results[name]
+    else:
+        assert results[name] == want
+
+
+@as_nobody
+def test_hostile_programs_leave_nothing_behind(hostile):
+    """No process of nobody's left but the zygote (of those started meanwhile), nothing written outside (the machine's
+    /tmp included), the loopback server heard nothing, and the caller did not grow (beyond 8 MB, after a warm-up)."""
+    results, where, new_in_tmp = hostile
+    assert results["left"] == [f"/usr/bin/python3\0-I\0-S\0{where}/sandbox.py\0True\0"] and not results["server_heard"]
+    assert sorted(os.listdir(where)) == ["driver.py", "sandbox.py", "scalerl.py", "secret"] and not new_in_tmp
+    assert results["rss_growth"] < 8 << 20
+
+
+@pytest.mark.parametrize("text, row, reward", [
+    ("```python\ndef add(a, b):\n    return a + b\n```",
+     {"test_list": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"]}, 1.0),
+    ("```python\ndef add(a, b):\n    return a - b\n```", {"test_list": ["assert add(1, 2) == 3"]}, 0.0),
+    ("<think>```python\nadd = 0\n```</think>\n```\ndef add(a, b):\n    return a + b\n```",
+     {"test": "def check(candidate):\n    assert candidate(2, 2) == 4\n", "entry_point": "add"}, 1.0),
+    ("```python\ndef f(a, b):\n    return a + b\n```",
+     {"test": "def check(candidate):\n    assert candidate(2, 2) == 4\n", "entry_point": "add"}, 0.0),
+    ("```python\nprint(2 * int(input()))\n```", {"inputs": ["2\n", "5"], "outputs": ["4", "10  \n\n"]}, 1.0),
+    ("```python\nprint(2 * int(input()))\n```", {"inputs": ["2\n", "5"], "outputs": ["4", "11"]}, 0.0),
+    ("```python\nprint(2 * int(input()))\n```", {"input_output": '{"inputs": ["3"], "outputs": ["6"]}'}, 1.0),
+    ("```python\nprint(sum(i * i for i in range(6 * 10 ** 6)) % 7)\n```",  # half a second of CPU or so
+     {"inputs": [""], "outputs": [str(sum(i * i for i in range(6 * 10 ** 6)) % 7)]}, 1.0),
+    ("no code block: def add(a, b): return a + b", {"test_list": ["assert 1"]}, 0.0),
+])
+def test_code_reward_formats(text, row, reward):
+    assert CODE(text, "", row) == reward
+
+
+def test_a_code_row_needs_tests_not_an_answer(tmp_path):
+    good, bad = {"prompt": "add", "test_list": ["assert 1"]}, {"prompt": "add", "inputs": ["1"], "outputs": []}
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    with pytest.raises(S.ScaleRLError, match=r"1 of 2 rows are unusable; line 2: no tests: "):
+        S.load_rows(str(path), S.Config(reward="code"))
+    assert S.load_rows(str(path), S.Config(reward="code", skip_bad_rows=True)) == [("add", "", good)]
+
+
+def test_code_reward_is_refused_where_programs_cannot_be_isolated(monkeypatch):
+    monkeypatch.setattr(sandbox, "missing", lambda: "unshare (user namespaces): Operation not permitted")
+    why = [w for bad, w in S.refusals(S.Config(reward="code")) if bad and w.startswith("--reward code")]
+    assert why == ["--reward code: this machine cannot isolate programs (unshare (user namespaces): Operation not "
+                   "permitted); --weak-sandbox runs them anyway"]
+    assert not [w for bad, w in S.refusals(S.Config(reward="code", weak_sandbox=True)) if bad and "sandbox" in w]
+
+
+@pytest.mark.parametrize("weak", [False, True])
+def test_weak_sandbox_runs_programs_with_rlimits_only(monkeypatch, weak):
+    """--weak-sandbox (SCALERL_WEAK_SANDBOX=1) on a machine that cannot isolate: the program runs outside the
+    namespaces (not PID 1, the machine's files in sight) in a temporary directory removed afterwards, still under the
+    rlimits. Isolated, it is PID 1 in /tmp of its own root. (Benign programs only: nothing here is hostile.)"""
+    monkeypatch.setenv("SCALERL_WEAK_SANDBOX", str(int(weak)))
+    monkeypatch.setattr(sandbox, "missing", lambda: "unshare: not permitted" if weak else "")
+    assert sandbox.isolated() is not weak
+    seen = "import os\nopen('f', 'w').write('x')\nprint(os.getpid(), os.getcwd(), os.path.exists('/etc/passwd'))"
+    seen += "\nimport resource\nprint(*resource.getrlimit(resource.RLIMIT_CPU))"
+    pid, cwd, etc, *cpu = sandbox.run(seen, stdin="", isolated=sandbox.isolated(), cpu_s=1)["out"].split()
+    assert (pid == "1", cwd == "/tmp", etc, cpu) == ((False, False, "True", ["1", "2"]) if weak else
+                                                     (True, True, "False", ["1", "2"]))
+    assert not os.path.exists(cwd) if weak else True
+
+
+@pytest.mark.parametrize("weak", [False, True])
+def test_weak_sandbox_flag_reaches_the_grading_processes(monkeypatch, capsys, weak):
+    """--weak-sandbox is passed to the grading processes in SCALERL_WEAK_SANDBOX (set at start-up, inherited by
+    them), and the start-up line says which isolation is in force."""
+    monkeypatch.setenv("SCALERL_WEAK_SANDBOX", "")
+    monkeypatch.setattr(sandbox, "missing", lambda: "unshare: not permitted")
+    S.start_notes(S.Config(reward="code", weak_sandbox=weak))
+    assert os.environ["SCALERL_WEAK_SANDBOX"] == str(int(weak)) and sandbox.isolated() is not weak
+    line = "rlimits only, not isolated (--weak-sandbox; unshare: not permitted)" if weak else \
+        "namespaces (user, mount, network, PID, IPC, UTS) and rlimits"
+    assert f"scalerl: code sandbox: {line}\n" in capsys.readouterr().out
