@@ -1447,7 +1447,7 @@ def row_problem(row, pk, ak):
     if ak is None:  # --reward code: the row's tests instead of an answer
         return tests if isinstance(tests := sandbox.row_tests(row), str) else None
     if a is None:
-        return f"no '{ak}' field (choose another with --answer-key)"
+        return f"'{ak}' is null" if ak in row else f"no '{ak}' field (choose another with --answer-key)"
     if isinstance(a, bool) or not isinstance(a, (str, int, float)):
         return f"'{ak}' is {type(a).__name__}, not a string or a number"
     if isinstance(a, str) and "\\boxed" in a and last_boxed(a) is None:
@@ -1502,11 +1502,12 @@ def load_data(cfg):
         if n_val >= len(rows):
             die(f"--val-size {n_val}: {cfg.data} has only {len(rows)} usable rows")
         val, train = rows[:n_val], rows[n_val:]
-    held = {json.dumps(p, sort_keys=True) for p, _, _ in val}
+    held, before = {json.dumps(p, sort_keys=True) for p, _, _ in val}, len(train)
     train = [item for item in train if json.dumps(item[0], sort_keys=True) not in held]
-    train = train[:cfg.train_size or len(train)]
+    copies, train = before - len(train), train[:cfg.train_size or len(train)]
     if len(train) < cfg.prompts_per_step:
-        die(f"--prompts-per-step {cfg.prompts_per_step} exceeds the {len(train)} training prompts left in {cfg.data}")
+        die(f"--prompts-per-step {cfg.prompts_per_step} exceeds the {len(train)} training prompts left in {cfg.data}"
+            + (f" ({copies} rows dropped as copies of held-out prompts)" if copies else ""))
     return train, val
 
 

@@ -254,6 +254,7 @@ BAD_ROWS = [  # (line 2 of the file, what the error says)
     ('{"problem": "  ", "answer": 1}', "empty prompt"),
     ('{"answer": 1}', "no 'problem' field"),
     ('{"problem": "q"}', "no 'answer' field"),
+    ('{"problem": "q", "answer": null}', "'answer' is null"),  # (it was reported as no 'answer' field)
     ('{"problem": "q", "answer": [1, 2]}', "'answer' is list, not a string or a number"),
     ('{"problem": "q", "answer": true}', "'answer' is bool"),
     ('{"problem": "q", "answer": NaN}', "empty or non-finite answer 'answer' (nan)"),
@@ -390,6 +391,15 @@ def test_validation_split_is_seeded_disjoint_and_never_trained_on(tmp_path):
     assert S.load_data(data_cfg(path, val_size=10)) == (train, val)  # same seed, same split
     assert S.load_data(data_cfg(path, val_size=10, seed=1))[1] != val
     assert len(S.load_data(data_cfg(path, val_size=10, train_size=5))[0]) == 5
+
+
+def test_training_rows_dropped_as_copies_of_held_out_prompts_are_said(tmp_path):
+    """--val-data equal to --data leaves no training prompt: the refusal says the rows went as copies of held-out
+    prompts (it said '0 training prompts left' alone)."""
+    path = write_jsonl(tmp_path / "d.jsonl", [json.dumps({"problem": f"q{i}", "answer": i}) for i in range(20)])
+    with pytest.raises(S.ScaleRLError, match=r"exceeds the 0 training prompts left in .* \(20 rows dropped as copies "
+                                             r"of held-out prompts\)"):
+        S.load_data(S.Config(model="m", data=path, val_data=path, prompts_per_step=4))
 
 
 def test_val_data_file_is_held_out(tmp_path):
