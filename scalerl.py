@@ -92,7 +92,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import sandbox
+try:  # the code reward's sandbox (--reward code), beside this file: a copy of this file alone runs all but that reward
+    import sandbox
+except ImportError:
+    sandbox = None
 sys.modules.setdefault("scalerl", sys.modules[__name__])  # run as a script, this is the module generators.py imports
 
 
@@ -1191,8 +1194,10 @@ def refusals(cfg):
         f"--prompts-per-step {cfg.prompts_per_step} exceeds --train-size {cfg.train_size}")
     yield not accepts(REWARDS[cfg.reward], "text", "answer", {}), (  # (else an error worth 0 on every completion)
         f"--reward {cfg.reward}: {REWARDS[cfg.reward].__name__} must take (completion_text, answer, row)")
-    yield cfg.reward == "code" and not cfg.weak_sandbox and sandbox.missing(), (
-        f"--reward code: this machine cannot isolate programs ({sandbox.missing()}); --weak-sandbox runs them anyway")
+    yield cfg.reward == "code" and sandbox is None, "--reward code needs sandbox.py, its sandbox, beside scalerl.py"
+    missing = cfg.reward == "code" and not cfg.weak_sandbox and sandbox.missing()  # (what the machine lacks, or '')
+    yield missing, (
+        f"--reward code: this machine cannot isolate programs ({missing}); --weak-sandbox runs them anyway")
     yield cfg.reward == "math" and importlib.util.find_spec("math_verify") is None, (
         "--reward math needs math-verify: pip install math-verify (it is in requirements.txt)")
     yield cfg.wandb and importlib.util.find_spec("wandb") is None, "--wandb needs the wandb package: pip install wandb"
@@ -3112,7 +3117,7 @@ class Recorder:
         if self.saved == self.done:
             return last_checkpoint(self.out)
         self.saved, self.saving = self.done, True
-        final = save_checkpoint(self.out, self.done, self.state, self.cfg, self.rows[-1])
+        final = save_checkpoint(self.out, self.done, self.state, self.cfg, self.rows[-1] if self.rows else None)
         self.saving = False
         return final
 

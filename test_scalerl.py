@@ -1931,9 +1931,9 @@ def test_sleep_discards_the_weights_and_the_steps_push_reloads_them(default_mode
     engine.push(model, 3)
     engine.sleep()
     engine.push(model, 4)  # the usual step: sleep while training, wake up for the push
-    assert [c[0] for c in engine.llm.calls] == ["reload_weights", "apply_model", "sleep", "wake_up", "reload_weights",
-                                                "apply_model"]
-    assert engine.llm.calls[2] == ("sleep", 2)
+    assert [c[0] for c in engine.llm.calls] == ["apply_model", "reload_weights", "apply_model", "sleep", "wake_up",
+                                                "apply_model", "reload_weights", "apply_model"]  # (forget_moe_kernels,
+    assert engine.llm.calls[3] == ("sleep", 2)                                                  # the push, the head)
     engine.llm.calls = []
     engine.sleep()
     assert engine.version is None
@@ -1944,13 +1944,13 @@ def test_sleep_discards_the_weights_and_the_steps_push_reloads_them(default_mode
     state = types.SimpleNamespace(engine=engine, model=model, version=4,
                                   rollouts=types.SimpleNamespace(open={}, done=[]))
     S.push_weights(state, S.Config())  # an update was skipped: the version is still 4
-    assert [c[0] for c in engine.llm.calls] == ["sleep", "wake_up", "reload_weights", "apply_model"]
-    reloaded = engine.llm.calls[2][1]
+    assert [c[0] for c in engine.llm.calls] == ["sleep", "wake_up", "apply_model", "reload_weights", "apply_model"]
+    reloaded = engine.llm.calls[3][1]
     assert reloaded.keys() == model.state_dict().keys() and engine.version == 4
     assert all(torch.equal(reloaded[n], t) for n, t in model.state_dict().items())
     S.push_weights(state, S.Config())  # awake, with the version: nothing
     engine.wake()
-    assert len(engine.llm.calls) == 4
+    assert len(engine.llm.calls) == 5
 
 
 def test_quiet_stderr_holds_back_noise_but_not_errors(capfd, tmp_path, monkeypatch):
@@ -2551,6 +2551,15 @@ def test_contradictory_flags_are_refused():
                                              "--no-lm-head-fp32 there is none"):
         S.parse_args(["--fp32-head-product", "split", "--no-lm-head-fp32"])
     assert S.parse_args(["--no-lm-head-fp32"]).fp32_head_product == "float32"  # (its default, derived: no refusal)
+
+
+def test_a_copy_of_the_script_alone_refuses_the_code_reward_in_one_line(monkeypatch):
+    """scalerl.py copied without sandbox.py (a fork's single file) imports and runs all but --reward code, which it
+    refuses naming what is missing (before: the import of sandbox failed every run of such a copy)."""
+    monkeypatch.setattr(S, "sandbox", None)
+    with pytest.raises(S.ScaleRLError, match="--reward code needs sandbox.py, its sandbox, beside scalerl.py"):
+        S.validate(S.fill_defaults(S.Config(reward="code")))
+    S.validate(S.fill_defaults(S.Config()))
 
 
 def test_bad_think_budget_is_refused():
@@ -3733,7 +3742,7 @@ sys.path.insert(0, sys.argv.pop(1))
 import scalerl
 real = torch.save
 def held(obj, path, *a, **kw):
-    if "step_000003.tmp" in str(path) and str(path).endswith("trainer_state.pt"):
+    if "step_000003.tmp" in str(path) and "trainer_state.pt" in str(path):
         print("writing step 3", flush=True)
         time.sleep(600)
     return real(obj, path, *a, **kw)
