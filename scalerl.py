@@ -3513,7 +3513,8 @@ def resumed_config(cfg, ckpt):
     wrong = [k for k, kind in shape.items() if not isinstance(state, dict) or not isinstance(state.get(k, ...), kind)]
     wrong = wrong or ["loop"] * ("version" not in state["loop"]) + ["ranks"] * any(
         not isinstance(r, dict) or RANK_STATE - set(r) or not isinstance(r["curriculum"], dict) or
-        {"order", "history", "removed"} - set(r["curriculum"]) or not isinstance(r["torch_rng"], torch.Tensor)
+        {"order", "removed"} - set(r["curriculum"]) or not {"history", "pass_rate"} & set(r["curriculum"]) or  # (an
+        not isinstance(r["torch_rng"], torch.Tensor)                     # older checkpoint's pass_rate: see restore)
         for r in state["ranks"]) + ["totals"] * bool(TOTALS - set(state["totals"])) + \
         ["scheduler"] * ("last_epoch" not in state["scheduler"])
     if wrong:
