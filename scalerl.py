@@ -871,8 +871,9 @@ def start_notes(cfg):
     """The start-up lines for what the flags alone do not say (docs/off-policy.md)."""
     if cfg.reward == "code":
         os.environ["SCALERL_WEAK_SANDBOX"] = str(int(cfg.weak_sandbox))  # (the grading processes inherit it)
-        isolation = "namespaces (user, mount, network, PID, IPC, UTS) and rlimits" if sandbox.isolated() else (
-            f"rlimits only, not isolated (--weak-sandbox; {sandbox.missing()})")
+        lacks = cfg.weak_sandbox and sandbox.missing()  # (the probe runs a program: once, and only where it can matter)
+        isolation = "namespaces (user, mount, network, PID, IPC, UTS) and rlimits" if not lacks else (
+            f"rlimits only, not isolated (--weak-sandbox; {lacks})")
         print(f"scalerl: code sandbox: {isolation}", flush=True)
     if cfg.engine == "hf" and cfg.off_policy == "pipeline" and cfg.max_lag > 0:
         print("scalerl: --engine hf cannot stream; running the synchronous loop (--max-lag 0)", flush=True)
