@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 
+import memory
 import scalerl
 
 SCALERL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scalerl.py")
@@ -64,6 +65,11 @@ SHAPES = {  # name: (architecture, config)
                                       num_experts=64, num_experts_per_tok=8, vocab_size=151936,
                                       tie_word_embeddings=True, max_position_embeddings=40960, rope_theta=1e6)),
 }
+
+
+def settings(argv):
+    """scalerl.py's settings for the flags argv, filled in and checked as a run's are (without a run)."""
+    return scalerl.config_in_force(scalerl.parse_args(argv))[0]
 
 
 def build(shape, path):
@@ -259,7 +265,7 @@ MISMATCH_BOUND = 0.02
 def tiny_engine(device, **cfg_kw):
     """The embedded model and a vLLM engine from its weights, as a run builds them (bfloat16 on CUDA)."""
     import torch
-    cfg = scalerl.parse_args(["--engine", "vllm", "--device", device, "--length-control", "truncate",
+    cfg = settings(["--engine", "vllm", "--device", device, "--length-control", "truncate",
                               "--max-new-tokens", "16", *sum(([f"--{k.replace('_', '-')}", str(v)]
                                                              for k, v in cfg_kw.items()), [])])
     dev = torch.device(device)
@@ -356,7 +362,7 @@ def shape_config(name):
 
 def memory_cfg(argv):
     """scalerl.py's config for its flags argv as with --model: activation checkpointing on unless turned off."""
-    cfg = scalerl.parse_args(argv)
+    cfg = settings(argv)
     cfg.activation_checkpointing = "--no-activation-checkpointing" not in argv
     return cfg
 
@@ -480,8 +486,8 @@ def memory_rows(configs, timeout=1200, at_once=2):
 def memory_row(model_name, ranks, seq_len, argv, cats, peak):
     """One configuration's table: what the tracker saw (cats, peak) and the plan; returns (peak, plan's trainer)."""
     cfg = memory_cfg(argv)
-    plan = scalerl.memory_plan(scalerl.model_sizes(shape_config(model_name)), cfg, max(ranks, 1), 80 * 2**30, seq_len,
-                               ranks > 0)
+    plan = memory.memory_plan(scalerl.model_sizes(shape_config(model_name)), cfg, max(ranks, 1), 80 * 2**30, seq_len,
+                              ranks > 0)
     gb = lambda b: f"{b / 2**30:.2f}"  # noqa: E731
     where = f"{ranks} rank{'s' * (ranks > 1)} (torchrun)" if ranks else "one process"
     print(f"\n{model_name}, {where}, {seq_len}-token sequences, {' '.join(argv) or 'defaults'} "
@@ -596,14 +602,14 @@ def check_shape(device, shape="qwen2-0.5b", engine=None, fresh_bound=None):
     with tempfile.TemporaryDirectory() as tmp:
         n = build(shape, os.path.join(tmp, "m"))
         rows = run_rows(["--model", os.path.join(tmp, "m"), *flags])[2:]
-        cfg = scalerl.parse_args(["--model", os.path.join(tmp, "m"), *flags])
+        cfg = settings(["--model", os.path.join(tmp, "m"), *flags])
     # (a random 151,936-token model almost never ends: masked, its truncated completions would leave nothing to train)
     peak, step = max(r.get("gpu_peak_gb", 0.0) for r in rows), sum(r["step_seconds"] for r in rows) / len(rows)
     tok_s = sum(r["gen_tokens"] - a["gen_tokens"] for a, r in zip(rows, rows[1:])) / sum(
         r["gen_seconds"] for r in rows[1:]) if len(rows) > 1 else float("nan")
     fresh = sum(r["mismatch_fresh_abs_logprob"] for r in rows) / len(rows)  # (synchronous: every completion fresh)
-    plan = scalerl.memory_plan(scalerl.model_sizes(shape_config(shape)), cfg, 1,
-                               torch.cuda.get_device_properties(0).total_memory, 9 + 512)["trainer"] / 2**30
+    plan = memory.memory_plan(scalerl.model_sizes(shape_config(shape)), cfg, 1,
+                              torch.cuda.get_device_properties(0).total_memory, 9 + 512)["trainer"] / 2**30
     lo, hi = PEAK_FACTOR
     ok = lo <= peak / plan <= hi and (fresh_bound is None or fresh < fresh_bound)
     return ok, (f"{n / 1e6:.0f}M params, --engine {engine}: step {step:.2f} s, generation {tok_s:.0f} tok/s, trainer "
@@ -666,7 +672,7 @@ def check_head_cost(device):
     y = torch.randint(0, V, (rows,), device=device)
     ref = torch.log_softmax(h.detach().double() @ w.weight.detach().double().T, -1).gather(1, y[:, None])[:, 0]
     for name, flags in modes.items():
-        cfg = scalerl.parse_args(["--device", device, *flags])
+        cfg = settings(["--device", device, *flags])
         cfg.micro_batch_tokens = n_seq * length // 2  # two micro-batches
         batches = scalerl.micro_batches(samples, cfg.micro_batch_tokens)
         step[name] = timed(lambda: (scalerl.compute_gradients(model, batches, cfg, 0, autocast), model.zero_grad()))
@@ -684,7 +690,8 @@ RANK_ENGINE = """
 import os, sys, torch
 sys.path.insert(0, sys.argv[1])
 import scalerl
-cfg = scalerl.parse_args(["--engine", "vllm", "--length-control", "truncate", "--max-new-tokens", "16"])
+cfg, _ = scalerl.config_in_force(scalerl.parse_args(["--engine", "vllm", "--length-control", "truncate",
+                                                      "--max-new-tokens", "16"]))
 cuda = sys.argv[2] == "cuda"
 device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
 if cuda:
@@ -720,7 +727,7 @@ def check_torchrun(device):
         if cuda:
             build("qwen2-0.5b", model)
         else:
-            shutil.copytree(scalerl.load_tokenizer(scalerl.parse_args([]))[2], model)
+            shutil.copytree(scalerl.load_tokenizer(settings([]))[2], model)
         flags = ["--model", model, "--engine", "vllm", "--max-lag", "0", "--prompts-per-step", "16",
                  "--generations-per-prompt", "4", "--max-new-tokens", "16", "--length-control", "truncate",
                  "--no-mask-truncated", "--eval-every", "100", "--val-size", "8", "--eval-samples", "1",
@@ -854,7 +861,7 @@ def check_command(cmd):
     a fork's copy checks its own flags."""
     module = script_module(cmd[1])
     try:
-        module.parse_args(cmd[2:])
+        module.config_in_force(module.parse_args(cmd[2:]))
     except module.ScaleRLError as e:  # (a fork's own class: main() prints scalerl's)
         raise scalerl.ScaleRLError(str(e), e.status) from None
 
@@ -1525,7 +1532,7 @@ def run_bench(argv):
         path = os.path.join(tmp, args.shape)
         n = build(args.shape, path)
         print(f"bench: {args.shape}, {n / 1e6:.0f}M parameters (random weights)", flush=True)
-        cfg = scalerl.parse_args(["--model", path, "--out", os.path.join(tmp, "run"), *rest])
+        cfg = settings(["--model", path, "--out", os.path.join(tmp, "run"), *rest])
         rows = scalerl.run(cfg)[1:]
     timed = rows[1:] or rows  # the first step includes warm-up (kernels, allocator)
     base = rows[0] if len(rows) > 1 else {"gen_tokens": 0, "train_tokens": 0, "flops": 0.0}

@@ -6,11 +6,11 @@ requests through a queue and its weights through one safetensors file in shared 
 completions back as Reports. SplitEngine keeps scalerl.py's engine contract (submit, step, push, abort, close, sleep,
 version, capacity, preemptions; see its section 7), so the recipe's loop runs unchanged on it: PipelineRL-k's lag
 bound holds as in one process (docs/off-policy.md). scalerl.py's make_engine imports this file only for --generators.
+This file imports nothing of scalerl.py: make_engine hands SplitEngine the engine class each generator runs, the
+weights a push writes, and the error class the run reports a failed generator with.
 """
-import collections
 import contextlib
 import dataclasses
-import itertools
 import os
 import queue
 import shutil
@@ -20,12 +20,16 @@ import time
 import traceback
 import zlib
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
-from scalerl import (Completion, ScaleRLError, VLLMEngine, broadcast, full_tensor, full_weights, quiet_libraries, rank,
-                     world)
+
+
+def rank_world():
+    """(this trainer's rank, the trainer's ranks): under torchrun its process group's, in one process (0, 1)."""
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 
 def weights_dir(model, dtype, fp32_head, shm="/dev/shm"):
@@ -39,29 +43,62 @@ def weights_dir(model, dtype, fp32_head, shm="/dev/shm"):
     return tempfile.mkdtemp(prefix="scalerl-", dir=shm if free >= 2 * size else None)
 
 
-def write_weights(path, model, dtype, version, fp32_head):
-    """The model's weights (and the float32 LM head as 'fp32_head') as one safetensors file, renamed into place: a
-    generator still reading the previous file keeps it. Under torchrun rank 0 writes what every rank gathers."""
+def write_weights(path, weights, version):
+    """The (name, tensor) pairs of `weights` (the float32 LM head among them as 'fp32_head') as one safetensors file,
+    renamed into place: a generator still reading the previous file keeps it. Under torchrun every rank iterates (each
+    tensor is gathered), rank 0 writes."""
     from safetensors.torch import save_file
-    head = (("fp32_head", full_tensor(model.get_output_embeddings().weight).float()) for _ in range(fp32_head))  # lazy
-    weights = itertools.chain(full_weights(model, dtype, checkpoint=True), head)  # (the checkpoint's names and layout)
-    tensors = {n: t.detach().to("cpu", copy=True, memory_format=torch.contiguous_format) for n, t in weights
-               if rank() == 0}
-    if rank() == 0:
+    r, w = rank_world()
+    tensors = {n: t.detach().to("cpu", copy=True, memory_format=torch.contiguous_format) for n, t in weights if r == 0}
+    if r == 0:
         save_file(tensors, path + ".tmp", metadata={"version": str(version)})
         os.replace(path + ".tmp", path)
-    if world() > 1:
+    if w > 1:
         dist.barrier()  # no rank sends a request for this version before its weights are in place
 
 
-# What a generator sends after an engine step that finished pieces: pieces as (key, Completion fields); decoded and
-# steps since its last report; requests taken and sequences left, capacity, preemptions now. A tuple read as a Report.
-Report = collections.namedtuple("Report", "kind generator pieces decoded steps taken left capacity preemptions")
+# The messages, one record each. Trainer -> generator i, on its own queue: an Order ("submit" with its Requests,
+# "abort", "stop"). Generator -> trainer, on the shared queue: Ready once its engine is up, a Report after each engine
+# step that finished pieces, Failed with its traceback.
+class Request(NamedTuple):
+    key: tuple
+    ids: list
+    max_tokens: int
+    seed: int
+    version: int  # the trainer's weights when it was submitted: the generator loads them first if it has older ones
 
 
-def generator_main(i, place, cfg, path, device, dtype, max_model_len, weights, requests, results, cores, parent):
-    """Generator i: a VLLMEngine decoding whenever it has requests, the newest weights file loaded between two engine
-    steps (and before a request that asks for newer weights); it stops when told to, or when the trainer is gone."""
+class Order(NamedTuple):
+    kind: str  # "submit", "abort" or "stop"
+    requests: list = ()
+
+
+class Ready(NamedTuple):
+    generator: int
+    capacity: int  # the sequences its engine decodes at once
+
+
+class Report(NamedTuple):
+    generator: int
+    pieces: list     # (key, Completion) of the requests it finished
+    decoded: int     # tokens decoded and engine steps taken since its last report
+    steps: int
+    taken: int       # requests taken so far, sequences left, capacity and preemptions, now
+    left: int
+    capacity: int
+    preemptions: int
+
+
+class Failed(NamedTuple):
+    generator: int
+    traceback: str
+
+
+def generator_main(i, engine_class, place, cfg, path, device, dtype, max_model_len, weights, requests, results, cores,
+                   parent):
+    """Generator i: an engine_class (VLLMEngine) decoding whenever it has requests, the newest weights file loaded
+    between two engine steps (and before a request that asks for newer weights); it stops when told to, or when the
+    trainer is gone."""
     from safetensors import safe_open
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the trainer stops us
     loaded, steps, decoded, taken = None, 0, 0, 0
@@ -79,36 +116,35 @@ def generator_main(i, place, cfg, path, device, dtype, max_model_len, weights, r
         if cores:
             os.sched_setaffinity(0, cores)
             torch.set_num_threads(len(cores))
-        quiet_libraries(cfg.verbose)
-        engine = VLLMEngine(cfg, path, torch.device(device), dtype, max_model_len, place)
-        results.put(("ready", i, engine.capacity))
+        engine = engine_class(cfg, path, torch.device(device), dtype, max_model_len, place)
+        results.put(Ready(i, engine.capacity))
         while os.getppid() == parent:
             refresh()
-            msgs = []
+            orders = []
             with contextlib.suppress(queue.Empty):
-                msgs.append(requests.get(not engine.unfinished(), 0.05))  # (block only with nothing to decode)
+                orders.append(requests.get(block=not engine.unfinished(), timeout=0.05))  # (block with nothing to do)
                 while True:
-                    msgs.append(requests.get_nowait())
-            for kind, batch in msgs:
-                if kind == "stop":
+                    orders.append(requests.get_nowait())
+            for order in orders:
+                if order.kind == "stop":
                     return
-                if kind == "abort":
+                if order.kind == "abort":
                     engine.abort()
-                if kind == "submit":  # what the trainer submitted between two of its engine calls, in one message
-                    if batch[-1][-1] > engine.version:  # pushed before the requests were sent: the file holds it now
+                if order.kind == "submit":  # what the trainer submitted between two of its engine calls, in one order
+                    if order.requests[-1].version > engine.version:  # pushed before they were sent: the file has it
                         refresh()
-                    for request in batch:
-                        engine.submit(*request[:-1])
-                    taken += len(batch)
+                    for r in order.requests:
+                        engine.submit(r.key, r.ids, r.max_tokens, r.seed)
+                    taken += len(order.requests)
             if engine.unfinished():
                 done, n, k = engine.step()
                 steps, decoded = steps + k, decoded + n
                 if done:  # with how many requests it has taken so far, and what it has left
-                    results.put(tuple(Report("out", i, [(key, dataclasses.astuple(c)) for key, c in done], decoded,
-                                             steps, taken, engine.unfinished(), engine.capacity, engine.preemptions)))
+                    results.put(Report(i, done, decoded, steps, taken, engine.unfinished(), engine.capacity,
+                                       engine.preemptions))
                     steps, decoded = 0, 0
     except Exception:  # noqa: BLE001  (whatever it is, the trainer reports it and stops)
-        results.put(("error", i, traceback.format_exc()))
+        results.put(Failed(i, traceback.format_exc()))
     finally:
         if os.getppid() != parent:  # the trainer is gone: nobody reads, nobody cleans up
             results.cancel_join_thread()
@@ -141,30 +177,38 @@ class Generator:
 class SplitEngine:
     """Engine 'vllm' with --generators N: the VLLMEngine contract, served by generator processes (rank r owns r, r + W,
     ...): step() and sleep() send what was submitted, step() returns what they finished, waiting only when nothing has.
-    On CUDA generator i takes GPU LOCAL_WORLD_SIZE + i, on CPU each process a share of the cores."""
+    On CUDA generator i takes GPU LOCAL_WORLD_SIZE + i, on CPU each process a share of the cores. From the trainer:
+    engine_class, what each generator runs (VLLMEngine); weights(model), the (name, tensor) pairs a push writes; error,
+    the exception a failed generator stops the run with (status 1, resumable: the run's last step is checkpointed)."""
 
-    def __init__(self, cfg, path, device, dtype, max_model_len, model):
-        self.cfg, self.dtype, self.version, self.live, self.gens = cfg, dtype, 0, {}, {}
-        self.dir = broadcast(weights_dir(model, dtype, cfg.lm_head_fp32) if rank() == 0 else None)
+    def __init__(self, cfg, path, device, dtype, max_model_len, model, engine_class, weights, error):
+        self.cfg, self.version, self.live, self.gens = cfg, 0, {}, {}
+        self.weights_of, self.error, (r, w) = weights, error, rank_world()
+        self.rank = r  # (close() removes the weights file on rank 0, after any process group is gone)
+        box = [weights_dir(model, dtype, cfg.lm_head_fp32) if r == 0 else None]
+        if w > 1:
+            dist.broadcast_object_list(box, src=0)
+        self.dir = box[0]
         self.weights = os.path.join(self.dir, "weights.safetensors")
-        write_weights(self.weights, model, dtype, 0, cfg.lm_head_fp32)
+        write_weights(self.weights, weights(model), 0)
         ctx = torch.multiprocessing.get_context("spawn")
         self.results, self.idle = ctx.Queue(), [0.0, time.time()]  # (take_idle)
         self.restore, local, cores, share = self.share_cores(device)
         gen_cfg = dataclasses.replace(cfg, vllm_sleep=False, vllm_gpu_memory_utilization=0.9)
         gpus = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(local + cfg.generators)))).split(",")
         try:
-            for i in range(rank(), cfg.generators, world()):
+            for i in range(r, cfg.generators, w):
                 requests = ctx.Queue()
                 proc = ctx.Process(target=generator_main, daemon=True, args=(
-                    i, world() + i, gen_cfg, path, device.type, dtype, max_model_len, self.weights, requests,
+                    i, engine_class, w + i, gen_cfg, path, device.type, dtype, max_model_len, self.weights, requests,
                     self.results, cores[(local + i) * share:(local + i + 1) * share], os.getpid()))
                 self.gens[i] = Generator(proc, requests, idle_since=time.time())
                 env = {"OMP_NUM_THREADS": str(share)} if cores else {"CUDA_VISIBLE_DEVICES": gpus[local + i]}
                 with environment(env, drop=("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")):  # a plain engine
                     proc.start()
-            for _ in self.gens:  # ("ready", i, its capacity)
-                _, i, self.gens[i].capacity = self.receive()
+            for _ in self.gens:
+                ready = self.receive()
+                self.gens[ready.generator].capacity = ready.capacity
         except BaseException:
             self.close()
             raise
@@ -190,20 +234,19 @@ class SplitEngine:
                 return self.checked(self.results.get(timeout=1.0))
             for i, g in self.gens.items():
                 if not g.proc.is_alive():
-                    raise ScaleRLError(f"generator {i} (pid {g.proc.pid}) died, exit code {g.proc.exitcode}", 1, True)
+                    raise self.error(f"generator {i} (pid {g.proc.pid}) died, exit code {g.proc.exitcode}", 1, True)
             if time.time() > deadline:
-                raise ScaleRLError(f"no word from the generators in {patience:g} s (--generator-timeout)", 1, True)
+                raise self.error(f"no word from the generators in {patience:g} s (--generator-timeout)", 1, True)
 
-    @staticmethod
-    def checked(msg):
-        if msg[0] == "error":
-            raise ScaleRLError(f"generator {msg[1]} failed: {msg[2].strip().splitlines()[-1]}", 1, True)
+    def checked(self, msg):
+        if isinstance(msg, Failed):
+            raise self.error(f"generator {msg.generator} failed: {msg.traceback.strip().splitlines()[-1]}", 1, True)
         return msg
 
     def submit(self, key, ids, max_tokens, seed):
         # a group's completions go to one generator (one request there), the same in every run (not hash(): salted)
         i = sorted(self.gens)[zlib.crc32(repr(key[0]).encode()) % len(self.gens)]
-        self.gens[i].queue.append((key, list(ids), max_tokens, seed, self.version))
+        self.gens[i].queue.append(Request(key, list(ids), max_tokens, seed, self.version))
         self.gens[i].sent += 1
         self.live[key] = i
 
@@ -212,7 +255,7 @@ class SplitEngine:
         before its next step, as a VLLMEngine in this process does (the same batches, the same float rounding)."""
         for g in self.gens.values():
             if g.queue:
-                g.requests.put(("submit", g.queue))
+                g.requests.put(Order("submit", g.queue))
                 self.idle[0] += time.time() - (g.idle_since or time.time())
                 g.queue, g.idle_since = [], None
 
@@ -221,12 +264,11 @@ class SplitEngine:
 
     def step(self):
         self.flush()
-        msgs = [self.receive()]
+        reports = [self.receive()]
         with contextlib.suppress(queue.Empty):
             while True:
-                msgs.append(self.checked(self.results.get_nowait()))
-        reports = [Report(*m) for m in msgs]
-        done = [(key, Completion(*c)) for r in reports for key, c in r.pieces if self.live.pop(key, None) is not None]
+                reports.append(self.checked(self.results.get_nowait()))
+        done = [(key, c) for r in reports for key, c in r.pieces if self.live.pop(key, None) is not None]
         for r in reports:
             g = self.gens[r.generator]
             g.taken, g.left, g.capacity, g.preemptions = r.taken, r.left, r.capacity, r.preemptions
@@ -256,19 +298,19 @@ class SplitEngine:
         return idle, now - since
 
     def push(self, model, version):
-        write_weights(self.weights, model, self.dtype, version, self.cfg.lm_head_fp32)
+        write_weights(self.weights, self.weights_of(model), version)
         self.version = version
 
     def abort(self):
         for g in self.gens.values():
-            g.requests.put(("abort", None))
+            g.requests.put(Order("abort"))
             g.queue = []
         self.live = {}
 
     def close(self):
         """Stop the generators (5 s to go, then killed), remove the weights file, give this process its cores back."""
         for g in self.gens.values():
-            g.requests.put(("stop", None))
+            g.requests.put(Order("stop"))
         for g in self.gens.values():
             g.proc.join(timeout=5)
             if g.proc.is_alive():
@@ -276,7 +318,7 @@ class SplitEngine:
                 g.proc.join(timeout=5)
             g.requests.cancel_join_thread()  # (what a dead generator left unread is dropped)
             g.requests.close()
-        if rank() == 0:
+        if self.rank == 0:
             shutil.rmtree(self.dir, ignore_errors=True)
         self.results.close()
         self.gens = {}

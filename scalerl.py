@@ -96,15 +96,18 @@ try:  # the code reward's sandbox (--reward code), beside this file: a copy of t
     import sandbox
 except ImportError:
     sandbox = None
-sys.modules.setdefault("scalerl", sys.modules[__name__])  # run as a script, this is the module generators.py imports
+try:  # the memory plan (section 5), beside this file: a copy of this file alone runs without the plan
+    import memory
+except ImportError:
+    memory = None
 
 
 # ==================================================================================================
 # PART I -- THE RECIPE: the config, rl_step (the algorithm box), its components in the order it calls them (sections
 # 1-6, numbered as its arrows), then run() (7). Part II names it uses: State; the engines' contract; step_seed, RNG_*;
 # special_ids, completion_text, find_subsequence, join_experts; Policy, as_policy, batch_tensors, micro_batches,
-# even_out, mismatch_sums, SplitProduct, backward_sum, gpu_peak; all_sum, all_max, full_tensor, mean_over_ranks
-# (torchrun's reductions: in one process the identity); setup, Recorder, live_fit, save_completions.
+# even_out, mismatch_sums, SplitProduct, backward_sum, gpu_peak; rank, all_sum, all_max, full_tensor, mean_over_ranks
+# (torchrun's reductions: in one process the identity); setup, Guard, live_fit, save_completions.
 # ==================================================================================================
 
 
@@ -216,9 +219,9 @@ def next_batch(state, cfg):
     # paper's k seen from the data's side (the trainer runs at most k updates ahead of its data): K = k.
     stale, rollouts, engine = 0, state.rollouts, state.engine
     while True:
-        fresh = sorted((g for g in rollouts.done if group_lag(g, state.version) <= cfg.max_lag),
-                       key=lambda g: (-group_lag(g, state.version), g.key))  # among equals, the first started
-        stale, rollouts.done = stale + len(rollouts.done) - len(fresh), fresh
+        within = sorted((g for g in rollouts.done if group_lag(g, state.version) <= cfg.max_lag),
+                        key=lambda g: (-group_lag(g, state.version), g.key))  # among equals, the first started
+        stale, rollouts.done = stale + len(rollouts.done) - len(within), within
         share = cfg.prompts_per_step // state.curriculum.world  # under torchrun: this rank's share of the P groups
         admit(state, cfg, admission(cfg, len(rollouts.open), len(rollouts.done), engine.unfinished(), engine.capacity,
                                     state.curriculum.world))
@@ -229,12 +232,12 @@ def next_batch(state, cfg):
         # at v, four slow groups started at v - 1 still decoding, two others complete. Train the two now, and the four
         # (deadline v + 1) have one update, 2 slots, left: the third needs 3, so the trainer waits (a rule waiting only
         # for groups due at this very update would let two of them pass the bound).
-        deadlines = sorted([g.oldest + cfg.max_lag for g in fresh[share:]] +
+        deadlines = sorted([g.oldest + cfg.max_lag for g in within[share:]] +
                            [g.started + cfg.max_lag for g in rollouts.open.values()])
         slots = [(d - state.version) * share for d in deadlines]  # what the updates after this one, to d, can train
         wait = any(slots_to_deadline < k + 1 for k, slots_to_deadline in enumerate(slots))
-        if len(fresh) >= share and not wait:  # (the groups just admitted decode meanwhile, where generators are apart)
-            batch, rollouts.done = fresh[:share], fresh[share:]
+        if len(within) >= share and not wait:  # (the groups just admitted decode meanwhile, where generators are apart)
+            batch, rollouts.done = within[:share], within[share:]
             return batch, stale
         if not rollouts.open:
             return None, stale
@@ -758,33 +761,33 @@ def evaluate(state, cfg, step):
 def run(cfg):
     """Train for --steps updates (or continue a run with --resume), writing config.json, metrics.jsonl and the
     checkpoints to the run directory. Returns the metric rows."""
-    state, cfg, recorder = setup(cfg)  # Part II: data, model, engine, grader, optimiser, a resumed run's state
-    with recorder:                     # Part II: metrics.jsonl, the progress line, checkpoints, signals, clean-up
+    state, cfg, guard = setup(cfg)  # Part II: data, model, engine, grader, optimiser, a resumed run's state
+    with guard:                     # Part II: the records, the rules that stop a run, checkpoints, signals, clean-up
         if not cfg.resume:  # a new run: step 0 is the initial weights' held-out pass rate
             val, errors = evaluate(state, cfg, 0)
-            recorder.log({"step": 0, **state.totals, "val_pass_rate": val}, errors)
-        for step in range(recorder.first, cfg.steps + 1):
+            guard.step_done({"step": 0, **state.totals, "val_pass_rate": val}, errors)
+        for step in range(guard.first, cfg.steps + 1):
             t0 = time.time()
             result = rl_step(state, cfg)
             if result is None:
                 rules = ", ".join(sorted(set(state.curriculum.removed.values())))  # npr: No-Positive-Resampling
                 print(f"every training prompt has been removed by the curriculum ({rules}); stopping")
                 break
-            row, errors = recorder.row(step, result, time.time() - t0), result["errors"]
+            row, errors = guard.row(step, result, time.time() - t0), result["errors"]
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 row["val_pass_rate"], val_errors = evaluate(state, cfg, step)
                 errors = errors + val_errors
-                row.update(live_fit(recorder.rows + [row]) if cfg.live_fit and recorder.writer else {})  # predicted A
-            recorder.log(row, errors)
-            if recorder.signalled():  # Ctrl-C or SIGTERM during the step: checkpoint it, say how to resume, stop
-                recorder.stop_here()
+                row.update(live_fit(guard.rows + [row]) if cfg.live_fit and rank() == 0 else {})  # predicted A
+            guard.step_done(row, errors)  # recorded, the stop rules, the checkpoint cadence
+            if guard.signalled():  # Ctrl-C or SIGTERM during the step: checkpoint it, say how to resume, stop
+                guard.stop_here()
                 break
-    return recorder.rows
+    return guard.rows
 
 
 # ==================================================================================================
 # PART II -- PLUMBING. Nothing below changes the recipe. A run meets it in this order, and so does the reader:
-#   1. Setup                        setup, start_run: checks, data, model, grading pool, engine, optimiser, Recorder
+#   1. Setup                        setup, start_run: checks, data, model, grading pool, engine, optimiser, Guard
 #   2. The command line             Config, parse_args, config_in_force, fill_defaults, validate, the hub check
 #   3. Data                         the built-in tasks, --data's readers, prompts encoded
 #   4. Models                       the embedded tiny model, loading a model and its tokenizer
@@ -793,7 +796,7 @@ def run(cfg):
 #   7. Engines                      the contract, Hugging Face generate, in-process vLLM (the split: generators.py)
 #   8. Rewards and grading          the reward functions and the pool of processes that runs them with a time limit
 #   9. The trainer's forward pass   Policy, the micro-batch's tensors, the FP32 head's split-bf16 product
-#  10. Metrics and the screen       metrics_row, Recorder (records, signals, stops), the progress line, the warnings
+#  10. Metrics and the screen       metrics_row; Recorder (the records); Guard (its rules, cadence, signals, tear-down)
 #  11. Run directories, checkpoints the lock, checkpoints written atomically, resume
 # ==================================================================================================
 
@@ -829,13 +832,13 @@ class State:
 
 def setup(cfg):
     """Everything the loop needs, spending nothing on bad input: the checks, the run directory claimed, start_run."""
-    cfg, saved = config_in_force(cfg)
+    cfg, resumed = config_in_force(cfg)
     if rank():  # under torchrun only rank 0 prints (errors still show)
         sys.stdout = open(os.devnull, "w")
     quiet_libraries(cfg.verbose)
-    release = claim(cfg, saved["step"] if saved else None)
+    release = claim(cfg, resumed["step"] if resumed else None)
     try:
-        return start_run(cfg, saved, release)
+        return start_run(cfg, resumed, release)
     except BaseException as e:
         undone = release(undo=True)
         if isinstance(e, KeyboardInterrupt):  # (a Ctrl-C before the first step: nothing of the run was written)
@@ -843,7 +846,7 @@ def setup(cfg):
         raise
 
 
-def start_run(cfg, saved, release):
+def start_run(cfg, resumed, release):
     """setup() once the run directory is claimed: the sections of Part II in the order a run meets them."""
     start_notes(cfg)                                                    # 1. what the flags alone do not say
     train, val = load_data(cfg)                                         # 3. (bad data stops the run here)
@@ -861,10 +864,11 @@ def start_run(cfg, saved, release):
                   {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0, "skipped_updates": 0},
                   serial=rank(), policy=policy, frozen=frozen,
                   digests={k: file_digest(getattr(cfg, k)) for k in ("data", "val_data") if getattr(cfg, k)})
-    rows = restore(saved, state, cfg.resume) if saved else []           # 11. a resumed run's state
+    rows = restore(resumed, state, cfg.resume) if resumed else []           # 11. a resumed run's state
     engine.push(model, state.version)  # the engine starts from exactly the trainer's weights
     ceiling = hidden_task_ceiling([p for p, _, _ in val]) if not cfg.data and cfg.task == "hidden" else None
-    return state, cfg, Recorder(cfg, state, rows, saved["step"] + 1 if saved else 1, device, ceiling, release)  # 10.
+    first = resumed["step"] + 1 if resumed else 1
+    return state, cfg, Guard(cfg, state, Recorder(cfg, state, rows, first, device, ceiling), first, release)  # 10.
 
 
 def start_notes(cfg):
@@ -924,10 +928,16 @@ def quiet_libraries(verbose):
 # --------------------------------------------------------------------------------------------------
 
 
-# what a resumed run takes from the flags typed now: its length, checkpoints, display, outputs and guard, its place
-MAY_CHANGE = ("steps", "save_every", "keep_last", "verbose", "save_completions", "wandb", "wandb_name",
-              "max_fresh_mismatch", "resume", "out")
-CHANGEABLE = ", ".join("--" + k.replace("_", "-") for k in MAY_CHANGE[:-2])  # (the flags a user types to change)
+# what a resumed run takes from the flags typed now: its length, checkpoints, display, outputs and guard (CHANGEABLE,
+# the flags a user types to change them), and its place (the checkpoint it resumes and the run directory)
+CHANGEABLE = ("steps", "save_every", "keep_last", "verbose", "save_completions", "wandb", "wandb_name",
+              "max_fresh_mismatch")
+MAY_CHANGE = (*CHANGEABLE, "resume", "out")
+
+
+def as_flags(names):
+    """Config fields as the flags a user types: ("max_lag", "seed") -> "--max-lag, --seed"."""
+    return ", ".join("--" + k.replace("_", "-") for k in names)
 
 
 @dataclass
@@ -1010,8 +1020,8 @@ class Config(Recipe):
                            at_least=0)
     keep_last: int = flag(2, "keep the newest K checkpoints", above=0)
     resume: str = flag("", "continue a run from a checkpoint directory, or 'auto': the newest in --out. Every setting "
-                         f"comes from the checkpoint but those typed now of {CHANGEABLE} (--steps: to extend a run); "
-                         "another flag typed with a value other than the run's is refused")
+                         f"comes from the checkpoint but those typed now of {as_flags(CHANGEABLE)} (--steps: to "
+                         "extend a run); another flag typed with a value other than the run's is refused")
     max_skipped_updates: int = flag(3, "stop after this many non-finite updates (loss or gradient) in a row", above=0)
     max_fresh_mismatch: float = flag(0.1, "warn when mismatch_fresh_abs_logprob (trainer against generator, on the "
                                           "completions the weights being trained sampled) is over this; stop, with a "
@@ -1041,7 +1051,7 @@ class ScaleRLError(Exception):
 
     def __init__(self, msg, status=2, resumable=False):
         super().__init__(msg)
-        self.status, self.resumable = status, resumable  # resumable: the Recorder saves a checkpoint on the way out
+        self.status, self.resumable = status, resumable  # resumable: the Guard saves a checkpoint on the way out
 
 
 def die(msg, status=2):
@@ -1049,7 +1059,9 @@ def die(msg, status=2):
 
 
 def parse_args(argv=None):
-    """Every Config field a flag: the checked Config, cfg.typed naming the flags typed (a resumed run changes those)."""
+    """Every Config field a flag: the Config of the flags typed, cfg.typed naming them (a resumed run changes those).
+    Parsing only: setup() merges it with the defaults and a resumed checkpoint's settings and checks it, in
+    config_in_force (which a notebook or bench.py calls for the settings checked without a run)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
                                 argument_default=argparse.SUPPRESS)  # (a flag not typed is not in the namespace)
     p.error = die  # argparse's own errors end in one line, status 2, too
@@ -1065,23 +1077,24 @@ def parse_args(argv=None):
     typed = vars(p.parse_args(argv))
     cfg = Config(**typed)
     cfg.typed = set(typed)
-    config_in_force(cfg)  # (the checks; a resumed run's flags against its checkpoint's settings)
     return cfg
 
 
 def config_in_force(cfg):
-    """(the settings a run uses, checked; the checkpoint's state, or None): the flags with their derived defaults, or
-    for a resumed run the checkpoint's settings with the flags typed now, checked on those, not on the defaults."""
+    """(the settings a run uses, checked; the checkpoint's state, or None): the one pass over the settings. The flags
+    with their derived defaults, or for a resumed run the checkpoint's settings with the flags typed now, checked on
+    those, not on the defaults. cfg itself is left as it was: what comes back is a new Config."""
     cfg = fill_defaults(cfg)
     if not cfg.resume:
         return validate(cfg), None
     check_resume(cfg)
-    merged, saved = resumed_config(cfg, cfg.resume)
-    return validate(merged), saved
+    merged, resumed = resumed_config(cfg, cfg.resume)
+    return validate(merged), resumed
 
 
 def fill_defaults(cfg):
-    """Fill in the settings whose default depends on others (0, '' or 'auto' means 'derive it')."""
+    """A copy of cfg with the settings whose default depends on others filled in (0, '' or 'auto': 'derive it')."""
+    cfg = copy.copy(cfg)  # (its `typed` too)
     if not hasattr(cfg, "typed"):
         cfg.typed = {f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != f.default}
     if cfg.mask_truncated is None:
@@ -1738,12 +1751,10 @@ def load_trainer(cfg, device, path):
     return model, policy, frozen_models(cfg, lambda: shard(load(None).requires_grad_(False), device))
 
 # --------------------------------------------------------------------------------------------------
-# 5. The memory plan: what each GPU will hold, planned from the config before any weight loads (docs/benchmarks.md);
-#    what the trainer's update peaked at (CUDA) and the process's resident memory
+# 5. The memory plan: what each GPU will hold, planned from the config before any weight loads (memory.py, beside this
+#    file; docs/benchmarks.md), from the model's sizes; what the trainer's update peaked at (CUDA) and the process's
+#    resident memory
 # --------------------------------------------------------------------------------------------------
-
-
-GiB = 2**30
 
 
 def model_sizes(config):
@@ -1764,138 +1775,16 @@ def model_sizes(config):
             "kv": 2 * len(units) * getattr(config, "num_key_value_heads", heads) * d}
 
 
-# The plan's constants, each checked against torch's memory tracker or read in vLLM (docs/benchmarks.md):
-KEPT_PER_TOKEN = (37, 8, 10, 5, 10)  # bytes a token and layer that backward keeps without checkpointing: times H, I,
-# the attention's width beyond H (heads x head_dim - H) and an MoE's k x H (its rows through the experts) and E
-RECOMPUTED = 2.25  # a checkpointed layer's backward: its activations recomputed and their gradients, x KEPT_PER_TOKEN
-HEAD_PER_LOGIT = 16  # the head's backward: float32 logits, their gradients and softmax, bytes a token and vocab entry
-SAMPLER_PER_LOGIT = 28  # vLLM's profiling run: the sampler's float32 logits and their sort, bytes a row and vocab entry
-SMALL_TENSORS, GRAPHS = 64 * 2**20, 1.5 * GiB  # inputs, masks, step counters; vLLM's CUDA graphs and buffers
-
-
-def memory_plan(sizes, cfg, ranks, device_bytes, longest=0, sharded=None):
-    """What a GPU will hold, before any weight is loaded: the trainer, a reserve no simulation sees, the engine and what
-    is left (docs/benchmarks.md; bench.py --memory checks the trainer's part against torch's memory tracker)."""
-    sharded = launched() if sharded is None else sharded
-    plan = trainer_plan(sizes, cfg, ranks if sharded else 1, longest, sharded)
-    plan["reserve"] = 2 * GiB + 0.1 * plan["trainer"]
-    plan.update(engine_plan(sizes, cfg, ranks, device_bytes, longest, sharded))
-    plan["left"] = device_bytes - plan["trainer"] - plan["reserve"] - plan["engine"] * (not cfg.generators)
-    return plan
-
-
-def trainer_plan(sizes, cfg, ranks, longest, sharded):
-    """The trainer's part: what stays (weights, gradients and AdamW's moments sharded over the ranks, and FSDP2's root,
-    the embeddings and head whole after forward), what backward keeps, and the largest of three phases' transients."""
-    V, H, I, L = sizes["V"], sizes["H"], sizes["I"], sizes["L"]
-    params, param_bytes = sizes["params"], getattr(torch, cfg.param_dtype).itemsize
-    compute_bytes = (getattr(torch, cfg.dtype) if cfg.dtype != "auto" else torch.bfloat16).itemsize
-    tokens = max(cfg.micro_batch_tokens, longest)
-    chunk_logits = min(cfg.logprob_chunk, tokens) * V
-    shard = params * param_bytes / ranks
-    plan = {"params": params, "weights": shard, "gradients": shard, "adam": 2 * shard,
-            "root": param_bytes * V * H * (1 if sizes["tied"] else 2) * sharded}
-    kept = sum(map(operator.mul, KEPT_PER_TOKEN, (H, I, sizes["A"] - H, sizes["k"] * H, sizes["E"])))
-    if cfg.activation_checkpointing:  # each layer's input
-        plan["activations"] = (L + 3) * tokens * H * param_bytes
-    else:  # everything, and each layer's weights cast to the compute dtype
-        plan["activations"] = L * tokens * kept + L * sizes["layer"] * compute_bytes * (compute_bytes < param_bytes) \
-            + 3 * tokens * H * param_bytes
-    gathered = sizes["layer"] * param_bytes * sharded  # one decoder layer whole (FSDP2)
-    split = head_product(cfg) == "split"
-    phases = {  # the head's backward: per chunk its logits, a float32 gradient of W (and of an untied head whole under
-        # torchrun); split, W's two bf16 parts and, where W's gradient is made, the chunk's gradient and its parts
-        # beside two float32 products of W's size
-        "head backward": max(HEAD_PER_LOGIT * chunk_logits, (8 * chunk_logits + 8 * V * H) * split)
-        + 4 * V * H * (1 + split + (sharded and not sizes["tied"])) + 4 * tokens * H + gathered * (ranks > 1),
-        "AdamW step": shard - plan["activations"]}  # (a moment-sized temporary)
-    if cfg.activation_checkpointing:  # a layer's activations recomputed, FSDP2's buffers of three layers, and an
-        # MoE's experts cast to the compute dtype for the grouped product (autocast_experts) and that cast's gradient
-        phases["layer backward"] = RECOMPUTED * tokens * kept + gathered * (1 + 2 * (ranks > 1)) \
-            + 2 * sizes["experts"] * compute_bytes * (compute_bytes < param_bytes)
-    if sizes.get("k"):  # an MoE's recorded experts (routing column, --routing-replay): int16, layers x k a token
-        plan["routing"] = 2 * tokens * L * sizes["k"]
-    plan["phase"] = max(phases, key=phases.get)
-    plan["transient"] = phases[plan["phase"]]
-    plan["trainer"] = sum(plan.get(k, 0) for k in ("weights", "gradients", "adam", "root", "activations", "transient",
-                                                   "routing")) \
-        + SMALL_TENSORS
-    return plan
-
-
-def engine_plan(sizes, cfg, ranks, device_bytes, longest, sharded):
-    """The engine's part (an estimate, read in vLLM 0.32): a device share, claimed whole: weights, FP32 head, profiling
-    peak, CUDA graphs, KV cache; hf: a replica under torchrun, the KV cache and logits of what it generates at once."""
-    V, H, I, params = sizes["V"], sizes["H"], sizes["I"], sizes["params"]
-    compute_bytes = (getattr(torch, cfg.dtype) if cfg.dtype != "auto" else torch.bfloat16).itemsize
-    kv_token = sizes["kv"] * compute_bytes
-    if cfg.engine == "hf":
-        seqs = max(cfg.prompts_per_step * cfg.generations_per_prompt, (cfg.val_size or 200) * cfg.eval_samples) / ranks
-        replica = params * getattr(torch, cfg.param_dtype).itemsize * sharded
-        return {"kv_token": kv_token, "engine": replica + seqs * (longest * kv_token + 8 * V), "kv": 0.0}
-    share = (0.9 if cfg.generators else cfg.vllm_gpu_memory_utilization) * device_bytes
-    big = device_bytes >= 70 * GiB  # vLLM's defaults on H100-class GPUs: 16,384 tokens and 1,024 sequences a step
-    seqs, tokens = cfg.vllm_max_num_seqs or (1024 if big else 256), 16384 if big else 8192
-    plan = {"kv_token": kv_token, "engine": share, "engine_weights": params * compute_bytes,
-            "fp32_head": 4 * V * H * cfg.lm_head_fp32, "graphs": GRAPHS,
-            "profile": max(tokens * compute_bytes * (3 * I + (4 + sizes["k"]) * H), SAMPLER_PER_LOGIT * seqs * V)}
-    plan["kv"] = share - sum(plan[k] for k in ("engine_weights", "fp32_head", "profile", "graphs"))
-    return plan
-
-
-def plan_line(plan, cfg, device_bytes):
-    """The start-up line of a memory plan."""
-    gb = lambda b: f"{b / GiB:.1f}"  # noqa: E731  (GiB, as gpu_peak_gb)
-    p = plan
-    engine = (f"engine {gb(p['engine'])} GiB{' on each generator GPU' if cfg.generators else ''} (weights "
-              f"{gb(p['engine_weights'])}, float32 head {gb(p['fp32_head'])}, profiling peak {gb(p['profile'])}, CUDA "
-              f"graphs {gb(p['graphs'])}, KV cache ~{gb(p['kv'])} GiB = ~{max(p['kv'], 0) / p['kv_token'] / 1e3:.0f}k "
-              "tokens: an estimate)") if cfg.engine != "hf" else f"HF engine {gb(p['engine'])} GiB"
-    return (f"scalerl: memory plan per GPU ({gb(device_bytes)} GiB): trainer {gb(p['trainer'])} GiB (weights "
-            f"{gb(p['weights'])}, gradients {gb(p['gradients'])}, AdamW {gb(p['adam'])}"
-            + (f", unsharded root {gb(p['root'])}" if p["root"] else "") + f", activations {gb(p['activations'])}"
-            f"{' checkpointed' * cfg.activation_checkpointing}, {p['phase']} {gb(p['transient'])}) + reserve "
-            f"{gb(p['reserve'])} | {engine} | {gb(p['left'])} GiB left")
-
-
-def plan_error(sizes, cfg, ranks, device_bytes, longest, sharded=None):
-    """Why the run cannot fit its GPUs by the memory plan, in one line with the figures and what would fit, or None."""
-    plan = memory_plan(sizes, cfg, ranks, device_bytes, longest, sharded)
-    gb = lambda b: f"{b / GiB:.1f} GiB"  # noqa: E731
-    engine = 0 if cfg.generators else plan["engine"]
-    room = device_bytes - engine - plan["reserve"]
-    need = next((k for k in range(1, 4097) if memory_plan(sizes, cfg, k, device_bytes, longest, True)["left"] >= 0),
-                None)
-    ranks_hint = f"at least {need} ranks (torchrun --nproc-per-node {need}, by the whole plan)" if need else \
-        "a smaller model"
-    resident = sum(plan[k] for k in ("weights", "gradients", "adam", "root"))
-    if resident > room:
-        return (f"memory plan: the trainer's weights, gradients and AdamW moments"
-                f"{' and its unsharded root' * bool(plan['root'])} need {gb(resident)} a GPU "
-                f"({plan['params'] / 1e9:.2f}B parameters in {cfg.param_dtype}"
-                f"{f' over {ranks} ranks' if ranks > 1 else ''}), and {gb(room)} is left beside the engine's "
-                f"{gb(engine)} and the reserve: use {ranks_hint}, or a lower --vllm-gpu-memory-utilization")
-    if plan["left"] < 0:
-        return (f"memory plan: the trainer needs {gb(plan['trainer'])} a GPU at its peak (resident {gb(resident)}, "
-                f"activations {gb(plan['activations'])}, {plan['phase']} {gb(plan['transient'])}) and {gb(room)} is "
-                f"left beside the engine's {gb(engine)} and the reserve: use {ranks_hint}, or lower "
-                "--micro-batch-tokens or --logprob-chunk" + (", or turn on --activation-checkpointing"
-                                                              if not cfg.activation_checkpointing else ""))
-    if cfg.engine != "hf" and plan["kv"] < longest * plan["kv_token"]:
-        share = cfg.vllm_gpu_memory_utilization + (longest * plan["kv_token"] - plan["kv"]) / device_bytes
-        return (f"memory plan: vLLM's KV cache would hold ~{gb(max(plan['kv'], 0))} (an estimate: its share, less its "
-                f"weights, the float32 head, the profiling peak and CUDA graphs), less than one longest prompt + "
-                f"completion ({longest} tokens, {gb(longest * plan['kv_token'])}): raise --vllm-gpu-memory-utilization "
-                f"to {share:.2f} or more, lower --vllm-max-num-seqs, or give the engine GPUs of its own (--generators)")
-    return None
-
-
 def check_memory_plan(cfg, config, device, longest):
-    """On CUDA with a model of the user's: print what each GPU will hold, and refuse in one line what will not fit."""
+    """On CUDA with a model of the user's: print what each GPU will hold, and refuse in one line what will not fit (the
+    plan: memory.py, beside this file)."""
     if device.type == "cuda" and (cfg.resume or cfg.model):
+        if memory is None:
+            return print("scalerl: no memory plan (memory.py is not beside scalerl.py)", flush=True)
         sizes, total = model_sizes(config), torch.cuda.get_device_properties(device).total_memory
-        print(plan_line(memory_plan(sizes, cfg, world(), total, longest), cfg, total), flush=True)
-        if error := plan_error(sizes, cfg, world(), total, longest):
+        print(memory.plan_line(memory.memory_plan(sizes, cfg, world(), total, longest, launched()), cfg, total),
+              flush=True)
+        if error := memory.plan_error(sizes, cfg, world(), total, longest, launched()):
             die(error)
 
 
@@ -2083,12 +1972,20 @@ def make_engine(cfg, config, path, device, dtype, longest, n_val, model, tok, au
     if cfg.engine == "vllm" and device.type == "cpu" and not cfg.vllm_kv_cache_mb:
         cfg.vllm_kv_cache_mb, line = cpu_kv_cache_mb(cfg, model_sizes(config)["kv"] * dtype.itemsize, L, n_val)
         print(line, flush=True)
-    if cfg.generators:  # (the split's processes: generators.py, beside this file)
+    if cfg.generators:  # (the split's processes: generators.py, beside this file, imports nothing of this one)
         from generators import SplitEngine
-        return SplitEngine(cfg, path, device, dtype, L, model)
+        return SplitEngine(cfg, path, device, dtype, L, model, VLLMEngine,
+                           lambda m: split_weights(m, dtype, cfg.lm_head_fp32), ScaleRLError)
     if cfg.engine == "vllm":
         return VLLMEngine(cfg, path, device, dtype, L, rank())
     return HFEngine(replica(model, device) if launched() else model, tok, cfg, autocast)
+
+
+def split_weights(model, dtype, fp32_head):
+    """What a push of the split writes: the weights under the checkpoint's names and layout, and the float32 LM head."""
+    yield from full_weights(model, dtype, checkpoint=True)
+    if fp32_head:
+        yield "fp32_head", full_tensor(model.get_output_embeddings().weight).float()
 
 
 def rollout(rollouts, prompts, n, seed, ids=None):
@@ -2266,19 +2163,19 @@ def quiet_stderr(verbose, log=None):
     fd, path = (os.open(log, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644), log) if log else \
         tempfile.mkstemp(prefix="scalerl-stderr-", suffix=".log")
     sys.stderr.flush()
-    saved = os.dup(2)
+    stderr_fd = os.dup(2)
     os.dup2(fd, 2)
     try:
         yield
     except BaseException:
-        os.dup2(saved, 2)
+        os.dup2(stderr_fd, 2)
         with open(path, errors="replace") as held:
             sys.stderr.write(held.read())
         raise
     finally:
         sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
+        os.dup2(stderr_fd, 2)
+        os.close(stderr_fd)
         os.close(fd)
         if not log:
             os.remove(path)
@@ -2370,6 +2267,7 @@ class VLLMEngine:
         kw, env = vllm_args(cfg, path, device, dtype, max_model_len, place)
         os.environ.update(env)
         self.sleeps = kw.get("enable_sleep_mode", False)
+        quiet_libraries(cfg.verbose)  # (again in a generator process of the split, whose engine this is)
         log = os.path.join(cfg.out, f"vllm-start.{place}.log") if cfg.out else None
         if log and not cfg.verbose:  # (a hard crash in vLLM's start, a signal, leaves this line last on the screen)
             print(f"scalerl: starting vLLM; what it prints goes to {log}", flush=True)
@@ -2866,7 +2764,7 @@ def batch_tensors(samples, pad_id, device):
 def mismatch_sums(logp, logp_gen, fresh, eps_max, routed=None):
     """Train/inference mismatch on the trained tokens, before the update: sums of |log pi_train - log pi_gen|, of the k3
     estimate of KL(pi_gen || pi_train), and of ratios over eps_max [Sec. 3.2]; mismatch_fresh_abs_logprob, the first
-    over the `fresh` tokens alone, where no lag can explain one (the Recorder's --max-fresh-mismatch). An MoE's (routed:
+    over the `fresh` tokens alone, where no lag can explain one (the Guard's --max-fresh-mismatch). An MoE's (routed:
     routing_differs): the tokens routed to other experts than the generator's in any layer, and the (token, layer)s."""
     d, n = (logp.detach() - logp_gen).double(), len(logp)
     sums = {"mismatch_abs_logprob": (d.abs().sum(), n), "mismatch_kl_k3": ((torch.exp(d) - 1 - d).sum(), n),
@@ -2924,18 +2822,31 @@ class SplitProduct(torch.autograd.Function):
         return gh, gw, None, None
 
 # --------------------------------------------------------------------------------------------------
-# 10. Metrics and the screen: the metrics row, the Recorder (records, checkpoints' timing, signals, stops), the
-#     progress line and the warnings; the live fit, W&B and --save-completions
+# 10. Metrics and the screen: the step's counts and metrics row; the Recorder, which records; the Guard around it, each
+#     of its parts one place a fork changes: watch (the warning and stop rules), checkpoint_due (the cadence),
+#     tear_down; the progress line and the rules' reasons; the live fit, W&B and --save-completions
 # --------------------------------------------------------------------------------------------------
 
 
-def metrics_row(state, cfg, step, r, seconds):
-    """The metrics row of rl_step's `r` (docs/outputs.md): counts summed over ranks, per-process values their max."""
-    rollouts, update = state.rollouts, r["update"]
+def take_counts(state, cfg, r, seconds):
+    """The step's counts, summed over the ranks, taken from the run's counters: the totals (the scaling curve's axes)
+    advance by them, and the rollouts' counters and the generators' idle clocks start anew for the next step."""
+    rollouts = state.rollouts
     local = step_counts(state, cfg, r)
     n = dict(zip(local, all_sum(*local.values())))  # (one reduction for them all)
-    advance_totals(state, cfg, n, update, seconds)
-    removed = removals(state.curriculum)
+    advance_totals(state, cfg, n, r["update"], seconds)
+    n["gen_seconds"] = rollouts.seconds  # (this process's)
+    if cfg.generators:  # the generators' idle fraction: with nothing to do, since the last step
+        idle, period = state.engine.take_idle()
+        n["generator_idle_frac"] = max(0.0, all_sum(idle) / (cfg.generators * period))
+    rollouts.decoded = rollouts.steps = rollouts.seconds = rollouts.ahead = rollouts.preempted = 0
+    return n
+
+
+def metrics_row(state, cfg, step, r, seconds, n):
+    """The metrics row of rl_step's `r` (docs/outputs.md), n its counts (take_counts): counts summed over ranks,
+    per-process values their max."""
+    update, removed = r["update"], removals(state.curriculum)
     row = {"step": step, **state.totals, **mean_over_ranks(r["rollout"]),
            "zero_variance_frac": n["flat"] / n["groups"], "active_prompts": int(n["active"]),
            "truncated_excluded": int(n["excluded"]), **{f"{k}_removed": v for k, v in removed.items()},
@@ -2947,15 +2858,13 @@ def metrics_row(state, cfg, step, r, seconds):
            "stale_dropped": int(n["stale"]), "inflight_groups": int(n["in_flight"]),
            "engine_batch_mean": n["decoded"] / max(n["engine_steps"], 1),
            **({"engine_capacity": int(n["capacity"])} if n["capacity"] else {}), "preemptions": int(n["preempted"]),
-           "step_seconds": seconds, "gen_seconds": rollouts.seconds, "train_seconds": 0.0,
+           "step_seconds": seconds, "gen_seconds": n["gen_seconds"], "train_seconds": 0.0,
            "sync_seconds": r["push_seconds"],
            # every metric of the update under its own name, but those the totals count and the memory peak (below)
            **{k: v for k, v in update.items() if k not in ("skipped", "trained_tokens", "gpu_peak_gb")}}
     if cfg.generators:  # each side's idle fraction: the trainer waiting for groups, the generators with nothing to do
-        idle, period = state.engine.take_idle()
-        row["trainer_idle_frac"] = rollouts.seconds / seconds
-        row["generator_idle_frac"] = max(0.0, all_sum(idle) / (cfg.generators * period))
-    rollouts.decoded = rollouts.steps = rollouts.seconds = rollouts.ahead = rollouts.preempted = 0  # (counted anew)
+        row["trainer_idle_frac"] = n["gen_seconds"] / seconds
+        row["generator_idle_frac"] = n["generator_idle_frac"]
     if "gpu_peak_gb" in update:
         row["gpu_peak_gb"] = all_max(update["gpu_peak_gb"])
     if (rss := trim_memory()) is not None:
@@ -2998,16 +2907,11 @@ def removals(curriculum):
 
 
 class Recorder:
-    """The run's records and its ways out: config.json, metrics.jsonl (and W&B), the progress line and warnings,
-    checkpoints (every --save-every steps, at the end, on SIGINT/SIGTERM after the step; a second signal abandons it),
-    the stops, and clean-up (claim's lock released). Under torchrun every rank keeps the records; rank 0 writes them."""
+    """The run's records: config.json, metrics.jsonl (and W&B), the progress line. Under torchrun every rank keeps the
+    rows, rank 0 writes them."""
 
-    def __init__(self, cfg, state, rows, first, device, ceiling=None, release=lambda undo=False: None):
-        self.cfg, self.state, self.rows, self.first, self.out = cfg, state, rows, first, cfg.out
-        self.done, self.saved = first - 1, first - 1 if cfg.resume else -1  # (a new run: step 0 not saved yet)
-        self.stop, self.in_a_row, self.handlers, self.unlogged, self.warned = [], 0, {}, None, set()
-        self.fresh_over, self.saving = 0, False  # steps in a row over --max-fresh-mismatch; a checkpoint being written
-        self.release, self.writer, self.restored = release, rank() == 0, len(rows)
+    def __init__(self, cfg, state, rows, first, device, ceiling=None):
+        self.cfg, self.rows, self.out, self.writer = cfg, rows, cfg.out, rank() == 0
         n_params = sum(p.numel() for p in state.model.parameters())
         const, const_rate = best_constant_pass_rate([a for _, a, _ in state.val])
         on = f"{device} x {world()} ranks" if launched() else device
@@ -3024,13 +2928,52 @@ class Recorder:
               + (f" | best possible pass rate {ceiling:.3f}" if ceiling else "") + f" | writing {self.out}"
               + (f" | resuming after step {first - 1}" if cfg.resume else ""), flush=True)
 
+    def log(self, row, errors):
+        """Record a row: metrics.jsonl (the records first, each whole at once, with this run's first), W&B, the screen,
+        and the completions that could not be graded."""
+        errors = all_gather(errors)[0]
+        row["reward_errors"] = len(errors)
+        self.rows.append(row)
+        if self.metrics is None:
+            for name, text in self.records.items():
+                write_atomically(os.path.join(self.out, name), text)
+            self.metrics = open(os.path.join(self.out, "metrics.jsonl") if self.writer else os.devnull, "a")
+        self.metrics.write(json.dumps(row) + "\n")
+        self.metrics.flush()
+        if self.tracker:
+            self.tracker.log(row, step=row["step"])
+        print(progress_line(row, self.cfg.steps) if row["step"] else f"step    0/{self.cfg.steps} | val "
+              f"{row['val_pass_rate']:.3f}", flush=True)
+        if self.writer and errors:  # each costs its completion only (reward 0)
+            print(f"step {row['step']}: {len(errors)} completions could not be graded (reward 0); first: {errors[0]}",
+                  file=sys.stderr, flush=True)
+
+    def close(self):
+        if self.metrics:
+            self.metrics.close()
+        if self.tracker:
+            self.tracker.finish()
+
+
+class Guard:
+    """The run's course around its records: after each step its row recorded (Recorder), the warning and stop rules
+    (watch) and the checkpoint cadence (checkpoint_due); a checkpoint at the end and on SIGINT/SIGTERM after the step
+    (a second signal abandons it); the tear-down (tear_down). Under torchrun every rank runs it alike."""
+
+    def __init__(self, cfg, state, recorder, first, release=lambda undo=False: None):
+        self.cfg, self.state, self.recorder, self.rows, self.first, self.out = \
+            cfg, state, recorder, recorder.rows, first, cfg.out
+        self.done, self.last_saved = first - 1, first - 1 if cfg.resume else -1  # (a new run: step 0 not saved yet)
+        self.stop, self.handlers, self.unlogged, self.warned = [], {}, None, set()
+        self.saving, self.release, self.restored = False, release, len(recorder.rows)  # saving: a checkpoint written
+
     def __enter__(self):
 
         def on_signal(signum, frame):
             if self.stop:
                 raise KeyboardInterrupt
             self.stop.append(signal.Signals(signum).name)
-            if self.writer:
+            if self.recorder.writer:
                 size, secs = checkpoint_cost(self.state.model, self.cfg)
                 took = f"{secs / 60:.0f} min" if secs >= 90 else f"{secs:.0f} s"
                 print(f"\n{self.stop[0]}: finishing this step, then saving a checkpoint ({size / 1e9:.1f} GB: about "
@@ -3040,10 +2983,53 @@ class Recorder:
         return self
 
     def row(self, step, result, seconds):
-        """The metrics row of a step (metrics_row), kept until it is logged: when a generator fails during the step's
-        evaluation, the step is logged without it, and checkpointed."""
-        self.unlogged = metrics_row(self.state, self.cfg, step, result, seconds)
+        """The metrics row of a step, kept until it is logged: when a generator fails during the step's evaluation, the
+        step is logged without it, and checkpointed."""
+        self.unlogged = metrics_row(self.state, self.cfg, step, result, seconds,
+                                    take_counts(self.state, self.cfg, result, seconds))
         return self.unlogged
+
+    def step_done(self, row, errors):
+        """A step's row recorded, then the rules that may stop the run, then the checkpoint the cadence calls for."""
+        self.unlogged = None
+        self.recorder.log(row, errors)
+        if row["step"]:  # (step 0, the initial weights' evaluation: recorded and watched, not a step of training)
+            self.done = row["step"]
+        self.watch(row)
+        if row["step"] and checkpoint_due(self.rows, self.cfg):
+            self.save()
+
+    def watch(self, row):
+        """The warning and stop rules, on the rows so far: a warning once for each cause (rank 0's), a stop in one line
+        (every rank alike: the rows' sums are over the ranks). A fork adds its rule here."""
+        writer, cfg, step = self.recorder.writer, self.cfg, row["step"]
+        cause, why = (stall_reason(self.rows, cfg) if writer else None) or (None, None)
+        if cause and cause not in self.warned:
+            self.warned.add(cause)
+            print(f"warning: the last {STALL_STEPS} steps trained on under half of their prompts: {why}", flush=True)
+        fell = collapse_reason(self.rows, cfg) if writer and "val_pass_rate" in row else None
+        if fell and "collapse" not in self.warned:
+            self.warned.add("collapse")
+            print(f"warning: {fell}", file=sys.stderr, flush=True)
+        if not step:
+            return
+        skipped = in_a_row(self.rows, lambda r, before: before and r["skipped_updates"] > before["skipped_updates"])
+        if skipped >= cfg.max_skipped_updates:
+            die(f"{skipped} updates in a row skipped for a non-finite loss or gradient norm (loss {row['loss']}, "
+                f"gradient norm {row['grad_norm']}); stopping. Last checkpoint: {last_checkpoint(self.out)}", 1)
+        fresh, bound = row.get("mismatch_fresh_abs_logprob"), cfg.max_fresh_mismatch
+        over = in_a_row([r for r in self.rows if "mismatch_fresh_abs_logprob" in r],
+                        lambda r, _: r["mismatch_fresh_abs_logprob"] > bound) if fresh is not None and bound else 0
+        why = (f"the trainer's and the generator's log-probs of completions that the weights being trained sampled "
+               f"differ by {fresh:.3g} (mean |log pi_train - log pi_gen|), over --max-fresh-mismatch {bound:g}: a push "
+               "that missed a weight, the LM head's precision (--lm-head-fp32, --dtype) or a model whose forward "
+               "differs from the engine's") if over else ""
+        if 0 < over < FRESH_STEPS and writer:
+            print(f"warning: step {step}: {why}; the run stops if it lasts {FRESH_STEPS} steps", file=sys.stderr,
+                  flush=True)
+        elif over >= FRESH_STEPS:
+            raise ScaleRLError(f"step {step}: {why}, {FRESH_STEPS} steps in a row: stopped, checkpoint {self.save()}; "
+                               f"to go on anyway: {resume_command(self.out)} --max-fresh-mismatch 0", 1)
 
     def signalled(self):
         """True when SIGINT or SIGTERM asked the run to stop (under torchrun: any rank's signal stops every rank)."""
@@ -3056,69 +3042,12 @@ class Recorder:
         print(f"{self.stop[0]}: stopped after step {self.done}; checkpoint {self.save()}; continue with: "
               f"{resume_command(self.out)}", flush=True)
 
-    def log(self, row, errors):
-        """Record a row (metrics.jsonl, W&B, the screen), then the checkpoint and the stops it calls for."""
-        self.unlogged, errors = None, all_gather(errors)[0]
-        row["reward_errors"] = len(errors)
-        self.rows.append(row)
-        if self.metrics is None:  # the first row of this run's own: the records first, each whole at once
-            for name, text in self.records.items():
-                write_atomically(os.path.join(self.out, name), text)
-            self.metrics = open(os.path.join(self.out, "metrics.jsonl") if self.writer else os.devnull, "a")
-        self.metrics.write(json.dumps(row) + "\n")
-        self.metrics.flush()
-        if self.tracker:
-            self.tracker.log(row, step=row["step"])
-        step = row["step"]
-        print(progress_line(row, self.cfg.steps) if step else f"step    0/{self.cfg.steps} | val "
-              f"{row['val_pass_rate']:.3f}", flush=True)
-        if self.writer and errors:  # each costs its completion only (reward 0)
-            print(f"step {step}: {len(errors)} completions could not be graded (reward 0); first: {errors[0]}",
-                  file=sys.stderr, flush=True)
-        cause, why = (stall_reason(self.rows, self.cfg) if self.writer else None) or (None, None)
-        if cause and cause not in self.warned:  # once for each cause
-            self.warned.add(cause)
-            print(f"warning: the last {STALL_STEPS} steps trained on under half of their prompts: {why}", flush=True)
-        fell = collapse_reason(self.rows, self.cfg) if self.writer and "val_pass_rate" in row else None
-        if fell and "collapse" not in self.warned:  # once a run
-            self.warned.add("collapse")
-            print(f"warning: {fell}", file=sys.stderr, flush=True)
-        if not step:
-            return
-        self.done = step
-        before = self.rows[-2]["skipped_updates"] if len(self.rows) > 1 else 0
-        self.in_a_row = self.in_a_row + 1 if row["skipped_updates"] > before else 0
-        if self.in_a_row >= self.cfg.max_skipped_updates:
-            die(f"{self.in_a_row} updates in a row skipped for a non-finite loss or gradient norm (loss {row['loss']}, "
-                f"gradient norm {row['grad_norm']}); stopping. Last checkpoint: {last_checkpoint(self.out)}", 1)
-        self.check_fresh_mismatch(row)
-        if self.cfg.save_every and step % self.cfg.save_every == 0:
-            self.save()
-
-    def check_fresh_mismatch(self, row):
-        """--max-fresh-mismatch: a warning for a step over it, a stop with the step's checkpoint after FRESH_STEPS in a
-        row (every rank alike: the row's sums are over the ranks)."""
-        fresh, bound = row.get("mismatch_fresh_abs_logprob"), self.cfg.max_fresh_mismatch
-        if fresh is None or not bound:
-            return
-        self.fresh_over = self.fresh_over + 1 if fresh > bound else 0
-        why = (f"the trainer's and the generator's log-probs of completions that the weights being trained sampled "
-               f"differ by {fresh:.3g} (mean |log pi_train - log pi_gen|), over --max-fresh-mismatch {bound:g}: a push "
-               "that missed a weight, the LM head's precision (--lm-head-fp32, --dtype) or a model whose forward "
-               "differs from the engine's")
-        if self.fresh_over and self.fresh_over < FRESH_STEPS and self.writer:
-            print(f"warning: step {row['step']}: {why}; the run stops if it lasts {FRESH_STEPS} steps", file=sys.stderr,
-                  flush=True)
-        elif self.fresh_over >= FRESH_STEPS:
-            raise ScaleRLError(f"step {row['step']}: {why}, {FRESH_STEPS} steps in a row: stopped, checkpoint "
-                               f"{self.save()}; to go on anyway: {resume_command(self.out)} --max-fresh-mismatch 0", 1)
-
     def save(self):
         """A checkpoint of the last step logged (the newest checkpoint, where it has one already)."""
-        if self.saved == self.done:
+        if self.last_saved == self.done:
             return last_checkpoint(self.out)
-        self.saved, self.saving = self.done, True
-        final = save_checkpoint(self.out, self.done, self.state, self.cfg, self.rows[-1] if self.rows else None)
+        self.last_saved, self.saving = self.done, True
+        final = save_checkpoint(self.out, self.done, self.state, self.cfg, self.rows)
         self.saving = False
         return final
 
@@ -3128,7 +3057,7 @@ class Recorder:
                 print(f"done: model and training state in {self.save()}, metrics in {self.out}/metrics.jsonl")
             elif getattr(exc, "resumable", False) and world() == 1:  # a generator failed: the run can go on later
                 if self.unlogged:  # it failed in an evaluation: the step itself is complete
-                    self.log(self.unlogged, [])
+                    self.step_done(self.unlogged, [])
                 exc.args = (f"{exc}; checkpoint {self.save()}; continue with: {resume_command(self.out)}",)
             elif kind is KeyboardInterrupt:
                 what = f"writing the checkpoint of step {self.done}" if self.saving else f"step {self.done + 1}"
@@ -3137,15 +3066,32 @@ class Recorder:
         finally:
             for sig, handler in self.handlers.items():
                 signal.signal(sig, handler)
-            if self.metrics:
-                self.metrics.close()
-            self.state.grader.close()
-            self.state.engine.abort()
-            self.state.engine.close()  # after the last collective; no generator left, nor (CUDA) an allocator held
-            if self.tracker:
-                self.tracker.finish()
-            self.release(undo=kind is not None and len(self.rows) == self.restored)
+            tear_down(self.state, self.recorder, lambda: self.release(
+                undo=kind is not None and len(self.rows) == self.restored))
         return False
+
+
+def in_a_row(rows, rule):
+    """How many of the last rows, in a row, meet rule(row, the row before it or None)."""
+    k = 0
+    while k < len(rows) and rule(rows[-1 - k], rows[-2 - k] if k + 1 < len(rows) else None):
+        k += 1
+    return k
+
+
+def checkpoint_due(rows, cfg):
+    """The checkpoint cadence: whether the step just recorded (rows[-1]) is checkpointed: every --save-every steps."""
+    return bool(cfg.save_every) and rows[-1]["step"] % cfg.save_every == 0
+
+
+def tear_down(state, recorder, release):
+    """The run's end, however it ends: the records closed, the grading pool, the engine (after the last collective: no
+    generator left, nor (CUDA) an allocator held), then the run directory's lock released (release())."""
+    recorder.close()
+    state.grader.close()
+    state.engine.abort()
+    state.engine.close()
+    release()
 
 
 def progress_line(row, steps):
@@ -3163,7 +3109,7 @@ def progress_line(row, steps):
             f"{row['sync_seconds']:.2f})")
 
 
-FRESH_STEPS = 3  # steps in a row over --max-fresh-mismatch that stop a run (Recorder.check_fresh_mismatch)
+FRESH_STEPS = 3  # steps in a row over --max-fresh-mismatch that stop a run (Guard.watch)
 COLLAPSE_FALL = 1 / 3  # of the rise to the best evaluation: a fall larger than that (and than 0.1) is a collapse
 STALL_STEPS = 10  # steps on under half of the prompts, the reward not rising, before stall_reason names a cause
 
@@ -3376,15 +3322,15 @@ def claim(cfg, step=None):
     except ScaleRLError:
         os.close(fd)
         raise
-    fresh = not in_place(cfg)  # (check_run_dir: then the directory was new or empty)
+    new_dir = not in_place(cfg)  # (check_run_dir: then the directory was new or empty)
 
     def release(undo=False):
         """Unlock; with undo, what it did to the directory, in words (or '')."""
         done = ""
-        if undo and fresh and made:
+        if undo and new_dir and made:
             shutil.rmtree(out, ignore_errors=True)
             done = f"{out}, which this run made, is removed"
-        elif undo and fresh:  # a directory the user made stays, empty again
+        elif undo and new_dir:  # a directory the user made stays, empty again
             for path in (os.path.join(out, name) for name in os.listdir(out)):
                 with contextlib.suppress(OSError):
                     shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
@@ -3422,9 +3368,10 @@ def pending_prompts(state):
     return list(state.requeue) + [g.prompt_index for g in started]
 
 
-def save_checkpoint(out, step, state, cfg, row=None):
-    """Save what a run needs to continue, with its step's metrics row, to a temporary directory renamed into place (a
-    crash mid-write leaves the last checkpoint intact). Under torchrun rank 0 gathers it whole, in CPU memory."""
+def save_checkpoint(out, step, state, cfg, rows=()):
+    """Save what a run needs to continue, with its step's metrics row (rows: the run's, to its step), to a temporary
+    directory renamed into place (a crash mid-write leaves the last checkpoint intact), then retire the checkpoints it
+    makes redundant. Under torchrun rank 0 gathers it whole, in CPU memory."""
     from safetensors import SafetensorError
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                          get_optimizer_state_dict)
@@ -3445,11 +3392,12 @@ def save_checkpoint(out, step, state, cfg, row=None):
             torch.save({"step": step, "totals": dict(state.totals), "loop": {"version": state.version}, "ranks": ranks,
                         "digests": state.digests,
                         "optimizer": optimizer, "scheduler": state.sched.state_dict(),
-                        "config": dataclasses.asdict(cfg), "script": os.path.basename(__file__), "row": row},
+                        "config": dataclasses.asdict(cfg), "script": os.path.basename(__file__),
+                        "row": rows[-1] if rows else None},
                        os.path.join(tmp, "trainer_state.pt.tmp"))
             os.replace(os.path.join(tmp, "trainer_state.pt.tmp"), os.path.join(tmp, "trainer_state.pt"))  # complete
             finish_checkpoint(tmp, final)
-            for old in list_checkpoints(out)[:-cfg.keep_last]:  # (what a killed writer left: claim removed it)
+            for old in retired_checkpoints(out, cfg, rows):  # (what a killed writer left: claim removed it)
                 shutil.rmtree(old, ignore_errors=True)
     except KeyboardInterrupt:  # (a second Ctrl-C: a complete checkpoint is a rename away from its place, and takes it)
         if rank() == 0 and os.path.isfile(os.path.join(tmp, "trainer_state.pt")):
@@ -3465,6 +3413,11 @@ def save_checkpoint(out, step, state, cfg, row=None):
     if world() > 1:  # the checkpoint is complete before any rank goes on (or exits): the other ranks wait for rank 0's
         dist.barrier(group=checkpoint_group(state.model, cfg))  # write, on a group whose timeout is sized for it
     return final
+
+
+def retired_checkpoints(out, cfg, rows):
+    """The checkpoints a new one makes redundant, to remove: all but the newest --keep-last."""
+    return list_checkpoints(out)[:-cfg.keep_last]
 
 
 def finish_checkpoint(tmp, final):
@@ -3530,48 +3483,48 @@ def resumed_config(cfg, ckpt):
             die(f"--resume {ckpt}: {name} is damaged ({e}): the checkpoint cannot be loaded")
     if len(state["ranks"]) != world():
         die(f"--resume {ckpt}: the run had {len(state['ranks'])} ranks; resume it with as many (this has {world()})")
-    saved = check_settings(state["config"], state.get("script"), ckpt)
+    settings = check_settings(state["config"], state.get("script"), ckpt)
     default = {f.name: f.default for f in dataclasses.fields(Config)}  # (a flag newer than the checkpoint: its default)
-    moved = moved_data(cfg, saved, state.get("digests") if isinstance(state.get("digests"), dict) else {}, ckpt)
+    moved = moved_data(cfg, settings, state.get("digests") if isinstance(state.get("digests"), dict) else {}, ckpt)
     changed = [k for k in default if k in cfg.typed and k not in MAY_CHANGE and k not in moved
-               and getattr(cfg, k) != saved.get(k, default[k])]
-    was = {k: saved[k] if k in saved else f"{default[k]}, the default: the checkpoint predates the flag"
+               and getattr(cfg, k) != settings.get(k, default[k])]
+    was = {k: settings[k] if k in settings else f"{default[k]}, the default: the checkpoint predates the flag"
            for k in changed}
     if changed:
-        die(f"--resume {ckpt}: a resumed run keeps the settings of its checkpoint (all but {CHANGEABLE}); typed now "
-            "with other values: " + ", ".join(f"--{k.replace('_', '-')} {getattr(cfg, k)} (the run's: {was[k]})"
-                                             for k in changed))
-    step, steps = state["step"], saved.get("steps") if cfg.steps is None else cfg.steps
+        die(f"--resume {ckpt}: a resumed run keeps the settings of its checkpoint (all but "
+            f"{as_flags(CHANGEABLE)}); typed now with other values: " + ", ".join(
+                f"{as_flags([k])} {getattr(cfg, k)} (the run's: {was[k]})" for k in changed))
+    step, steps = state["step"], settings.get("steps") if cfg.steps is None else cfg.steps
     if steps is None:
         die(f"--resume {ckpt}: its settings do not say how many steps the run takes: give --steps N")
     if steps < step:
         die(f"--steps {steps}: the checkpoint is of step {step}; a resumed run goes on from there")
     if steps == step:
         raise ScaleRLError(f"{ckpt} is step {step} of {steps}: nothing to do (--steps N, N > {step}, goes on)", 0)
-    return Config(**{**saved, **moved, **{k: getattr(cfg, k) for k in MAY_CHANGE if k in cfg.typed}, "steps": steps,
+    return Config(**{**settings, **moved, **{k: getattr(cfg, k) for k in MAY_CHANGE if k in cfg.typed}, "steps": steps,
                      "resume": ckpt, "out": cfg.out}), state
 
 
-def check_settings(saved, script, ckpt):
+def check_settings(settings, script, ckpt):
     """A checkpoint's settings, typed as the command line types them (a flag newer than the checkpoint is left to its
     default). One line for another script's (a setting this one does not know, or lacks) and for a wrong type."""
     fields, mine = {f.name: f for f in dataclasses.fields(Config)}, os.path.basename(__file__)
-    unknown, missing = sorted(set(saved) - set(fields)), sorted(set(fields) - set(saved))
+    unknown, missing = sorted(set(settings) - set(fields)), sorted(set(fields) - set(settings))
     by = f"made by {script}" if script else "not made by this script"
     if unknown or script and script != mine and missing:
-        die(f"--resume {ckpt}: {by}: " + "; ".join(f"{what} " + ", ".join("--" + k.replace("_", "-") for k in keys)
+        die(f"--resume {ckpt}: {by}: " + "; ".join(f"{what} " + as_flags(keys)
                                                    for what, keys in (("settings this script does not know:", unknown),
                                                                       ("settings it does not have:", missing)) if keys)
             + f"; resume it with {script or 'the script that made it'}")
     kinds = {bool: (bool,), int: (int,), float: (int, float), str: (str,), tuple: (list, tuple)}
     typed = lambda k, v: type(v) in kinds[fields[k].type] and (  # noqa: E731  (think_budget: two integers)
         fields[k].type is not tuple or len(v) == 2 and all(type(x) is int for x in v))
-    wrong = [k for k, v in saved.items() if not (v is None and fields[k].default is None or typed(k, v))]
+    wrong = [k for k, v in settings.items() if not (v is None and fields[k].default is None or typed(k, v))]
     if wrong:
         die(f"--resume {ckpt}: its settings are not as this script writes them: " + ", ".join(
-            f"{k} {saved[k]!r} (not {'two integers' if fields[k].type is tuple else fields[k].type.__name__})"
+            f"{k} {settings[k]!r} (not {'two integers' if fields[k].type is tuple else fields[k].type.__name__})"
             for k in wrong) + "; the checkpoint is damaged, or another script's")
-    return {**saved, "think_budget": tuple(saved.get("think_budget", (0, 0)))}
+    return {**settings, "think_budget": tuple(settings.get("think_budget", (0, 0)))}
 
 
 def file_digest(path):
@@ -3585,12 +3538,12 @@ def file_digest(path):
     return h.hexdigest()
 
 
-def moved_data(cfg, saved, digests, ckpt):
+def moved_data(cfg, settings, digests, ckpt):
     """{name: new path} of the data files typed now with another path than the run's but its content (the sha256 in the
     checkpoint): a file that moved. Another file, or a run's file gone with no new path typed, stops the resume."""
     moved = {}
     for k in ("data", "val_data"):
-        old, new, name = saved.get(k) or "", getattr(cfg, k), "--" + k.replace("_", "-")
+        old, new, name = settings.get(k) or "", getattr(cfg, k), "--" + k.replace("_", "-")
         if old and k in cfg.typed and new != old:
             if not digests.get(k):
                 die(f"{name} {new}: the run read {old}, and its checkpoint predates the data's digest, so a move "
@@ -3642,26 +3595,26 @@ def run_rows(ckpt, step, own=None):
     return sorted((r for r in rows.values() if r["step"] <= step), key=lambda r: r["step"])
 
 
-def restore(saved, state, ckpt):
+def restore(resumed, state, ckpt):
     """Put a checkpoint's state back. Returns the rows of its run up to its step (the Recorder writes them)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-    if saved["optimizer"] is not None:
-        set_optimizer_state_dict(state.model, state.opt, saved["optimizer"],
+    if resumed["optimizer"] is not None:
+        set_optimizer_state_dict(state.model, state.opt, resumed["optimizer"],
                                  options=StateDictOptions(full_state_dict=launched()))
-    state.sched.load_state_dict(saved["scheduler"])
-    mine = saved["ranks"][rank()]
+    state.sched.load_state_dict(resumed["scheduler"])
+    mine = resumed["ranks"][rank()]
     cur = dict(mine["curriculum"])
     if "pass_rate" in cur:  # a checkpoint from before the history: each prompt's last pass rate, removals by NPR
         cur["history"] = {i: [r] for i, r in cur.pop("pass_rate").items()}
         cur["removed"] = dict.fromkeys(cur["removed"], "npr")
     state.curriculum.__dict__.update(cur)
-    state.totals.update(saved["totals"])
-    state.version, state.serial = saved["loop"]["version"], mine["serial"]
+    state.totals.update(resumed["totals"])
+    state.version, state.serial = resumed["loop"]["version"], mine["serial"]
     state.requeue.extend(mine["pending"])
     torch.set_rng_state(mine["torch_rng"])
     if mine["cuda_rng"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(mine["cuda_rng"])
-    return run_rows(ckpt, saved["step"], saved.get("row"))
+    return run_rows(ckpt, resumed["step"], resumed.get("row"))
 
 
 def main(argv=None, end_process=False):

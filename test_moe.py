@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+import memory
 import scalerl as S
 from test_scalerl import need_vllm
 
@@ -173,7 +174,7 @@ def test_plan_counts_the_recorded_experts():
     cfg = S.fill_defaults(S.Config(micro_batch_tokens=1000))
     dense = S.model_sizes(tiny_model(False).config)
     moe = dict(dense, k=3)
-    plain, planned = S.trainer_plan(dense, cfg, 1, 10, False), S.trainer_plan(moe, cfg, 1, 10, False)
+    plain, planned = memory.trainer_plan(dense, cfg, 1, 10, False), memory.trainer_plan(moe, cfg, 1, 10, False)
     assert "routing" not in plain and planned["routing"] == 2 * 1000 * dense["L"] * 3
     others = sum(planned[k] for k in ("weights", "gradients", "adam", "root", "activations", "transient"))
-    assert planned["trainer"] == others + planned["routing"] + S.SMALL_TENSORS  # (in the trainer's total)
+    assert planned["trainer"] == others + planned["routing"] + memory.SMALL_TENSORS  # (in the trainer's total)

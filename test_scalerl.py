@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import generators
+import memory
 import scalerl as S
 from conftest import warm_vllm_model_info
 
@@ -33,6 +34,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def _cache(tmp_path_factory, monkeypatch):
     """Keep the embedded model's cache inside pytest's temporary directory."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def checked(argv=(), module=S):
+    """The settings a run of these flags would use, checked (parse_args only parses: setup checks)."""
+    return module.config_in_force(module.parse_args(list(argv)))[0]
 
 
 def small_cfg(tmp_path, **kw):
@@ -119,8 +125,7 @@ def test_gspo_ratio_and_loss_by_hand():
     # d/d logp_t of the sample-averaged loss: -A s_i / |y_i| for unclipped completions, 0 for clipped ones
     grad = [-1.0 * want_s[0] / 2] * 2 + [0.0] * 3 + [0.0, -0.5 * want_s[6]]
     assert logp.grad.tolist() == pytest.approx(grad, rel=1e-9, abs=1e-15)
-    cfg = S.Config(loss="gspo")
-    S.fill_defaults(cfg)
+    cfg = S.fill_defaults(S.Config(loss="gspo"))
     assert (cfg.eps_low, cfg.eps_high) == (el, eh)
     total, metrics = S.policy_loss(logp.detach(), logp_gen, adv, torch.ones(7, dtype=torch.float64), seq, cfg)
     assert total.item() == pytest.approx(sum(want)) and metrics["clip_frac"][0] == 4  # completions 1 and 2's tokens
@@ -551,7 +556,7 @@ def test_grad_clip_weight_decay_and_adam_eps_reach_adamw_by_hand(default_model):
     samples = off_policy_samples(m, tok, [1.0])  # on-policy: rho = 1
     g, _ = hand_gradient(m, samples, eps_max=5.0)
     norm = math.sqrt(sum((x ** 2).sum().item() for x in g.values()))
-    cfg = S.parse_args(["--grad-clip", "0.05", "--weight-decay", "0.5", "--adam-eps", "1e-4", "--lr", "0.05",
+    cfg = checked(["--grad-clip", "0.05", "--weight-decay", "0.5", "--adam-eps", "1e-4", "--lr", "0.05",
                         "--warmup-steps", "0", "--engine", "hf"])
     opt, sched = S.make_optimizer(m, cfg)
     before = {n: p.detach().double().clone() for n, p in m.named_parameters()}
@@ -943,7 +948,7 @@ def test_the_stop_token_is_not_graded_when_the_tokenizer_names_another_eos():
 def interrupt_cfg(engine, length_control="interrupt"):
     cfg = S.Config(engine=engine, length_control=length_control, max_new_tokens=8, think_budget=(2, 3),
                    answer_budget=3, temperature=1.0, max_lag=0)
-    S.validate(S.fill_defaults(cfg))
+    cfg = S.validate(S.fill_defaults(cfg))
     return cfg
 
 
@@ -1584,7 +1589,7 @@ def test_fp32_head_is_checked_at_engine_start_and_pushed_in_float32(default_mode
     need_vllm()
     import vllm
     cfg = S.Config(engine="vllm")
-    S.validate(S.fill_defaults(cfg))
+    cfg = S.validate(S.fill_defaults(cfg))
     path = S.build_tiny_model(os.environ["XDG_CACHE_HOME"] + "/scalerl", 0, False)
     engine = S.VLLMEngine(cfg, path, torch.device("cpu"), torch.bfloat16, 64)
     assert engine.head_dtypes() == ["torch.float32"]
@@ -1653,10 +1658,10 @@ def test_vllm_on_a_gpu_other_than_the_first_is_refused_with_the_way_to_choose_it
     refused before anything loads, naming CUDA_VISIBLE_DEVICES (the HF engine can take any GPU)."""
     need_vllm()
     with pytest.raises(S.ScaleRLError, match=r"--device cuda:3: .* CUDA_VISIBLE_DEVICES=3 and --device cuda"):
-        S.parse_args(["--engine", "vllm", "--device", "cuda:3"])
+        checked(["--engine", "vllm", "--device", "cuda:3"])
     for ok in (["--engine", "vllm", "--device", "cuda:0"], ["--engine", "hf", "--device", "cuda:3"]):
         with pytest.raises(S.ScaleRLError, match="CUDA is not available"):  # (this machine has no GPU)
-            S.parse_args(ok)
+            checked(ok)
 
 
 @pytest.mark.quick
@@ -2030,7 +2035,7 @@ def test_recorded_logprobs_are_those_of_the_weights_live_at_each_token(refresh, 
     need_vllm()
     model0, tok = default_model
     cfg = S.Config(engine="vllm", length_control="truncate", max_new_tokens=12, temperature=0.8, refresh_kv=refresh)
-    S.validate(S.fill_defaults(cfg))
+    cfg = S.validate(S.fill_defaults(cfg))
     engine = make_engine("vllm", cfg, model0, tok)
     models = [copy.deepcopy(model0) for _ in range(3)]
     for m in models[1:]:
@@ -2236,7 +2241,8 @@ def test_the_compute_axis_counts_training_generation_during_evaluations_and_neve
     s.rollouts.wait([("train", 0)])
     assert first + s.rollouts.ahead + s.rollouts.seconds == pytest.approx(1.0)
     ahead = s.rollouts.ahead
-    row = S.metrics_row(s, cfg, 1, fake_results(*fixed_batch(), cfg, 0), 0.5)
+    r = fake_results(*fixed_batch(), cfg, 0)
+    row = S.metrics_row(s, cfg, 1, r, 0.5, S.take_counts(s, cfg, r, 0.5))
     assert row["device_hours"] == pytest.approx((0.5 + ahead) / 3600) and s.rollouts.ahead == 0
 
 
@@ -2426,7 +2432,7 @@ def test_the_reward_receives_the_whole_data_row(tmp_path, monkeypatch):
     assert {row["prompt"] for _, row in graded} & {p for p, _, _ in task_train}
     monkeypatch.setitem(S.REWARDS, "digit", lambda text, answer: 0.0)
     with pytest.raises(S.ScaleRLError, match="must take \\(completion_text, answer, row\\)"):
-        S.parse_args([])
+        checked([])
 
 
 def test_reward_workers_and_timeout_reach_the_grader_in_a_run(tmp_path, monkeypatch):
@@ -2453,8 +2459,8 @@ def test_reward_workers_and_timeout_reach_the_grader_in_a_run(tmp_path, monkeypa
     for items, out in graded:
         assert out == [(S.reward_last_digit(t, a), None) for t, a, _ in items]
     with pytest.raises(S.ScaleRLError, match="--reward-workers 0 grades in this process with no time limit"):
-        S.parse_args(["--reward", "math", "--reward-workers", "0"])
-    assert S.parse_args(["--reward", "math", "--reward-workers", "1"]).reward_workers == 1
+        checked(["--reward", "math", "--reward-workers", "0"])
+    assert checked(["--reward", "math", "--reward-workers", "1"]).reward_workers == 1
 
 
 BOUNDS = {  # the recipe's numeric flags: a value just out of each one's range, as specified (a fork's new flag is not
@@ -2489,7 +2495,7 @@ def test_every_numeric_flag_has_a_bound(module=S):
     for f in fields:
         assert flag_bound(f) is not None, f"--{f.name.replace('_', '-')} has no bound in its flag(...)"
         with pytest.raises(module.ScaleRLError, match=f"--{f.name.replace('_', '-')} must be"):
-            module.parse_args([f"--{f.name.replace('_', '-')}={flag_bound(f)}"])
+            checked(module=module, argv=[f"--{f.name.replace('_', '-')}={flag_bound(f)}"])
 
 
 @pytest.mark.parametrize("name,value", [(n, v) for n, v in BOUNDS.items()] + [("seed", 2**64 + 1)] +
@@ -2497,7 +2503,7 @@ def test_every_numeric_flag_has_a_bound(module=S):
                           for bad in ("nan", "inf", "-inf")])
 def test_bad_numbers_are_refused_in_one_line(name, value):
     with pytest.raises(S.ScaleRLError) as e:
-        S.parse_args([f"--{name.replace('_', '-')}={value}"])  # = form: argparse reads "-inf" as a flag
+        checked([f"--{name.replace('_', '-')}={value}"])  # = form: argparse reads "-inf" as a flag
     lines = str(e.value).splitlines()
     assert e.value.status == 2 and len(lines) == 1 and lines[0].startswith("--"), lines
     assert name.replace("_", "-") in lines[0] and ("finite" in lines[0] if value in ("nan", "inf", "-inf") else True)
@@ -2549,8 +2555,8 @@ def test_contradictory_flags_are_refused():
     --no-lm-head-fp32 ran without a word)."""
     with pytest.raises(S.ScaleRLError, match="--fp32-head-product split chooses the FP32 head's product; with "
                                              "--no-lm-head-fp32 there is none"):
-        S.parse_args(["--fp32-head-product", "split", "--no-lm-head-fp32"])
-    assert S.parse_args(["--no-lm-head-fp32"]).fp32_head_product == "float32"  # (its default, derived: no refusal)
+        checked(["--fp32-head-product", "split", "--no-lm-head-fp32"])
+    assert checked(["--no-lm-head-fp32"]).fp32_head_product == "float32"  # (its default, derived: no refusal)
 
 
 def test_a_copy_of_the_script_alone_refuses_the_code_reward_in_one_line(monkeypatch):
@@ -2565,7 +2571,7 @@ def test_a_copy_of_the_script_alone_refuses_the_code_reward_in_one_line(monkeypa
 def test_bad_think_budget_is_refused():
     for budget in (["-1", "4"], ["nan", "4"]):
         with pytest.raises(S.ScaleRLError) as e:
-            S.parse_args(["--think-budget", *budget])
+            checked(["--think-budget", *budget])
         assert e.value.status == 2 and "--think-budget" in str(e.value)
 
 
@@ -2756,7 +2762,7 @@ def snapshot(d):
 
 def resume_cli(*args):
     """A resumed run's command line (its flags but these are the checkpoint's)."""
-    return S.parse_args(["--engine", "hf", *map(str, args)])
+    return checked(["--engine", "hf", *map(str, args)])
 
 
 def test_resume_writes_where_out_says_branches_and_leaves_the_original_byte_for_byte(tmp_path):
@@ -2885,9 +2891,9 @@ def test_an_answer_budget_that_leaves_no_thinking_budget_is_refused():
     for budget in (8, 9):
         with pytest.raises(S.ScaleRLError, match=f"--answer-budget {budget} leaves no thinking budget within "
                                                  "--max-new-tokens 8"):
-            S.parse_args(["--answer-budget", str(budget), "--max-new-tokens", "8"])
-    assert S.parse_args(["--answer-budget", "7", "--max-new-tokens", "8"]).think_budget == (1, 1)
-    assert S.parse_args(["--answer-budget", "8", "--max-new-tokens", "8", "--length-control", "truncate"])
+            checked(["--answer-budget", str(budget), "--max-new-tokens", "8"])
+    assert checked(["--answer-budget", "7", "--max-new-tokens", "8"]).think_budget == (1, 1)
+    assert checked(["--answer-budget", "8", "--max-new-tokens", "8", "--length-control", "truncate"])
 
 
 def test_steps_0_evaluates_and_saves_step_0_which_resume_continues_as_one_run(tmp_path):
@@ -3057,10 +3063,10 @@ def test_resume_keeps_every_setting_and_the_continue_with_line_reproduces_the_ru
     config.json still says so."""
     run = run_copy(tiny_run, tmp_path, "my run")
     older = {k: v for k, v in snapshot(run).items() if k.startswith("checkpoints")}
-    signalled = S.Recorder.signalled
-    monkeypatch.setattr(S.Recorder, "signalled", lambda self: self.done == 4 and not self.stop.append("SIGTERM"))
+    signalled = S.Guard.signalled
+    monkeypatch.setattr(S.Guard, "signalled", lambda self: self.done == 4 and not self.stop.append("SIGTERM"))
     S.run(S.parse_args(["--resume", "auto", "--out", str(run), "--steps", "30"]))
-    monkeypatch.setattr(S.Recorder, "signalled", signalled)
+    monkeypatch.setattr(S.Guard, "signalled", signalled)
     (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("SIGTERM: stopped after step 4")]
     cmd = shlex.split(line.split("continue with: ")[1])
     assert cmd == [sys.executable, os.path.join(HERE, "scalerl.py"), "--resume", "auto", "--out", str(run)]
@@ -3103,7 +3109,7 @@ def test_a_run_directory_is_locked_by_its_run(tiny_run, tmp_path, capfd):
     finally:
         holder.kill()
         holder.wait()
-    assert re.fullmatch(rf".*/runs/\d{{8}}-\d{{6}}-{os.getpid()}", S.parse_args(["--engine", "hf"]).out)
+    assert re.fullmatch(rf".*/runs/\d{{8}}-\d{{6}}-{os.getpid()}", checked(["--engine", "hf"]).out)
 
 
 def test_a_run_writes_nothing_into_what_is_not_its_own(tiny_run, tmp_path, capfd):
@@ -3455,12 +3461,12 @@ def test_a_silent_generator_stops_the_split_after_generator_timeout():
     split = generators.SplitEngine.__new__(generators.SplitEngine)
     split.gens = {0: generators.Generator(types.SimpleNamespace(is_alive=lambda: True, pid=1), None)}  # alive, silent
     split.results = queue.Queue()
-    split.cfg = S.Config(generators=1, generator_timeout=0.2)
+    split.cfg, split.error = S.Config(generators=1, generator_timeout=0.2), S.ScaleRLError
     with pytest.raises(S.ScaleRLError, match=r"no word from the generators in 0.2 s \(--generator-timeout\)") as e:
         split.receive()
     assert e.value.status == 1 and e.value.resumable
-    split.results.put(("out", 0, [], 0, 0, 0, 0))
-    assert split.receive()[0] == "out"
+    split.results.put(generators.Report(0, [], 0, 0, 0, 0, 0, 0))
+    assert split.receive() == generators.Report(0, [], 0, 0, 0, 0, 0, 0)
     help_ = S.Config.__dataclass_fields__["generator_timeout"].metadata["help"]
     assert "0: 900, or 0.5 s per --max-new-tokens token" in help_
     clock = iter(range(0, 10**6, 1000))  # a clock that moves 1000 s a reading: the default waits, in two seconds
@@ -3509,7 +3515,7 @@ def test_memory_plan_by_hand(name, ranks, checkpointing):
     assert (sizes["params"], sizes["layer"], sizes["L"], sizes["tied"]) == (n, layer, L, tied)
     cfg = S.fill_defaults(S.Config(model="org/name", activation_checkpointing=checkpointing))
     sharded, T = ranks > 1, 8192
-    plan = S.memory_plan(sizes, cfg, ranks, H100, 1500, sharded=sharded)
+    plan = memory.memory_plan(sizes, cfg, ranks, H100, 1500, sharded=sharded)
     assert plan["weights"] == plan["gradients"] == 4 * n / ranks and plan["adam"] == 8 * n / ranks
     assert plan["root"] == (4 * V * H * (1 if tied else 2) if sharded else 0)
     kept = (L + 3) * T * H * 4 if checkpointing else L * T * (37 * H + 8 * I) + L * layer * 2 + 3 * T * H * 4
@@ -3525,10 +3531,10 @@ def test_memory_plan_by_hand(name, ranks, checkpointing):
     assert plan["kv"] == pytest.approx(0.3 * H100 - 2 * n - 4 * V * H - profile - 1.5 * GiB)
     assert plan["kv_token"] == 2 * L * kv * (H // heads) * 2
     assert plan["left"] == pytest.approx(H100 - trainer - plan["reserve"] - 0.3 * H100)
-    line = S.plan_line(plan, cfg, H100)
+    line = memory.plan_line(plan, cfg, H100)
     assert line.startswith("scalerl: memory plan per GPU (79.2 GiB): trainer ") and f"{plan['phase']} " in line
     # the README's 7B command (8 ranks, checkpointing) fits; without checkpointing it does not; 0.5B fits one GPU
-    assert (S.plan_error(sizes, cfg, ranks, H100, 1500, sharded) is None) == checkpointing
+    assert (memory.plan_error(sizes, cfg, ranks, H100, 1500, sharded) is None) == checkpointing
 
 
 @pytest.mark.quick
@@ -3538,33 +3544,33 @@ def test_memory_plan_refusals_by_hand():
     does not); its whole plan on 8 ranks without activation checkpointing; the 0.5B model's KV cache at a small share
     and a 16,000-token sequence, with the share that would hold it."""
     sizes, cfg = qwen_sizes("7b"), S.fill_defaults(S.Config(model="org/name"))
-    error = S.plan_error(sizes, cfg, 1, H100, 1500, sharded=False)
+    error = memory.plan_error(sizes, cfg, 1, H100, 1500, sharded=False)
     need = int(re.search(r"use at least (\d+) ranks \(torchrun --nproc-per-node \1, by the whole plan\)",
                          error).group(1))
-    assert S.memory_plan(sizes, cfg, need, H100, 1500, True)["left"] >= 0 > \
-        S.memory_plan(sizes, cfg, need - 1, H100, 1500, True)["left"]
+    assert memory.memory_plan(sizes, cfg, need, H100, 1500, True)["left"] >= 0 > \
+        memory.memory_plan(sizes, cfg, need - 1, H100, 1500, True)["left"]
     assert error.startswith(f"memory plan: the trainer's weights, gradients and AdamW moments need "
                             f"{16 * sizes['params'] / GiB:.1f} GiB a GPU (7.62B parameters in float32), and ")
     assert need == 4  # by the plan of this commit: 3 ranks leave too little beside the engine's share
     whole = S.fill_defaults(S.Config(model="org/name", activation_checkpointing=False))
-    error = S.plan_error(sizes, whole, 8, H100, 1500, sharded=True)
-    plan = S.memory_plan(sizes, whole, 8, H100, 1500, True)
+    error = memory.plan_error(sizes, whole, 8, H100, 1500, sharded=True)
+    plan = memory.memory_plan(sizes, whole, 8, H100, 1500, True)
     assert error.startswith(f"memory plan: the trainer needs {plan['trainer'] / GiB:.1f} GiB a GPU at its peak ") and \
         error.endswith("or lower --micro-batch-tokens or --logprob-chunk, or turn on --activation-checkpointing")
     small, gpu = qwen_sizes("0.5b"), 24 * GiB
     low = S.fill_defaults(S.Config(model="org/name", vllm_gpu_memory_utilization=0.17))
-    plan = S.memory_plan(small, low, 1, gpu, 16000)
+    plan = memory.memory_plan(small, low, 1, gpu, 16000)
     kv = 0.17 * gpu - 2 * small["params"] - 4 * 151936 * 896 - 28 * 256 * 151936 - 1.5 * GiB  # (under 70 GiB: 256)
     assert plan["kv"] == pytest.approx(kv) and 0 < kv < 16000 * plan["kv_token"] and plan["left"] > 0
     share = 0.17 + (16000 * plan["kv_token"] - kv) / gpu
-    assert S.plan_error(small, low, 1, gpu, 16000) == (
+    assert memory.plan_error(small, low, 1, gpu, 16000) == (
         f"memory plan: vLLM's KV cache would hold ~{kv / GiB:.1f} GiB (an estimate: its share, less its weights, the "
         f"float32 head, the profiling peak and CUDA graphs), less than one longest prompt + completion (16000 tokens, "
         f"{16000 * plan['kv_token'] / GiB:.1f} GiB): raise --vllm-gpu-memory-utilization to {share:.2f} or more, lower "
         "--vllm-max-num-seqs, or give the engine GPUs of its own (--generators)")
-    assert S.plan_error(small, S.fill_defaults(S.Config(model="org/name", vllm_gpu_memory_utilization=share + 0.01)),
-                        1, gpu, 16000) is None
-    hf = S.memory_plan(small, S.fill_defaults(S.Config(model="org/name", engine="hf")), 1, gpu, 1500)
+    roomier = S.fill_defaults(S.Config(model="org/name", vllm_gpu_memory_utilization=share + 0.01))
+    assert memory.plan_error(small, roomier, 1, gpu, 16000) is None
+    hf = memory.memory_plan(small, S.fill_defaults(S.Config(model="org/name", engine="hf")), 1, gpu, 1500)
     # no share: the KV cache and float32 logits of the 200 x 8 sequences an evaluation generates at once
     assert hf["engine"] == 1600 * (1500 * 2 * 24 * 2 * 64 * 2 + 8 * 151936) and "kv" not in hf or hf["kv"] == 0
 
@@ -3589,10 +3595,10 @@ def test_memory_plan_of_an_moe_by_hand():
     assert sizes["params"] == 2 * V * H + L * layer + H and sizes["layer"] == layer
     assert (sizes["I"], sizes["k"], sizes["E"], sizes["experts"], sizes["A"]) == (k * Ie, k, E, experts, heads * d)
     T, kept = 8192, 37 * H + 8 * k * Ie + 10 * (heads * d - H) + 5 * k * H + 10 * E
-    whole = S.memory_plan(sizes, S.fill_defaults(S.Config(model="org/name", activation_checkpointing=False)), 1, H100,
-                          1500, sharded=False)
+    whole = memory.memory_plan(sizes, S.fill_defaults(S.Config(model="org/name", activation_checkpointing=False)), 1,
+                               H100, 1500, sharded=False)
     assert whole["activations"] == L * T * kept + L * layer * 2 + 3 * T * H * 4
-    plan = S.memory_plan(sizes, S.fill_defaults(S.Config(model="org/name")), 2, H100, 1500, sharded=True)
+    plan = memory.memory_plan(sizes, S.fill_defaults(S.Config(model="org/name")), 2, H100, 1500, sharded=True)
     assert plan["phase"] == "layer backward" and plan["transient"] == pytest.approx(2.25 * T * kept + 3 * 4 * layer
                                                                                     + 2 * 2 * experts)
     dense = qwen_sizes("0.5b")
@@ -4015,7 +4021,8 @@ def _metrics_worker(rank, out):
     x = RANK_EXTRAS[rank]
     s, cfg = metrics_state(x["decoded"], x["steps"], VAL_ANSWERS, x["in_flight"], x["ahead"], x["capacity"],
                            x["preempted"])
-    row = S.metrics_row(s, cfg, 1, fake_results(prompts[mine], groups[mine], rewards[mine], cfg, x["stale"]), 0.5)
+    r = fake_results(prompts[mine], groups[mine], rewards[mine], cfg, x["stale"])
+    row = S.metrics_row(s, cfg, 1, r, 0.5, S.take_counts(s, cfg, r, 0.5))
     val, _ = S.evaluate(s, cfg, 1)
     if rank == 0:
         torch.save((row, val), out)
@@ -4287,7 +4294,7 @@ def test_prompts_per_step_not_a_multiple_of_the_ranks_is_refused(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(S.ScaleRLError, match="multiple of the 2 ranks"):
-        S.parse_args(["--prompts-per-step", "7"])
+        checked(["--prompts-per-step", "7"])
 
 
 @pytest.mark.parametrize("mode", ["pipeline", "ppo", "moe"])
@@ -4328,7 +4335,7 @@ def test_the_splits_weights_file_is_the_checkpoints_layout(tmp_path):
     import generators
     model = moe_model("mixtral")
     model.save_pretrained(str(tmp_path / "ckpt"))
-    generators.write_weights(str(tmp_path / "w.safetensors"), model, torch.float32, 3, True)
+    generators.write_weights(str(tmp_path / "w.safetensors"), S.split_weights(model, torch.float32, True), 3)
     got, want = load_file(str(tmp_path / "w.safetensors")), load_file(str(tmp_path / "ckpt" / "model.safetensors"))
     assert torch.equal(got.pop("fp32_head"), model.lm_head.weight)
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
@@ -4373,7 +4380,7 @@ def test_split_generator_labels_each_token_with_the_weights_that_sampled_it(tmp_
     bench.long_tail_model(path, p_long=0.0, p_stop=0.0)  # digits after digits, never EOS
     cfg = S.Config(engine="vllm", model=path, generators=1, length_control="truncate", max_new_tokens=400,
                    temperature=0.8)
-    S.validate(S.fill_defaults(cfg))
+    cfg = S.validate(S.fill_defaults(cfg))
     model0, tok = S.load_model(cfg, torch.device("cpu"))[:2]
     models = [model0] + [copy.deepcopy(model0) for _ in range(2)]
     for m in models[1:]:  # small moves (0.05 nats a token on average): digits stay the only tokens
@@ -4382,7 +4389,8 @@ def test_split_generator_labels_each_token_with_the_weights_that_sampled_it(tmp_
                 p.add_(0.005 * torch.randn_like(p))
     with torch.no_grad():  # version 2: EOS after every token (the head row of EOS raised for every previous token)
         models[2].lm_head.weight[tok.eos_token_id] += 50.0 / models[2].config.hidden_size ** 0.5
-    engine = generators.SplitEngine(cfg, path, torch.device("cpu"), torch.float32, 512, model0)
+    engine = generators.SplitEngine(cfg, path, torch.device("cpu"), torch.float32, 512, model0, S.VLLMEngine,
+                                    lambda m: S.split_weights(m, torch.float32, True), S.ScaleRLError)
     try:
         prompts, done = [tok("3941:").input_ids, tok("275:").input_ids], {}
         for i, p in enumerate(prompts):
@@ -4516,7 +4524,7 @@ def test_split_weights_go_through_disk_when_shared_memory_has_no_room_for_two_fi
     model = tiny_model(tied=True)
     shm, disk = tmp_path / "shm", tmp_path / "disk"
     shm.mkdir(), disk.mkdir()
-    generators.write_weights(str(tmp_path / "w"), model, torch.float32, 0, True)
+    generators.write_weights(str(tmp_path / "w"), S.split_weights(model, torch.float32, True), 0)
     size = os.path.getsize(tmp_path / "w")  # weights (the tied head once) and the float32 head
     monkeypatch.setattr(generators.tempfile, "tempdir", str(disk))
     real = shutil.disk_usage
@@ -4540,12 +4548,12 @@ def test_split_refuses_what_it_cannot_run(monkeypatch):
         m.setattr(S.importlib.util, "find_spec", lambda name, *a: None if name == "generators" else real(name, *a))
         with pytest.raises(S.ScaleRLError, match="--generators needs generators.py, the generator processes' code, "
                                                  "beside scalerl.py"):
-            S.parse_args(["--generators", "1", "--device", "cpu"])
+            checked(["--generators", "1", "--device", "cpu"])
     with pytest.raises(S.ScaleRLError, match="--generators needs --engine vllm"):
-        S.parse_args(["--generators", "1", "--engine", "hf"])
+        checked(["--generators", "1", "--engine", "hf"])
     with pytest.raises(S.ScaleRLError, match=f"1 trainer and {have} generator processes need {have + 1} cores"):
-        S.parse_args(["--generators", str(have), "--device", "cpu"])
-    assert S.parse_args(["--generators", str(have - 1), "--device", "cpu"]).generators == have - 1
+        checked(["--generators", str(have), "--device", "cpu"])
+    assert checked(["--generators", str(have - 1), "--device", "cpu"]).generators == have - 1
 
 
 # ---------------------------------------------------------------------------------------------- the README's examples
@@ -4587,7 +4595,7 @@ def test_the_readme_fork_example_reward_runs_as_written(tmp_path):
     else, make --reward number a choice that grades by the last number."""
     fork = forked(tmp_path, *example_edits("reward"))
     try:
-        assert fork.parse_args(["--reward", "number"]).reward == "number"
+        assert checked(module=fork, argv=["--reward", "number"]).reward == "number"
         grader = fork.Grader(fork.REWARDS["number"], 0, 10.0)
         rewards, errors = grader([("<think>7 and 9</think> it is 1,234", "1234", {}),
                                   ("<think>12</think> 13", "12", {}),
@@ -4608,7 +4616,7 @@ def test_the_readme_fork_example_dataset_runs_as_written(tmp_path, monkeypatch):
     flags = shlex.split([ln for ln in code.split("\n") if ln.startswith("python scalerl.py")][0])[2:]
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(S, "hub_reachable", lambda endpoint: True)  # as where the README's hub model can be fetched
-    cfg = S.parse_args(flags)
+    cfg = checked(flags)
     assert cfg.reward == "math" and cfg.model == "Qwen/Qwen2.5-0.5B-Instruct"
     train, val = S.load_data(cfg)
     rows = [json.loads(line) for line in open(tmp_path / "sums.jsonl")]
@@ -4625,7 +4633,7 @@ def test_the_readme_fork_example_loss_runs_as_written(tmp_path):
     fork = forked(tmp_path, *example_edits("loss"))
     try:
         logp, adv, w = torch.tensor([-1.0, -2.0, -0.5]), torch.tensor([1.0, -1.0, 2.0]), torch.tensor([0.5, 0.5, 1.0])
-        cfg = fork.parse_args(["--loss", "reinforce", "--max-lag", "0"])
+        cfg = checked(module=fork, argv=["--loss", "reinforce", "--max-lag", "0"])
         loss, n = fork.policy_loss(logp, logp - 0.3, adv, w, torch.tensor([0, 0, 1]), cfg)
         assert n == {} and loss.item() == pytest.approx(-(0.5 * 1 * -1 + 0.5 * -1 * -2 + 1 * 2 * -0.5))
         calls, reinforce = [], fork.reinforce_loss
@@ -4671,6 +4679,13 @@ def example_edits(name):
         return [(src[doc_end + 1], branch, 0), ("def policy_loss", fn + ["", ""], 0)], \
             [('["cispo", "dapo", "gspo"])', choices + ")")]
     p = fork_page_pieces(name)
+    if name == "keep-best":  # a Part II fork: piece 1 in place of checkpoint_due's return, 2 of retired_checkpoints'
+        replaces = []
+        for fn, piece in ((S.checkpoint_due, p["1"]), (S.retired_checkpoints, p["2"])):
+            src = inspect.getsource(fn)
+            (ret,) = [ln for ln in src.split("\n") if ln.startswith("    return ")]
+            replaces.append((src, src.replace(ret, "\n".join(piece))))
+        return [], replaces
     field = re.match(r"    \w+: \w+ = flag\(", p["1"][0]) is not None  # piece 1 is a flag, or the one place
     edits = [("    lm_head_fp32: bool = flag(", p["1"], 1)] if field else []
     if "3" in p:
@@ -4709,8 +4724,8 @@ def test_the_fork_page_kl_example_runs_as_written_in_three_places_and_under_torc
     try:
         assert hunks == 3
         with pytest.raises(fork.ScaleRLError, match="--kl-coef must be >= 0"):
-            fork.parse_args(["--kl-coef", "-1"])
-        cfg = fork.parse_args(["--kl-coef", "0.5"])
+            checked(module=fork, argv=["--kl-coef", "-1"])
+        cfg = checked(module=fork, argv=["--kl-coef", "0.5"])
         logp, ref = torch.tensor([-1.0, -2.0, -0.5]), torch.tensor([-1.5, -2.0, -0.1])
         adv, w = torch.tensor([1.0, -1.0, 2.0]), torch.tensor([0.5, 0.5, 1.0])
         loss, metrics = fork.policy_loss(logp, logp, adv, w, torch.tensor([0, 0, 1]), cfg, ref_logp=ref)
@@ -4759,11 +4774,11 @@ def test_the_fork_page_entropy_example_runs_as_written_in_three_places(tmp_path)
         correct, h = torch.tensor([1.0, 0.0, 1.0]), terms["entropy"].tolist()
         kw = dict(entropy=terms["entropy"], correct=correct, reward=torch.tensor([1.0, 0.0, 0.5]),
                   length=torch.tensor([3.0, 3.0, 2.0]))
-        loss, metrics = fork.policy_loss(logp, logp, adv, w, torch.tensor([0, 1, 2]), fork.parse_args(
+        loss, metrics = fork.policy_loss(logp, logp, adv, w, torch.tensor([0, 1, 2]), checked(module=fork, argv=
             ["--entropy-coef", "0.1"]), **kw)
         assert loss.item() == pytest.approx(0.5 * (1 - 0.1 * h[0]) + 0.5 * -2 + 1.0 * (0.25 - 0.1 * h[2]))
         assert [float(v) for v in metrics["entropy_correct"]] == pytest.approx([h[0] + h[2], 2.0])
-        loss0, metrics0 = fork.policy_loss(logp, logp, adv, w, torch.tensor([0, 1, 2]), fork.parse_args([]), **kw)
+        loss0, metrics0 = fork.policy_loss(logp, logp, adv, w, torch.tensor([0, 1, 2]), checked(module=fork), **kw)
         assert "entropy_correct" not in metrics0 and loss0.item() == pytest.approx(0.5 - 1.0 + 0.25)
         seen, real = [], fork.policy_loss
         fork.policy_loss = lambda *a, **k: seen.append((k["correct"], k["entropy"])) or real(*a, **k)
@@ -4825,16 +4840,16 @@ def test_the_fork_page_stabilisers_run_as_written_in_two_places_each(tmp_path):
             assert hunks == 2
             column = f"{name}_masked"
             with pytest.raises(fork.ScaleRLError, match=f"--{flags[0][2:]} must be >= 0"):
-                fork.parse_args([flags[0], "-1"])
+                checked(module=fork, argv=[flags[0], "-1"])
             lp = logp.clone().requires_grad_()
             g = gen if name == "opsm" else logp + torch.tensor([0.9, 0.1, -2.0, 0.3, 0.0, 0.2])  # ratios e^-0.9, e^2
-            loss, metrics = fork.policy_loss(lp, g, A, w, seq, fork.parse_args(flags))
+            loss, metrics = fork.policy_loss(lp, g, A, w, seq, checked(module=fork, argv=flags))
             loss.backward()
             if name == "icepop":
                 masked = [1, 0, 1, 0, 0, 0]
             assert [float(x == 0) for x in lp.grad.tolist()] == masked
             assert [float(v) for v in metrics[column]] == [sum(masked), 6]
-            assert column not in fork.policy_loss(logp, g, A, w, seq, fork.parse_args([]))[1]  # off by default
+            assert column not in fork.policy_loss(logp, g, A, w, seq, checked(module=fork))[1]  # off by default
             rows = fork.run(fork.Config(**{**dataclasses.asdict(small_cfg(
                 tmp_path / name, engine="hf", steps=2, prompts_per_step=4, val_size=4, eval_samples=1,
                 zero_variance_filter=False, length_control="truncate")), **dict(zip(
@@ -4845,13 +4860,38 @@ def test_the_fork_page_stabilisers_run_as_written_in_two_places_each(tmp_path):
             sys.modules.pop("scalerl_fork")
 
 
+def test_the_fork_page_keep_best_example_runs_as_written_in_two_places(tmp_path):
+    """docs/fork.md, keep the best checkpoint (a Part II fork): two hunks; in a run whose held-out pass rates are set
+    (0.1 at step 0, then 0.3, 0.2, 0.5, ...), each new best is checkpointed and kept beside the last one (--keep-last
+    1), with best pointing at it; a resumed run takes its best from the restored rows (0.6 at step 7 beats them)."""
+    fork, hunks = forked_with_hunks(tmp_path, "keep-best")
+    try:
+        assert hunks == 2
+        vals = [0.1, 0.3, 0.2, 0.5, 0.4, 0.45, 0.2, 0.6, 0.1]
+        fork.evaluate = lambda state, cfg, step: (vals[step], [])
+        kw = dict(engine="hf", val_size=4, prompts_per_step=4, generations_per_prompt=2, eval_every=1, eval_samples=1,
+                  length_control="truncate", max_new_tokens=4, keep_last=1, save_every=100, live_fit=False)
+        out = tmp_path / "run"
+        names = lambda: sorted(os.listdir(out / "checkpoints"))  # noqa: E731
+        fork.run(fork.Config(**kw, steps=6, out=str(out)))
+        assert names() == ["step_000003", "step_000006"]  # (step 1, the first best, retired once step 3 beat it)
+        assert os.readlink(out / "best") == os.path.join("checkpoints", "step_000003")
+        fork.run(fork.Config(**kw, steps=8, out=str(out), resume="auto"))
+        assert names() == ["step_000007", "step_000008"]
+        assert os.readlink(out / "best") == os.path.join("checkpoints", "step_000007")
+        assert os.path.isfile(out / "best" / "trainer_state.pt")
+    finally:
+        sys.modules.pop("scalerl_fork")
+
+
 def test_every_fork_example_at_once_passes_the_quick_subset(tmp_path):
-    """A forker's check: the README's reward and loss and docs/fork.md's six examples, applied together to a copy of
+    """A forker's check: the README's reward and loss and docs/fork.md's seven examples, applied together to a copy of
     the project as their pages say, and `pytest -m quick` run there (the example tests aside: they apply each example
     to the unforked file). Tests that call policy_loss, token_terms or rollout_metrics directly pass with the forks'
     terms present: a loss term is guarded by its flag."""
     edits, replaces = [], []
-    for name in ("reward", "loss", "kl", "entropy", "rollout-metric", "curriculum-rule", "opsm", "icepop"):
+    for name in ("reward", "loss", "kl", "entropy", "rollout-metric", "curriculum-rule", "opsm", "icepop",
+                 "keep-best"):
         e, r = example_edits(name)
         edits, replaces = edits + e, replaces + r
     proj = tmp_path / "fork"
@@ -4877,11 +4917,11 @@ def test_the_fork_page_curriculum_rule_example_runs_as_written_in_two_places(tmp
     try:
         assert hunks == 2
         with pytest.raises(fork.ScaleRLError, match="--drop-failed must be >= 0"):
-            fork.parse_args(["--drop-failed", "-1"])
-        cfg = fork.parse_args(["--drop-failed", "3"])
+            checked(module=fork, argv=["--drop-failed", "-1"])
+        cfg = checked(module=fork, argv=["--drop-failed", "3"])
         assert fork.removal_rule([0.0, 0.5, 0.0], cfg) is None and fork.removal_rule([0.0, 0.5, 0.0, 0.0], cfg) == \
             "failed" and fork.removal_rule([0.0, 0.0, 1.0], cfg) == "npr"
-        assert fork.removal_rule([0.0] * 5, fork.parse_args([])) is None  # off by default
+        assert fork.removal_rule([0.0] * 5, checked(module=fork, argv=[])) is None  # off by default
         fork.score = lambda tok, groups, *a: (lambda r: (r, r, []))(np.zeros((len(groups), len(groups[0]))))
         kw = dict(engine="hf", train_size=8, val_size=4, prompts_per_step=4, generations_per_prompt=2, eval_every=100,
                   eval_samples=1, length_control="truncate", max_new_tokens=4, drop_failed=3)
