@@ -787,7 +787,8 @@ def run(cfg):
 
 # ==================================================================================================
 # PART II -- PLUMBING. Nothing below changes the recipe. A run meets it in this order, and so does the reader:
-#   1. Setup                        setup, start_run: checks, data, model, grading pool, engine, optimiser, Guard
+#   1. Setup                        main; setup, start_run: checks, data, model, grading pool, engine, optimiser,
+#                                   Guard; tear_down
 #   2. The command line             Config, parse_args, config_in_force, fill_defaults, validate, the hub check
 #   3. Data                         the built-in tasks, --data's readers, prompts encoded
 #   4. Models                       the embedded tiny model, loading a model and its tokenizer
@@ -796,13 +797,45 @@ def run(cfg):
 #   7. Engines                      the contract, Hugging Face generate, in-process vLLM (the split: generators.py)
 #   8. Rewards and grading          the reward functions and the pool of processes that runs them with a time limit
 #   9. The trainer's forward pass   Policy, the micro-batch's tensors, the FP32 head's split-bf16 product
-#  10. Metrics and the screen       metrics_row; Recorder (the records); Guard (its rules, cadence, signals, tear-down)
+#  10. Metrics and the screen       Guard (the rules, the cadence, signals), Recorder (the records), metrics_row
 #  11. Run directories, checkpoints the lock, checkpoints written atomically, resume
+# Within a section a function comes before those it calls. A run's route from main through one step reads down the
+# file but for calls into Part I (the recipe comes first, to be read in one sitting: Part II builds and drives it)
+# and a few helpers every section uses: head_product (2), trim_memory (5), torchrun's reductions (6).
 # ==================================================================================================
 
 # --------------------------------------------------------------------------------------------------
-# 1. Setup: what run() calls first; start_run's body is the table of contents of the sections below
+# 1. Setup: main, then what run() calls first, setup; start_run's body is the table of contents of the sections below;
+#    tear_down, the run's end however it ends (the Guard calls it)
 # --------------------------------------------------------------------------------------------------
+
+
+def main(argv=None, end_process=False):
+    """The command line's entry point; end_process (the script, and any rank of torchrun): end the process here."""
+    status = None  # the exit status, where it is not the end of a run
+    try:
+        run(parse_args(argv))
+    except ScaleRLError as e:  # (status 0: nothing to do)
+        print(f"scalerl.py: error: {e}" if e.status else f"scalerl: {e}", file=sys.stderr if e.status else sys.stdout)
+        status = e.status
+    except KeyboardInterrupt:  # a second SIGINT/SIGTERM abandoned the step in progress
+        status = 130
+    except BaseException:
+        if not launched():
+            raise
+        traceback.print_exc()
+        status = 1
+    if launched() and dist.is_initialized():  # (a vLLM engine, when it shuts down, takes the process group with it)
+        dist.destroy_process_group()
+    if end_process or launched():
+        # the process ends here, its output flushed, every file, engine and pool closed: the interpreter's shutdown
+        # waited 2.5 s in native code after a vLLM engine, and under torchrun a gloo thread freeing a collective's
+        # tensors aborted it there ("terminate called without an active exception", 1 of 12 resumed runs under load)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status or 0)
+    if status is not None:
+        sys.exit(status)
 
 
 @dataclass
@@ -922,6 +955,16 @@ def quiet_libraries(verbose):
     sys.warnoptions.append("ignore")  # and in the Python processes this one starts (multiprocessing passes -W on)
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+
+
+def tear_down(state, recorder, release):
+    """The run's end, however it ends: the records closed, the grading pool, the engine (after the last collective: no
+    generator left, nor (CUDA) an allocator held), then the run directory's lock released (release())."""
+    recorder.close()
+    state.grader.close()
+    state.engine.abort()
+    state.engine.close()
+    release()
 
 # --------------------------------------------------------------------------------------------------
 # 2. The command line: one Config, its flags and their checks (one line, status 2, before anything is spent)
@@ -1151,6 +1194,16 @@ def head_product(cfg):
     return cfg.lm_head_fp32 and cfg.fp32_head_product
 
 
+def validate(cfg):
+    """Refuse impossible settings before any model loads (status 2); the hub check last: it may wait for the network."""
+    check_numbers(cfg)
+    for refused, why in itertools.chain(refusals(cfg), device_refusals(cfg), out_refusals(cfg)):
+        if refused:
+            die(why)
+    check_hub(cfg)
+    return cfg
+
+
 def check_numbers(cfg):
     """Each number finite (nan and inf pass every comparison the wrong way), then within the bounds its flag() gives."""
     dashed = lambda name: "--" + name.replace("_", "-")  # noqa: E731
@@ -1162,16 +1215,6 @@ def check_numbers(cfg):
                                    ("below", "<", operator.ge)):
             if meta.get(key) is not None and value is not None and outside(value, meta[key]):
                 die(f"{dashed(f.name)} must be {sign} {meta[key]} (got {value})")
-
-
-def validate(cfg):
-    """Refuse impossible settings before any model loads (status 2); the hub check last: it may wait for the network."""
-    check_numbers(cfg)
-    for refused, why in itertools.chain(refusals(cfg), device_refusals(cfg), out_refusals(cfg)):
-        if refused:
-            die(why)
-    check_hub(cfg)
-    return cfg
 
 
 def refusals(cfg):
@@ -1595,6 +1638,51 @@ def best_constant_pass_rate(answers):
 # --------------------------------------------------------------------------------------------------
 
 
+def load_tokenizer(cfg, path=None):
+    """(tokenizer, config, path) of --model or of `path` (a checkpoint), the embedded default built first."""
+    from transformers import AutoConfig, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+    path = path or cfg.model
+    if not path:
+        hf_logging.disable_progress_bar()
+        cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "scalerl")
+        path = build_tiny_model(cache, cfg.seed, cfg.tie_word_embeddings, cfg.moe)
+    try:  # (any error reading a user's files is a file that cannot be loaded, named as such)
+        config = AutoConfig.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001  (a wrong type in config.json is a TypeError, bad JSON a ValueError, ...)
+        cannot_load(cfg, path, e, "config.json")
+    check_architecture(cfg, config, path)
+    if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
+        cannot_load(cfg, path, f"no tokenizer: none of {', '.join(TOKENIZER_FILES)} is there", "its tokenizer")
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001
+        cannot_load(cfg, path, e, "its tokenizer: " + ", ".join(f for f in TOKENIZER_FILES
+                                                               if os.path.isfile(os.path.join(path, f))))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok, config, path
+
+
+def build_tiny_model(cache_dir, seed, tied, moe=False):
+    """Build (once) the embedded default: a 2-layer Llama with head size 32 (vLLM's CPU backend needs 32 or
+    more) and the character tokenizer, saved to a cache directory and then loaded like any --model; moe: a Qwen3-MoE of
+    the same shape whose MLPs are 8 experts, 2 of them a token."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3MoeConfig
+    path = os.path.join(cache_dir, f"tiny-{'moe' if moe else 'llama'}-v2-seed{seed}-{'tied' if tied else 'untied'}")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        shape = dict(vocab_size=len(SPECIALS) + len(CHARS), hidden_size=128, intermediate_size=512,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, head_dim=32,
+                     max_position_embeddings=256, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2,
+                     pad_token_id=0)
+        conf = Qwen3MoeConfig(**shape, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256) if moe \
+            else LlamaConfig(**shape)
+        torch.manual_seed(seed)
+        os.makedirs(cache_dir, exist_ok=True)
+        save_atomically(AutoModelForCausalLM.from_config(conf), make_char_tokenizer(), path)
+    return path
+
+
 def make_char_tokenizer():
     """A character-level tokenizer (one token per character of CHARS, plus SPECIALS), made with `tokenizers`."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
@@ -1625,49 +1713,17 @@ def save_atomically(model, tok, path):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def build_tiny_model(cache_dir, seed, tied, moe=False):
-    """Build (once) the embedded default: a 2-layer Llama with head size 32 (vLLM's CPU backend needs 32 or
-    more) and the character tokenizer, saved to a cache directory and then loaded like any --model; moe: a Qwen3-MoE of
-    the same shape whose MLPs are 8 experts, 2 of them a token."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3MoeConfig
-    path = os.path.join(cache_dir, f"tiny-{'moe' if moe else 'llama'}-v2-seed{seed}-{'tied' if tied else 'untied'}")
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        shape = dict(vocab_size=len(SPECIALS) + len(CHARS), hidden_size=128, intermediate_size=512,
-                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, head_dim=32,
-                     max_position_embeddings=256, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2,
-                     pad_token_id=0)
-        conf = Qwen3MoeConfig(**shape, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256) if moe \
-            else LlamaConfig(**shape)
-        torch.manual_seed(seed)
-        os.makedirs(cache_dir, exist_ok=True)
-        save_atomically(AutoModelForCausalLM.from_config(conf), make_char_tokenizer(), path)
-    return path
-
-
-def load_tokenizer(cfg, path=None):
-    """(tokenizer, config, path) of --model or of `path` (a checkpoint), the embedded default built first."""
-    from transformers import AutoConfig, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-    path = path or cfg.model
-    if not path:
-        hf_logging.disable_progress_bar()
-        cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "scalerl")
-        path = build_tiny_model(cache, cfg.seed, cfg.tie_word_embeddings, cfg.moe)
-    try:  # (any error reading a user's files is a file that cannot be loaded, named as such)
-        config = AutoConfig.from_pretrained(path)
-    except Exception as e:  # noqa: BLE001  (a wrong type in config.json is a TypeError, bad JSON a ValueError, ...)
-        cannot_load(cfg, path, e, "config.json")
-    check_architecture(cfg, config, path)
-    if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
-        cannot_load(cfg, path, f"no tokenizer: none of {', '.join(TOKENIZER_FILES)} is there", "its tokenizer")
-    try:
-        tok = AutoTokenizer.from_pretrained(path)
-    except Exception as e:  # noqa: BLE001
-        cannot_load(cfg, path, e, "its tokenizer: " + ", ".join(f for f in TOKENIZER_FILES
-                                                               if os.path.isfile(os.path.join(path, f))))
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok, config, path
+def load_trainer(cfg, device, path):
+    """(model, policy, frozen): the model to train, with activation checkpointing (before FSDP2 wraps its layers), the
+    Policy that trains it (under torchrun: see shard) and frozen_models' (sharded the same way)."""
+    load = lambda path: load_model(cfg, torch.device("cpu") if launched() else device, path,  # noqa: E731
+                                   empty=launched() and rank() > 0)[0]
+    model = load(path)
+    if cfg.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    init_distributed(cfg, device, model)
+    policy = shard(model, device)  # (before the engine starts: it sizes itself to the memory left)
+    return model, policy, frozen_models(cfg, lambda: shard(load(None).requires_grad_(False), device))
 
 
 def load_model(cfg, device, path=None, empty=False):
@@ -1737,18 +1793,6 @@ def cannot_load(cfg, path, e, part):
             "run builds it again")
     die(f"cannot load {'the checkpoint --resume' if path == cfg.resume else '--model'} {path} ({part}): {why}")
 
-
-def load_trainer(cfg, device, path):
-    """(model, policy, frozen): the model to train, with activation checkpointing (before FSDP2 wraps its layers), the
-    Policy that trains it (under torchrun: see shard) and frozen_models' (sharded the same way)."""
-    load = lambda path: load_model(cfg, torch.device("cpu") if launched() else device, path,  # noqa: E731
-                                   empty=launched() and rank() > 0)[0]
-    model = load(path)
-    if cfg.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    init_distributed(cfg, device, model)
-    policy = shard(model, device)  # (before the engine starts: it sizes itself to the memory left)
-    return model, policy, frozen_models(cfg, lambda: shard(load(None).requires_grad_(False), device))
 
 # --------------------------------------------------------------------------------------------------
 # 5. The memory plan: what each GPU will hold, planned from the config before any weight loads (memory.py, beside this
@@ -1833,13 +1877,6 @@ def rank():
     return int(os.environ["RANK"]) if launched() else 0
 
 
-def _reduce(values, op):
-    x = torch.tensor([float(v) for v in values], dtype=torch.float64)
-    if world() > 1:
-        dist.all_reduce(x, op=op)
-    return x.tolist() if len(values) > 1 else x.item()
-
-
 def all_sum(*values):
     """The values summed over the ranks (each holds its share of the batch), as floats: one, or a list."""
     return _reduce(values, dist.ReduceOp.SUM)
@@ -1847,6 +1884,13 @@ def all_sum(*values):
 
 def all_max(*values):
     return _reduce(values, dist.ReduceOp.MAX)
+
+
+def _reduce(values, op):
+    x = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    if world() > 1:
+        dist.all_reduce(x, op=op)
+    return x.tolist() if len(values) > 1 else x.item()
 
 
 def all_gather(*lists):
@@ -2001,10 +2045,46 @@ def find_subsequence(seq, sub):
     return next((i for i in range(len(seq) - len(sub) + 1) if seq[i:i + len(sub)] == sub), None)
 
 
-def fp32_head_hook(module, inputs, output, parts=None):
-    """Forward hook on the LM head: its logits recomputed as the FP32 head does [Sec. 3.2]."""
-    with torch.autocast(inputs[0].device.type, enabled=False):
-        return fp32_head_logits(inputs[0], module.weight, module.bias, parts)
+class HFEngine:
+    """Engine 'hf': Hugging Face `generate` on the trainer's model, or under torchrun a replica that push() updates. It
+    cannot stream: step() generates what was submitted since the last step in one call (the synchronous loop or PPO)."""
+
+    def __init__(self, model, tok, cfg, autocast_dtype):
+        self.model, self.tok, self.cfg, self.autocast = model, tok, cfg, autocast_dtype
+        self.queue, self.version, self.capacity, self.preemptions = [], 0, math.inf, 0
+
+    def submit(self, key, ids, max_tokens, seed):
+        self.queue.append((key, list(ids), max_tokens, seed))
+
+    def unfinished(self):
+        return len(self.queue)
+
+    def step(self):
+        reqs, self.queue = self.queue, []
+        if not reqs:
+            return [], 0, 0
+        seed = int(np.random.SeedSequence([s for *_, s in reqs]).generate_state(1)[0])
+        comps, decoded = hf_generate(self.model, self.tok, [r[1] for r in reqs], [r[2] for r in reqs],
+                                     self.cfg.temperature, seed, head_product(self.cfg), self.autocast)
+        for c in comps:
+            c.versions = [self.version] * len(c.tokens)
+        return [(r[0], c) for r, c in zip(reqs, comps)], decoded, 1
+
+    def push(self, model, version):
+        if model is not None and model is not self.model:
+            mine = self.model.state_dict()
+            for name, t in full_weights(model, next(self.model.parameters()).dtype):
+                mine[name].copy_(t)
+        self.version = version
+
+    def abort(self):
+        self.queue = []
+
+    def close(self):
+        pass
+
+    def sleep(self):
+        pass
 
 
 def hf_generate(model, tok, prompts, max_tokens, temperature, seed, fp32_head, autocast_dtype=None):
@@ -2060,201 +2140,10 @@ def hf_generate(model, tok, prompts, max_tokens, temperature, seed, fp32_head, a
     return comps, sum(ends)
 
 
-class HFEngine:
-    """Engine 'hf': Hugging Face `generate` on the trainer's model, or under torchrun a replica that push() updates. It
-    cannot stream: step() generates what was submitted since the last step in one call (the synchronous loop or PPO)."""
-
-    def __init__(self, model, tok, cfg, autocast_dtype):
-        self.model, self.tok, self.cfg, self.autocast = model, tok, cfg, autocast_dtype
-        self.queue, self.version, self.capacity, self.preemptions = [], 0, math.inf, 0
-
-    def submit(self, key, ids, max_tokens, seed):
-        self.queue.append((key, list(ids), max_tokens, seed))
-
-    def unfinished(self):
-        return len(self.queue)
-
-    def step(self):
-        reqs, self.queue = self.queue, []
-        if not reqs:
-            return [], 0, 0
-        seed = int(np.random.SeedSequence([s for *_, s in reqs]).generate_state(1)[0])
-        comps, decoded = hf_generate(self.model, self.tok, [r[1] for r in reqs], [r[2] for r in reqs],
-                                     self.cfg.temperature, seed, head_product(self.cfg), self.autocast)
-        for c in comps:
-            c.versions = [self.version] * len(c.tokens)
-        return [(r[0], c) for r, c in zip(reqs, comps)], decoded, 1
-
-    def push(self, model, version):
-        if model is not None and model is not self.model:
-            mine = self.model.state_dict()
-            for name, t in full_weights(model, next(self.model.parameters()).dtype):
-                mine[name].copy_(t)
-        self.version = version
-
-    def abort(self):
-        self.queue = []
-
-    def close(self):
-        pass
-
-    def sleep(self):
-        pass
-
-
-def vllm_args(cfg, path, device, dtype, max_model_len, place=0, device_bytes=None):
-    """(vllm.LLM's arguments, the environment it needs); sleep mode where VLLMEngine.sleep can use it."""
-    kw = dict(model=path, tokenizer=path, dtype=str(dtype).removeprefix("torch."),
-              seed=step_seed(cfg.seed, RNG_ENGINE, place),
-              max_model_len=max_model_len, logprobs_mode="processed_logprobs", use_tqdm_on_load=cfg.verbose,
-              async_scheduling=False, max_num_seqs=cfg.vllm_max_num_seqs or None)
-    if cfg.lm_head_fp32:
-        kw["hf_overrides"] = {"head_dtype": "float32"}
-    if launched():  # one engine per rank, on cuda:LOCAL_RANK, each generating its own prompts (as TRL colocates)
-        kw["distributed_executor_backend"] = "external_launcher"
-    if device.type == "cpu":  # eager: compiling took 49 s for a 10% faster 135M model on 2 cores
-        from transformers import AutoConfig  # (setup sizes the cache, says so and saves it; an engine made alone here)
-        mb = cfg.vllm_kv_cache_mb or cpu_kv_cache_mb(cfg, model_sizes(AutoConfig.from_pretrained(path))["kv"] *
-                                                     dtype.itemsize, max_model_len, 0)[0]
-        kw.update(enforce_eager=True, kv_cache_memory_bytes=mb * 2**20, enable_chunked_prefill=False)
-    else:  # the float32 head copy (engine_fp32_head) is made after vLLM sizes its KV cache: its bytes are the share's
-        from transformers import AutoConfig
-        conf = AutoConfig.from_pretrained(path)
-        head = 4 * conf.vocab_size * conf.hidden_size * cfg.lm_head_fp32
-        device_bytes = device_bytes or torch.cuda.get_device_properties(device).total_memory
-        kw.update(gpu_memory_utilization=cfg.vllm_gpu_memory_utilization - head / device_bytes, enable_sleep_mode=
-                  cfg.vllm_sleep if cfg.vllm_sleep is not None else cfg.off_policy == "ppo" or cfg.max_lag == 0)
-    return kw, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_V2_MODEL_RUNNER": "0"}
-
-
-CPU_KV_SHARE = 0.25  # the most of the machine's available memory that the CPU engines' KV caches take by default
-CPU_KV_BLOCK = 128  # vLLM 0.32's KV cache block on CPU, in tokens (VLLMEngine reads the engine's own)
-
-
-def cpu_kv_cache_mb(cfg, kv_bytes, longest, n_val, available=None):
-    """--vllm-kv-cache-mb's default on a CPU and its start-up line: room for every sequence an engine decodes at once at
-    `longest` tokens (no preemption), at most CPU_KV_SHARE of the memory available (docs/engines.md)."""
-    K, P, G, engines = cfg.max_lag, cfg.prompts_per_step, cfg.generations_per_prompt, cfg.generators or world()
-    groups = (K + 1) * P if cfg.off_policy == "pipeline" else max(K, 1) * P
-    seqs = min(math.ceil(max(groups * G, n_val * cfg.eval_samples) / engines), cfg.vllm_max_num_seqs or 256)
-    if available is None:
-        with contextlib.suppress(OSError, StopIteration, ValueError):
-            with open("/proc/meminfo") as f:
-                available = 1024 * int(next(ln for ln in f if ln.startswith("MemAvailable:")).split()[1])
-    local = cfg.generators or int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # engines on this machine
-    tokens = (seqs * math.ceil(longest / CPU_KV_BLOCK) + 1) * CPU_KV_BLOCK  # (+1: vLLM's null block)
-    want, cap = tokens * kv_bytes, CPU_KV_SHARE * available / local if available else math.inf
-    mb = max(1, math.ceil(min(want, cap) / 2**20))
-    return mb, (f"scalerl: vLLM's KV cache: {mb} MiB{' an engine' * (engines > 1)}, for {seqs} sequences x {longest} "
-                f"tokens x {kv_bytes / 1024:.1f} KiB" + (f", cut to a quarter of the {available / 2**30:.1f} GiB "
-                f"available{f' over {local} engines' * (local > 1)}" if want > cap else "") +
-                "; --vllm-kv-cache-mb sets it")
-
-
-@contextlib.contextmanager
-def quiet_stderr(verbose, log=None):
-    """Hold back stderr (C++'s and Python's) inside the block, unless --verbose, in the file `log` (or a temporary one),
-    so that a process killed there by a signal leaves what was printed; written out if the block raises."""
-    if verbose:
-        yield
-        return
-    if log:
-        os.makedirs(os.path.dirname(log), exist_ok=True)
-    fd, path = (os.open(log, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644), log) if log else \
-        tempfile.mkstemp(prefix="scalerl-stderr-", suffix=".log")
-    sys.stderr.flush()
-    stderr_fd = os.dup(2)
-    os.dup2(fd, 2)
-    try:
-        yield
-    except BaseException:
-        os.dup2(stderr_fd, 2)
-        with open(path, errors="replace") as held:
-            sys.stderr.write(held.read())
-        raise
-    finally:
-        sys.stderr.flush()
-        os.dup2(stderr_fd, 2)
-        os.close(stderr_fd)
-        os.close(fd)
-        if not log:
-            os.remove(path)
-
-
-def engine_fp32_head(model, split):
-    """Inside the vLLM engine (apply_model): the FP32 LM head as the trainer computes it [Sec. 3.2], from a float32 copy
-    of the head's weight or (split) its two bf16 parts (rows padded as vLLM pads the vocabulary; plain tensors, which
-    sleep mode leaves). vLLM's head_dtype alone keeps the weight in the model's dtype (logits_processor.py)."""
-    head = getattr(model, "lm_head", None) or getattr(getattr(model, "model", None), "embed_tokens", None)  # (tied:
-    lp = getattr(model, "logits_processor", None)                                           # Gemma 2 has no lm_head)
-    if not hasattr(head, "weight") or lp is None:
-        return False
-    w = head.weight.detach().to(torch.float32, copy=True)
-    lp.fp32_head = split_bf16(w) if split else (w,)
-    lp._apply_head = lambda lm_head, h, b: fp32_head_logits(h, *((None, b, lp.fp32_head) if split else
-                                                                 (lp.fp32_head[0], b)))
-    return True
-
-
-def load_engine_head(model, weight):
-    """Inside the vLLM engine: copy the trainer's float32 head (`weight`) into what engine_fp32_head made."""
-    lp = model.logits_processor
-    for mine, new in zip(lp.fp32_head, split_bf16(weight) if len(lp.fp32_head) == 2 else (weight,)):
-        mine[:new.shape[0]].copy_(new)
-
-
-def forget_moe_kernels(model):
-    """Inside the vLLM engine, before a push: vLLM 0.32 reprocesses an unquantized MoE layer's experts on a reload, but
-    once the layer has its kernel it skips the experts' own step (unquantized_fused_moe_method.py, _setup_kernel), which
-    on a CPU pads and prepacks them: the raw weights would land in the packed storage (a push of unchanged weights moved
-    log-probs by 0.04), or fail to fit it. Without its kernel, a layer's reload goes as its first load went."""
-    for m in model.modules():
-        if getattr(getattr(m, "quant_method", None), "moe_kernel", None) is not None:
-            m.quant_method.moe_kernel = None
-
-
-def capture_routing(llm):
-    """An MoE's experts in the vLLM engine, {(request, index in it): [a [layers][k] list a token sampled]}, or None for
-    a dense model. vLLM 0.32 returns them (enable_return_routed_experts) only from its model runner V2, which needs
-    Triton (a CPU has none): the routers' own capture hook keeps a forward's experts (eager only), then each request's
-    last row, the position that predicts the token it samples, goes under its request's id."""
-    from vllm.model_executor.layers.fused_moe.layer import MoERunner
-    rows, step = {}, {}
-
-    def install(worker):
-        runner, execute = worker.model_runner, worker.model_runner.execute_model
-
-        def execute_and_record(scheduled, *args, **kw):
-            out, n = execute(scheduled, *args, **kw), scheduled.num_scheduled_tokens
-            ids = [r for r in runner.input_batch.req_ids if r in n]  # the batch's requests, in its order
-            ends = np.cumsum([n[r] for r in ids]) - 1
-            for r, e in zip(ids, torch.stack([step[k] for k in sorted(step)], 1)[ends].tolist() if step else []):
-                index, _, request = r.rpartition("-")[0].rpartition("_")  # f"{index}_{request}-{suffix}" (n > 1)
-                rows.setdefault((request, int(index or 0)), []).append(e)
-            step.clear()
-            return out
-        runners = [m for m in runner.get_model().modules() if isinstance(m, MoERunner)]
-        for m in runners:
-            m.router.set_capture_fn(lambda ids, layer=m.layer_id: step.__setitem__(layer, ids))
-        runner.execute_model = execute_and_record if runners else execute
-        return bool(runners)
-    return rows if llm.collective_rpc(install)[0] else None
-
-
-def repack_tied_head(model):
-    """Inside the vLLM engine (apply_model), after a push without the FP32 head: vLLM's CPU backend packs the LM head's
-    weight for oneDNN when the model loads (cpu_linear), and a tied head, which shares the embedding's weight, gets no
-    weights of its own in a push (the embedding does), so its pack would stay the initial weights': it is made again."""
-    head, embed = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
-    if hasattr(head, "cpu_linear") and embed is not None and head.weight is embed.weight:
-        head.quant_method.process_weights_after_loading(head)
-
-
-def kv_capacity(blocks, groups, length):
-    """Sequences of `length` tokens a KV cache of `blocks` holds. groups: each KV cache group's (block size, sliding
-    window or None), on one pool (CUDA's hybrid manager: Gemma 2 has 2; a CPU, 1); one block is vLLM's null block."""
-    need = sum(math.ceil(length / b) if w is None else math.ceil(min(length, w - 1 + b) / b) + 1 for b, w in groups)
-    return (blocks - 1) // max(need, 1)
+def fp32_head_hook(module, inputs, output, parts=None):
+    """Forward hook on the LM head: its logits recomputed as the FP32 head does [Sec. 3.2]."""
+    with torch.autocast(inputs[0].device.type, enabled=False):
+        return fp32_head_logits(inputs[0], module.weight, module.bias, parts)
 
 
 class VLLMEngine:
@@ -2429,6 +2318,160 @@ class VLLMEngine:
             self.llm.wake_up()
             self.asleep = False
 
+
+def vllm_args(cfg, path, device, dtype, max_model_len, place=0, device_bytes=None):
+    """(vllm.LLM's arguments, the environment it needs); sleep mode where VLLMEngine.sleep can use it."""
+    kw = dict(model=path, tokenizer=path, dtype=str(dtype).removeprefix("torch."),
+              seed=step_seed(cfg.seed, RNG_ENGINE, place),
+              max_model_len=max_model_len, logprobs_mode="processed_logprobs", use_tqdm_on_load=cfg.verbose,
+              async_scheduling=False, max_num_seqs=cfg.vllm_max_num_seqs or None)
+    if cfg.lm_head_fp32:
+        kw["hf_overrides"] = {"head_dtype": "float32"}
+    if launched():  # one engine per rank, on cuda:LOCAL_RANK, each generating its own prompts (as TRL colocates)
+        kw["distributed_executor_backend"] = "external_launcher"
+    if device.type == "cpu":  # eager: compiling took 49 s for a 10% faster 135M model on 2 cores
+        from transformers import AutoConfig  # (setup sizes the cache, says so and saves it; an engine made alone here)
+        mb = cfg.vllm_kv_cache_mb or cpu_kv_cache_mb(cfg, model_sizes(AutoConfig.from_pretrained(path))["kv"] *
+                                                     dtype.itemsize, max_model_len, 0)[0]
+        kw.update(enforce_eager=True, kv_cache_memory_bytes=mb * 2**20, enable_chunked_prefill=False)
+    else:  # the float32 head copy (engine_fp32_head) is made after vLLM sizes its KV cache: its bytes are the share's
+        from transformers import AutoConfig
+        conf = AutoConfig.from_pretrained(path)
+        head = 4 * conf.vocab_size * conf.hidden_size * cfg.lm_head_fp32
+        device_bytes = device_bytes or torch.cuda.get_device_properties(device).total_memory
+        kw.update(gpu_memory_utilization=cfg.vllm_gpu_memory_utilization - head / device_bytes, enable_sleep_mode=
+                  cfg.vllm_sleep if cfg.vllm_sleep is not None else cfg.off_policy == "ppo" or cfg.max_lag == 0)
+    return kw, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_V2_MODEL_RUNNER": "0"}
+
+
+CPU_KV_SHARE = 0.25  # the most of the machine's available memory that the CPU engines' KV caches take by default
+CPU_KV_BLOCK = 128  # vLLM 0.32's KV cache block on CPU, in tokens (VLLMEngine reads the engine's own)
+
+
+def cpu_kv_cache_mb(cfg, kv_bytes, longest, n_val, available=None):
+    """--vllm-kv-cache-mb's default on a CPU and its start-up line: room for every sequence an engine decodes at once at
+    `longest` tokens (no preemption), at most CPU_KV_SHARE of the memory available (docs/engines.md)."""
+    K, P, G, engines = cfg.max_lag, cfg.prompts_per_step, cfg.generations_per_prompt, cfg.generators or world()
+    groups = (K + 1) * P if cfg.off_policy == "pipeline" else max(K, 1) * P
+    seqs = min(math.ceil(max(groups * G, n_val * cfg.eval_samples) / engines), cfg.vllm_max_num_seqs or 256)
+    if available is None:
+        with contextlib.suppress(OSError, StopIteration, ValueError):
+            with open("/proc/meminfo") as f:
+                available = 1024 * int(next(ln for ln in f if ln.startswith("MemAvailable:")).split()[1])
+    local = cfg.generators or int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # engines on this machine
+    tokens = (seqs * math.ceil(longest / CPU_KV_BLOCK) + 1) * CPU_KV_BLOCK  # (+1: vLLM's null block)
+    want, cap = tokens * kv_bytes, CPU_KV_SHARE * available / local if available else math.inf
+    mb = max(1, math.ceil(min(want, cap) / 2**20))
+    return mb, (f"scalerl: vLLM's KV cache: {mb} MiB{' an engine' * (engines > 1)}, for {seqs} sequences x {longest} "
+                f"tokens x {kv_bytes / 1024:.1f} KiB" + (f", cut to a quarter of the {available / 2**30:.1f} GiB "
+                f"available{f' over {local} engines' * (local > 1)}" if want > cap else "") +
+                "; --vllm-kv-cache-mb sets it")
+
+
+@contextlib.contextmanager
+def quiet_stderr(verbose, log=None):
+    """Hold back stderr (C++'s and Python's) inside the block, unless --verbose, in the file `log` (or a temporary one),
+    so that a process killed there by a signal leaves what was printed; written out if the block raises."""
+    if verbose:
+        yield
+        return
+    if log:
+        os.makedirs(os.path.dirname(log), exist_ok=True)
+    fd, path = (os.open(log, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644), log) if log else \
+        tempfile.mkstemp(prefix="scalerl-stderr-", suffix=".log")
+    sys.stderr.flush()
+    stderr_fd = os.dup(2)
+    os.dup2(fd, 2)
+    try:
+        yield
+    except BaseException:
+        os.dup2(stderr_fd, 2)
+        with open(path, errors="replace") as held:
+            sys.stderr.write(held.read())
+        raise
+    finally:
+        sys.stderr.flush()
+        os.dup2(stderr_fd, 2)
+        os.close(stderr_fd)
+        os.close(fd)
+        if not log:
+            os.remove(path)
+
+
+def engine_fp32_head(model, split):
+    """Inside the vLLM engine (apply_model): the FP32 LM head as the trainer computes it [Sec. 3.2], from a float32 copy
+    of the head's weight or (split) its two bf16 parts (rows padded as vLLM pads the vocabulary; plain tensors, which
+    sleep mode leaves). vLLM's head_dtype alone keeps the weight in the model's dtype (logits_processor.py)."""
+    head = getattr(model, "lm_head", None) or getattr(getattr(model, "model", None), "embed_tokens", None)  # (tied:
+    lp = getattr(model, "logits_processor", None)                                           # Gemma 2 has no lm_head)
+    if not hasattr(head, "weight") or lp is None:
+        return False
+    w = head.weight.detach().to(torch.float32, copy=True)
+    lp.fp32_head = split_bf16(w) if split else (w,)
+    lp._apply_head = lambda lm_head, h, b: fp32_head_logits(h, *((None, b, lp.fp32_head) if split else
+                                                                 (lp.fp32_head[0], b)))
+    return True
+
+
+def load_engine_head(model, weight):
+    """Inside the vLLM engine: copy the trainer's float32 head (`weight`) into what engine_fp32_head made."""
+    lp = model.logits_processor
+    for mine, new in zip(lp.fp32_head, split_bf16(weight) if len(lp.fp32_head) == 2 else (weight,)):
+        mine[:new.shape[0]].copy_(new)
+
+
+def forget_moe_kernels(model):
+    """Inside the vLLM engine, before a push: vLLM 0.32 reprocesses an unquantized MoE layer's experts on a reload, but
+    once the layer has its kernel it skips the experts' own step (unquantized_fused_moe_method.py, _setup_kernel), which
+    on a CPU pads and prepacks them: the raw weights would land in the packed storage (a push of unchanged weights moved
+    log-probs by 0.04), or fail to fit it. Without its kernel, a layer's reload goes as its first load went."""
+    for m in model.modules():
+        if getattr(getattr(m, "quant_method", None), "moe_kernel", None) is not None:
+            m.quant_method.moe_kernel = None
+
+
+def capture_routing(llm):
+    """An MoE's experts in the vLLM engine, {(request, index in it): [a [layers][k] list a token sampled]}, or None for
+    a dense model. vLLM 0.32 returns them (enable_return_routed_experts) only from its model runner V2, which needs
+    Triton (a CPU has none): the routers' own capture hook keeps a forward's experts (eager only), then each request's
+    last row, the position that predicts the token it samples, goes under its request's id."""
+    from vllm.model_executor.layers.fused_moe.layer import MoERunner
+    rows, step = {}, {}
+
+    def install(worker):
+        runner, execute = worker.model_runner, worker.model_runner.execute_model
+
+        def execute_and_record(scheduled, *args, **kw):
+            out, n = execute(scheduled, *args, **kw), scheduled.num_scheduled_tokens
+            ids = [r for r in runner.input_batch.req_ids if r in n]  # the batch's requests, in its order
+            ends = np.cumsum([n[r] for r in ids]) - 1
+            for r, e in zip(ids, torch.stack([step[k] for k in sorted(step)], 1)[ends].tolist() if step else []):
+                index, _, request = r.rpartition("-")[0].rpartition("_")  # f"{index}_{request}-{suffix}" (n > 1)
+                rows.setdefault((request, int(index or 0)), []).append(e)
+            step.clear()
+            return out
+        runners = [m for m in runner.get_model().modules() if isinstance(m, MoERunner)]
+        for m in runners:
+            m.router.set_capture_fn(lambda ids, layer=m.layer_id: step.__setitem__(layer, ids))
+        runner.execute_model = execute_and_record if runners else execute
+        return bool(runners)
+    return rows if llm.collective_rpc(install)[0] else None
+
+
+def repack_tied_head(model):
+    """Inside the vLLM engine (apply_model), after a push without the FP32 head: vLLM's CPU backend packs the LM head's
+    weight for oneDNN when the model loads (cpu_linear), and a tied head, which shares the embedding's weight, gets no
+    weights of its own in a push (the embedding does), so its pack would stay the initial weights': it is made again."""
+    head, embed = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
+    if hasattr(head, "cpu_linear") and embed is not None and head.weight is embed.weight:
+        head.quant_method.process_weights_after_loading(head)
+
+
+def kv_capacity(blocks, groups, length):
+    """Sequences of `length` tokens a KV cache of `blocks` holds. groups: each KV cache group's (block size, sliding
+    window or None), on one pool (CUDA's hybrid manager: Gemma 2 has 2; a CPU, 1); one block is vLLM's null block."""
+    need = sum(math.ceil(length / b) if w is None else math.ceil(min(length, w - 1 + b) / b) + 1 for b, w in groups)
+    return (blocks - 1) // max(need, 1)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -2828,133 +2871,6 @@ class SplitProduct(torch.autograd.Function):
 # --------------------------------------------------------------------------------------------------
 
 
-def take_counts(state, cfg, r, seconds):
-    """The step's counts, summed over the ranks, taken from the run's counters: the totals (the scaling curve's axes)
-    advance by them, and the rollouts' counters and the generators' idle clocks start anew for the next step."""
-    rollouts = state.rollouts
-    local = step_counts(state, cfg, r)
-    n = dict(zip(local, all_sum(*local.values())))  # (one reduction for them all)
-    advance_totals(state, cfg, n, r["update"], seconds)
-    n["gen_seconds"] = rollouts.seconds  # (this process's)
-    if cfg.generators:  # the generators' idle fraction: with nothing to do, since the last step
-        idle, period = state.engine.take_idle()
-        n["generator_idle_frac"] = max(0.0, all_sum(idle) / (cfg.generators * period))
-    rollouts.decoded = rollouts.steps = rollouts.seconds = rollouts.ahead = rollouts.preempted = 0
-    return n
-
-
-def metrics_row(state, cfg, step, r, seconds, n):
-    """The metrics row of rl_step's `r` (docs/outputs.md), n its counts (take_counts): counts summed over ranks,
-    per-process values their max."""
-    update, removed = r["update"], removals(state.curriculum)
-    row = {"step": step, **state.totals, **mean_over_ranks(r["rollout"]),
-           "zero_variance_frac": n["flat"] / n["groups"], "active_prompts": int(n["active"]),
-           "truncated_excluded": int(n["excluded"]), **{f"{k}_removed": v for k, v in removed.items()},
-           "pool_size": len(state.train) - sum(removed.values()), "epoch": state.curriculum.epoch,
-           "truncated_frac": n["truncated"] / n["completions"], "interrupted_frac": n["interrupted"] / n["completions"],
-           "mean_completion_tokens": n["sampled"] / n["completions"], "loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0,
-           "lr": state.sched.get_last_lr()[0], "lag_mean": n["lag_sum"] / n["lags"] if n["lags"] else 0.0,
-           "lag_max": int(all_max(max((lag for x in r["samples"] for lag, m in zip(x.lags, x.mask) if m), default=0))),
-           "stale_dropped": int(n["stale"]), "inflight_groups": int(n["in_flight"]),
-           "engine_batch_mean": n["decoded"] / max(n["engine_steps"], 1),
-           **({"engine_capacity": int(n["capacity"])} if n["capacity"] else {}), "preemptions": int(n["preempted"]),
-           "step_seconds": seconds, "gen_seconds": n["gen_seconds"], "train_seconds": 0.0,
-           "sync_seconds": r["push_seconds"],
-           # every metric of the update under its own name, but those the totals count and the memory peak (below)
-           **{k: v for k, v in update.items() if k not in ("skipped", "trained_tokens", "gpu_peak_gb")}}
-    if cfg.generators:  # each side's idle fraction: the trainer waiting for groups, the generators with nothing to do
-        row["trainer_idle_frac"] = n["gen_seconds"] / seconds
-        row["generator_idle_frac"] = n["generator_idle_frac"]
-    if "gpu_peak_gb" in update:
-        row["gpu_peak_gb"] = all_max(update["gpu_peak_gb"])
-    if (rss := trim_memory()) is not None:
-        row["rss_gb"] = all_max(rss)
-    return row
-
-
-def step_counts(state, cfg, r):
-    """This rank's step counts, to sum over the ranks (the split's capacity: what its generators decode at once)."""
-    groups, samples, stats, ro = r["groups"], r["samples"], r["stats"], state.rollouts
-    comps = [c for g in groups for c in g.completions]
-    lags = [lag for x in samples for lag, m in zip(x.lags, x.mask) if m]  # the trained (sampled) tokens'
-    capacity = state.engine.decoding() if cfg.generators else state.engine.capacity
-    return {"groups": len(groups), "completions": len(comps), "generated": sum(len(c.tokens) for c in comps),
-            "sampled": sum(sum(c.mask) for c in comps), "prompt_tokens": sum(len(g.prompt) for g in groups),
-            "trained_sequence_tokens": sum(len(x.prompt) + len(x.tokens) for x in samples),
-            "truncated": sum(not c.finished for c in comps), "interrupted": sum(c.interrupted for c in comps),
-            "flat": round(stats["zero_variance_frac"] * len(groups)), "active": stats["active_prompts"],
-            "excluded": stats["truncated_excluded"], "lag_sum": sum(lags), "lags": len(lags), "stale": r["stale"],
-            "in_flight": len(ro.open), "decoded": ro.decoded, "engine_steps": ro.steps, "ahead": ro.ahead,
-            "capacity": capacity if math.isfinite(capacity) else 0, "preempted": ro.preempted}
-
-
-def advance_totals(state, cfg, n, update, seconds):
-    """The cumulative counters, the scaling curve's axes: device_hours (every device, trainers' and generators', the
-    step and the training generation beside the last evaluation: docs/outputs.md), flops, tokens, skipped updates."""
-    t, N = state.totals, sum(p.numel() for p in state.model.parameters())
-    t["device_hours"] += (seconds + n["ahead"] / world()) * (world() + cfg.generators) / 3600
-    t["flops"] += 2 * N * (n["prompt_tokens"] + n["generated"]) + 6 * N * n["trained_sequence_tokens"]
-    t["gen_tokens"] += int(n["sampled"])
-    t["train_tokens"] += update.get("trained_tokens", 0)
-    t["skipped_updates"] += int(update.get("skipped", False))
-
-
-def removals(curriculum):
-    """{rule: prompts it removed}, over the ranks (each removes from its own shard), NPR's always there."""
-    removed = curriculum.removed
-    rules = sorted(set(all_gather(sorted(set(removed.values())))[0]) | {"npr"})
-    return dict(zip(rules, map(int, np.atleast_1d(all_sum(*(sum(v == k for v in removed.values()) for k in rules))))))
-
-
-class Recorder:
-    """The run's records: config.json, metrics.jsonl (and W&B), the progress line. Under torchrun every rank keeps the
-    rows, rank 0 writes them."""
-
-    def __init__(self, cfg, state, rows, first, device, ceiling=None):
-        self.cfg, self.rows, self.out, self.writer = cfg, rows, cfg.out, rank() == 0
-        n_params = sum(p.numel() for p in state.model.parameters())
-        const, const_rate = best_constant_pass_rate([a for _, a, _ in state.val])
-        on = f"{device} x {world()} ranks" if launched() else device
-        self.tracker = start_wandb(cfg, self.out) if cfg.wandb and self.writer else None
-        # the rows up to a resumed checkpoint (or none) and the config in force, written with the first row of this
-        # run's own (log): a start that fails before it leaves a resumed run's records as they were
-        self.records = {"metrics.jsonl": "".join(json.dumps(r) + "\n" for r in rows), "config.json": json.dumps(
-            {**dataclasses.asdict(cfg), "n_params": n_params, "device": str(on), "world_size": world(),
-             "best_constant_answer": const, "best_constant_pass_rate": const_rate, "best_possible_pass_rate": ceiling,
-             "data_sha256": state.digests}, indent=2)} if self.writer else {}
-        self.metrics = None  # (metrics.jsonl, open for appending once the records are written)
-        print(f"scalerl: {n_params / 1e6:.2f}M parameters on {on} | {len(state.train)} train / {len(state.val_ids)} val"
-              f" prompts | best constant answer '{const}' scores {const_rate:.3f}"
-              + (f" | best possible pass rate {ceiling:.3f}" if ceiling else "") + f" | writing {self.out}"
-              + (f" | resuming after step {first - 1}" if cfg.resume else ""), flush=True)
-
-    def log(self, row, errors):
-        """Record a row: metrics.jsonl (the records first, each whole at once, with this run's first), W&B, the screen,
-        and the completions that could not be graded."""
-        errors = all_gather(errors)[0]
-        row["reward_errors"] = len(errors)
-        self.rows.append(row)
-        if self.metrics is None:
-            for name, text in self.records.items():
-                write_atomically(os.path.join(self.out, name), text)
-            self.metrics = open(os.path.join(self.out, "metrics.jsonl") if self.writer else os.devnull, "a")
-        self.metrics.write(json.dumps(row) + "\n")
-        self.metrics.flush()
-        if self.tracker:
-            self.tracker.log(row, step=row["step"])
-        print(progress_line(row, self.cfg.steps) if row["step"] else f"step    0/{self.cfg.steps} | val "
-              f"{row['val_pass_rate']:.3f}", flush=True)
-        if self.writer and errors:  # each costs its completion only (reward 0)
-            print(f"step {row['step']}: {len(errors)} completions could not be graded (reward 0); first: {errors[0]}",
-                  file=sys.stderr, flush=True)
-
-    def close(self):
-        if self.metrics:
-            self.metrics.close()
-        if self.tracker:
-            self.tracker.finish()
-
-
 class Guard:
     """The run's course around its records: after each step its row recorded (Recorder), the warning and stop rules
     (watch) and the checkpoint cadence (checkpoint_due); a checkpoint at the end and on SIGINT/SIGTERM after the step
@@ -3042,15 +2958,6 @@ class Guard:
         print(f"{self.stop[0]}: stopped after step {self.done}; checkpoint {self.save()}; continue with: "
               f"{resume_command(self.out)}", flush=True)
 
-    def save(self):
-        """A checkpoint of the last step logged (the newest checkpoint, where it has one already)."""
-        if self.last_saved == self.done:
-            return last_checkpoint(self.out)
-        self.last_saved, self.saving = self.done, True
-        final = save_checkpoint(self.out, self.done, self.state, self.cfg, self.rows)
-        self.saving = False
-        return final
-
     def __exit__(self, kind, exc, tb):
         try:
             if kind is None and not self.stop:  # the run ended: its final checkpoint
@@ -3070,6 +2977,142 @@ class Guard:
                 undo=kind is not None and len(self.rows) == self.restored))
         return False
 
+    def save(self):
+        """A checkpoint of the last step logged (the newest checkpoint, where it has one already)."""
+        if self.last_saved == self.done:
+            return last_checkpoint(self.out)
+        self.last_saved, self.saving = self.done, True
+        final = save_checkpoint(self.out, self.done, self.state, self.cfg, self.rows)
+        self.saving = False
+        return final
+
+
+class Recorder:
+    """The run's records: config.json, metrics.jsonl (and W&B), the progress line. Under torchrun every rank keeps the
+    rows, rank 0 writes them."""
+
+    def __init__(self, cfg, state, rows, first, device, ceiling=None):
+        self.cfg, self.rows, self.out, self.writer = cfg, rows, cfg.out, rank() == 0
+        n_params = sum(p.numel() for p in state.model.parameters())
+        const, const_rate = best_constant_pass_rate([a for _, a, _ in state.val])
+        on = f"{device} x {world()} ranks" if launched() else device
+        self.tracker = start_wandb(cfg, self.out) if cfg.wandb and self.writer else None
+        # the rows up to a resumed checkpoint (or none) and the config in force, written with the first row of this
+        # run's own (log): a start that fails before it leaves a resumed run's records as they were
+        self.records = {"metrics.jsonl": "".join(json.dumps(r) + "\n" for r in rows), "config.json": json.dumps(
+            {**dataclasses.asdict(cfg), "n_params": n_params, "device": str(on), "world_size": world(),
+             "best_constant_answer": const, "best_constant_pass_rate": const_rate, "best_possible_pass_rate": ceiling,
+             "data_sha256": state.digests}, indent=2)} if self.writer else {}
+        self.metrics = None  # (metrics.jsonl, open for appending once the records are written)
+        print(f"scalerl: {n_params / 1e6:.2f}M parameters on {on} | {len(state.train)} train / {len(state.val_ids)} val"
+              f" prompts | best constant answer '{const}' scores {const_rate:.3f}"
+              + (f" | best possible pass rate {ceiling:.3f}" if ceiling else "") + f" | writing {self.out}"
+              + (f" | resuming after step {first - 1}" if cfg.resume else ""), flush=True)
+
+    def log(self, row, errors):
+        """Record a row: metrics.jsonl (the records first, each whole at once, with this run's first), W&B, the screen,
+        and the completions that could not be graded."""
+        errors = all_gather(errors)[0]
+        row["reward_errors"] = len(errors)
+        self.rows.append(row)
+        if self.metrics is None:
+            for name, text in self.records.items():
+                write_atomically(os.path.join(self.out, name), text)
+            self.metrics = open(os.path.join(self.out, "metrics.jsonl") if self.writer else os.devnull, "a")
+        self.metrics.write(json.dumps(row) + "\n")
+        self.metrics.flush()
+        if self.tracker:
+            self.tracker.log(row, step=row["step"])
+        print(progress_line(row, self.cfg.steps) if row["step"] else f"step    0/{self.cfg.steps} | val "
+              f"{row['val_pass_rate']:.3f}", flush=True)
+        if self.writer and errors:  # each costs its completion only (reward 0)
+            print(f"step {row['step']}: {len(errors)} completions could not be graded (reward 0); first: {errors[0]}",
+                  file=sys.stderr, flush=True)
+
+    def close(self):
+        if self.metrics:
+            self.metrics.close()
+        if self.tracker:
+            self.tracker.finish()
+
+
+def take_counts(state, cfg, r, seconds):
+    """The step's counts, summed over the ranks, taken from the run's counters: the totals (the scaling curve's axes)
+    advance by them, and the rollouts' counters and the generators' idle clocks start anew for the next step."""
+    rollouts = state.rollouts
+    local = step_counts(state, cfg, r)
+    n = dict(zip(local, all_sum(*local.values())))  # (one reduction for them all)
+    advance_totals(state, cfg, n, r["update"], seconds)
+    n["gen_seconds"] = rollouts.seconds  # (this process's)
+    if cfg.generators:  # the generators' idle fraction: with nothing to do, since the last step
+        idle, period = state.engine.take_idle()
+        n["generator_idle_frac"] = max(0.0, all_sum(idle) / (cfg.generators * period))
+    rollouts.decoded = rollouts.steps = rollouts.seconds = rollouts.ahead = rollouts.preempted = 0
+    return n
+
+
+def metrics_row(state, cfg, step, r, seconds, n):
+    """The metrics row of rl_step's `r` (docs/outputs.md), n its counts (take_counts): counts summed over ranks,
+    per-process values their max."""
+    update, removed = r["update"], removals(state.curriculum)
+    row = {"step": step, **state.totals, **mean_over_ranks(r["rollout"]),
+           "zero_variance_frac": n["flat"] / n["groups"], "active_prompts": int(n["active"]),
+           "truncated_excluded": int(n["excluded"]), **{f"{k}_removed": v for k, v in removed.items()},
+           "pool_size": len(state.train) - sum(removed.values()), "epoch": state.curriculum.epoch,
+           "truncated_frac": n["truncated"] / n["completions"], "interrupted_frac": n["interrupted"] / n["completions"],
+           "mean_completion_tokens": n["sampled"] / n["completions"], "loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0,
+           "lr": state.sched.get_last_lr()[0], "lag_mean": n["lag_sum"] / n["lags"] if n["lags"] else 0.0,
+           "lag_max": int(all_max(max((lag for x in r["samples"] for lag, m in zip(x.lags, x.mask) if m), default=0))),
+           "stale_dropped": int(n["stale"]), "inflight_groups": int(n["in_flight"]),
+           "engine_batch_mean": n["decoded"] / max(n["engine_steps"], 1),
+           **({"engine_capacity": int(n["capacity"])} if n["capacity"] else {}), "preemptions": int(n["preempted"]),
+           "step_seconds": seconds, "gen_seconds": n["gen_seconds"], "train_seconds": 0.0,
+           "sync_seconds": r["push_seconds"],
+           # every metric of the update under its own name, but those the totals count and the memory peak (below)
+           **{k: v for k, v in update.items() if k not in ("skipped", "trained_tokens", "gpu_peak_gb")}}
+    if cfg.generators:  # each side's idle fraction: the trainer waiting for groups, the generators with nothing to do
+        row["trainer_idle_frac"] = n["gen_seconds"] / seconds
+        row["generator_idle_frac"] = n["generator_idle_frac"]
+    if "gpu_peak_gb" in update:
+        row["gpu_peak_gb"] = all_max(update["gpu_peak_gb"])
+    if (rss := trim_memory()) is not None:
+        row["rss_gb"] = all_max(rss)
+    return row
+
+
+def step_counts(state, cfg, r):
+    """This rank's step counts, to sum over the ranks (the split's capacity: what its generators decode at once)."""
+    groups, samples, stats, ro = r["groups"], r["samples"], r["stats"], state.rollouts
+    comps = [c for g in groups for c in g.completions]
+    lags = [lag for x in samples for lag, m in zip(x.lags, x.mask) if m]  # the trained (sampled) tokens'
+    capacity = state.engine.decoding() if cfg.generators else state.engine.capacity
+    return {"groups": len(groups), "completions": len(comps), "generated": sum(len(c.tokens) for c in comps),
+            "sampled": sum(sum(c.mask) for c in comps), "prompt_tokens": sum(len(g.prompt) for g in groups),
+            "trained_sequence_tokens": sum(len(x.prompt) + len(x.tokens) for x in samples),
+            "truncated": sum(not c.finished for c in comps), "interrupted": sum(c.interrupted for c in comps),
+            "flat": round(stats["zero_variance_frac"] * len(groups)), "active": stats["active_prompts"],
+            "excluded": stats["truncated_excluded"], "lag_sum": sum(lags), "lags": len(lags), "stale": r["stale"],
+            "in_flight": len(ro.open), "decoded": ro.decoded, "engine_steps": ro.steps, "ahead": ro.ahead,
+            "capacity": capacity if math.isfinite(capacity) else 0, "preempted": ro.preempted}
+
+
+def advance_totals(state, cfg, n, update, seconds):
+    """The cumulative counters, the scaling curve's axes: device_hours (every device, trainers' and generators', the
+    step and the training generation beside the last evaluation: docs/outputs.md), flops, tokens, skipped updates."""
+    t, N = state.totals, sum(p.numel() for p in state.model.parameters())
+    t["device_hours"] += (seconds + n["ahead"] / world()) * (world() + cfg.generators) / 3600
+    t["flops"] += 2 * N * (n["prompt_tokens"] + n["generated"]) + 6 * N * n["trained_sequence_tokens"]
+    t["gen_tokens"] += int(n["sampled"])
+    t["train_tokens"] += update.get("trained_tokens", 0)
+    t["skipped_updates"] += int(update.get("skipped", False))
+
+
+def removals(curriculum):
+    """{rule: prompts it removed}, over the ranks (each removes from its own shard), NPR's always there."""
+    removed = curriculum.removed
+    rules = sorted(set(all_gather(sorted(set(removed.values())))[0]) | {"npr"})
+    return dict(zip(rules, map(int, np.atleast_1d(all_sum(*(sum(v == k for v in removed.values()) for k in rules))))))
+
 
 def in_a_row(rows, rule):
     """How many of the last rows, in a row, meet rule(row, the row before it or None)."""
@@ -3082,16 +3125,6 @@ def in_a_row(rows, rule):
 def checkpoint_due(rows, cfg):
     """The checkpoint cadence: whether the step just recorded (rows[-1]) is checkpointed: every --save-every steps."""
     return bool(cfg.save_every) and rows[-1]["step"] % cfg.save_every == 0
-
-
-def tear_down(state, recorder, release):
-    """The run's end, however it ends: the records closed, the grading pool, the engine (after the last collective: no
-    generator left, nor (CUDA) an allocator held), then the run directory's lock released (release())."""
-    recorder.close()
-    state.grader.close()
-    state.engine.abort()
-    state.engine.close()
-    release()
 
 
 def progress_line(row, steps):
@@ -3213,74 +3246,6 @@ def save_completions(cfg, step, tok, data, groups, correct):
 LOCK = ".lock"  # in a run directory: the PID of the process whose run it is, which holds a flock on it while it runs
 
 
-def list_checkpoints(out, complete=True):
-    """Complete checkpoints in out/checkpoints, oldest first (a half-written one is still *.tmp*); complete=False: the
-    incomplete ones, step_N directories without trainer_state.pt (optimiser state deleted to save space, say)."""
-    root = os.path.join(out, "checkpoints")
-    names = sorted(n for n in os.listdir(root) if re.fullmatch(r"step_\d+", n)) if os.path.isdir(root) else []
-    return [os.path.join(root, n) for n in names
-            if os.path.isfile(os.path.join(root, n, "trainer_state.pt")) == complete]
-
-
-def unrenamed(out):
-    """Complete checkpoints whose rename into place was cut short (step_N.tmpPID holding trainer_state.pt, written
-    last): claim finishes the rename, and --resume auto takes them."""
-    root = os.path.join(out, "checkpoints")
-    return sorted(os.path.join(root, n) for n in (os.listdir(root) if os.path.isdir(root) else [])
-                  if re.fullmatch(r"step_\d+\.tmp\d+", n) and os.path.isfile(os.path.join(root, n, "trainer_state.pt")))
-
-
-def run_of(ckpt):
-    """The run directory a checkpoint is in: RUN/checkpoints/step_N -> RUN."""
-    return os.path.dirname(os.path.dirname(os.path.abspath(ckpt)))
-
-
-def last_checkpoint(out):
-    """The newest complete checkpoint in out, or 'none'."""
-    return (list_checkpoints(out) or ["none"])[-1]
-
-
-def in_place(cfg):
-    """Whether --resume continues the run in --out (OUT/checkpoints/step_N), rather than branching into it."""
-    return bool(cfg.resume) and os.path.realpath(os.path.dirname(cfg.resume)) == \
-        os.path.realpath(os.path.join(cfg.out, "checkpoints"))
-
-
-def check_run_dir(cfg, step=None):
-    """A run directory holds one run. Refuse, before anything is written: --out in a checkpoint; a new run or branch
-    into a non-empty directory; resuming in place from a checkpoint (`step`) the run went past; unwritable outputs."""
-    out, there = cfg.out, cfg.out
-    while there != os.path.dirname(there):  # --out and every directory above it
-        if os.path.isfile(os.path.join(there, "trainer_state.pt")):
-            die(f"--out {out} is inside the checkpoint {there}: a run writes beside its checkpoints, never in one; "
-                "choose another directory")
-        there = os.path.dirname(there)
-    held = sorted(set(os.listdir(out)) - {LOCK}) if os.path.isdir(out) else []
-    if incomplete := list_checkpoints(out, complete=False):
-        die(f"{incomplete[0]} is an incomplete checkpoint (no trainer_state.pt): a run in {out} would write over it; "
-            "move it out of the checkpoints directory (or delete it), then run again")
-    if in_place(cfg):
-        later = [c for c in list_checkpoints(out) if int(c.rsplit("_", 1)[1]) > step]
-        if later:
-            die(f"--resume {cfg.resume}: {out} goes on past it (checkpoint {later[-1]}); resuming it there would mix "
-                "two runs: branch it into a new directory with --out NEW, or --resume auto")
-    elif "metrics.jsonl" in held:
-        die(f"--out {out} already holds a run: " + (
-            f"branch {cfg.resume} into a new directory, or continue {out} with --resume auto" if cfg.resume else
-            "continue it with --resume auto, or choose another directory" if list_checkpoints(out) + unrenamed(out) else
-            "it has no checkpoint to continue from; remove it, or choose another directory"))
-    elif held:
-        die(f"--out {out} holds " + ("checkpoints but no metrics.jsonl" if "checkpoints" in held else
-                                     ", ".join(held[:3]) + ", ..." * (len(held) > 3)) +
-            ", which is not a run of this script: a run starts in a new or empty directory")
-    metrics, completions = os.path.join(out, "metrics.jsonl"), os.path.join(out, "completions")
-    if os.path.exists(metrics) and not (os.path.isfile(metrics) and os.access(metrics, os.W_OK)):
-        die(f"--out {out}: {metrics} is not a writable file; the run cannot write its rows there")
-    if cfg.save_completions and os.path.exists(completions) and not (
-            os.path.isdir(completions) and os.access(completions, os.W_OK | os.X_OK)):
-        die(f"--save-completions: {completions} is not a writable directory")
-
-
 def claim(cfg, step=None):
     """Take the run directory, from its first write to the end of the process: an exclusive flock on OUT/.lock holding
     this PID. Returns release(undo): unlock; with undo, a new run or branch removes what it wrote."""
@@ -3340,6 +3305,74 @@ def claim(cfg, step=None):
     return release
 
 
+def check_run_dir(cfg, step=None):
+    """A run directory holds one run. Refuse, before anything is written: --out in a checkpoint; a new run or branch
+    into a non-empty directory; resuming in place from a checkpoint (`step`) the run went past; unwritable outputs."""
+    out, there = cfg.out, cfg.out
+    while there != os.path.dirname(there):  # --out and every directory above it
+        if os.path.isfile(os.path.join(there, "trainer_state.pt")):
+            die(f"--out {out} is inside the checkpoint {there}: a run writes beside its checkpoints, never in one; "
+                "choose another directory")
+        there = os.path.dirname(there)
+    held = sorted(set(os.listdir(out)) - {LOCK}) if os.path.isdir(out) else []
+    if incomplete := list_checkpoints(out, complete=False):
+        die(f"{incomplete[0]} is an incomplete checkpoint (no trainer_state.pt): a run in {out} would write over it; "
+            "move it out of the checkpoints directory (or delete it), then run again")
+    if in_place(cfg):
+        later = [c for c in list_checkpoints(out) if int(c.rsplit("_", 1)[1]) > step]
+        if later:
+            die(f"--resume {cfg.resume}: {out} goes on past it (checkpoint {later[-1]}); resuming it there would mix "
+                "two runs: branch it into a new directory with --out NEW, or --resume auto")
+    elif "metrics.jsonl" in held:
+        die(f"--out {out} already holds a run: " + (
+            f"branch {cfg.resume} into a new directory, or continue {out} with --resume auto" if cfg.resume else
+            "continue it with --resume auto, or choose another directory" if list_checkpoints(out) + unrenamed(out) else
+            "it has no checkpoint to continue from; remove it, or choose another directory"))
+    elif held:
+        die(f"--out {out} holds " + ("checkpoints but no metrics.jsonl" if "checkpoints" in held else
+                                     ", ".join(held[:3]) + ", ..." * (len(held) > 3)) +
+            ", which is not a run of this script: a run starts in a new or empty directory")
+    metrics, completions = os.path.join(out, "metrics.jsonl"), os.path.join(out, "completions")
+    if os.path.exists(metrics) and not (os.path.isfile(metrics) and os.access(metrics, os.W_OK)):
+        die(f"--out {out}: {metrics} is not a writable file; the run cannot write its rows there")
+    if cfg.save_completions and os.path.exists(completions) and not (
+            os.path.isdir(completions) and os.access(completions, os.W_OK | os.X_OK)):
+        die(f"--save-completions: {completions} is not a writable directory")
+
+
+def list_checkpoints(out, complete=True):
+    """Complete checkpoints in out/checkpoints, oldest first (a half-written one is still *.tmp*); complete=False: the
+    incomplete ones, step_N directories without trainer_state.pt (optimiser state deleted to save space, say)."""
+    root = os.path.join(out, "checkpoints")
+    names = sorted(n for n in os.listdir(root) if re.fullmatch(r"step_\d+", n)) if os.path.isdir(root) else []
+    return [os.path.join(root, n) for n in names
+            if os.path.isfile(os.path.join(root, n, "trainer_state.pt")) == complete]
+
+
+def unrenamed(out):
+    """Complete checkpoints whose rename into place was cut short (step_N.tmpPID holding trainer_state.pt, written
+    last): claim finishes the rename, and --resume auto takes them."""
+    root = os.path.join(out, "checkpoints")
+    return sorted(os.path.join(root, n) for n in (os.listdir(root) if os.path.isdir(root) else [])
+                  if re.fullmatch(r"step_\d+\.tmp\d+", n) and os.path.isfile(os.path.join(root, n, "trainer_state.pt")))
+
+
+def run_of(ckpt):
+    """The run directory a checkpoint is in: RUN/checkpoints/step_N -> RUN."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(ckpt)))
+
+
+def last_checkpoint(out):
+    """The newest complete checkpoint in out, or 'none'."""
+    return (list_checkpoints(out) or ["none"])[-1]
+
+
+def in_place(cfg):
+    """Whether --resume continues the run in --out (OUT/checkpoints/step_N), rather than branching into it."""
+    return bool(cfg.resume) and os.path.realpath(os.path.dirname(cfg.resume)) == \
+        os.path.realpath(os.path.join(cfg.out, "checkpoints"))
+
+
 def resume_command(out):
     """The command that continues the run in out with every setting of its own (its checkpoint's), paths quoted."""
     import shlex
@@ -3357,15 +3390,6 @@ def write_atomically(path, text):
         with contextlib.suppress(OSError):
             os.remove(path + ".tmp")
         die(f"{path}: cannot write it ({e.strerror or e})", 1)
-
-
-def pending_prompts(state):
-    """The prompts of the training groups started but not trained yet (still to regenerate after a resume, in
-    flight, or complete), in the order they were started: a resumed run generates them again first."""
-    rollouts = state.rollouts
-    started = sorted((g for g in [*rollouts.open.values(), *rollouts.done] if g.key[0] == "train"),
-                     key=lambda g: g.key)
-    return list(state.requeue) + [g.prompt_index for g in started]
 
 
 def save_checkpoint(out, step, state, cfg, rows=()):
@@ -3413,6 +3437,15 @@ def save_checkpoint(out, step, state, cfg, rows=()):
     if world() > 1:  # the checkpoint is complete before any rank goes on (or exits): the other ranks wait for rank 0's
         dist.barrier(group=checkpoint_group(state.model, cfg))  # write, on a group whose timeout is sized for it
     return final
+
+
+def pending_prompts(state):
+    """The prompts of the training groups started but not trained yet (still to regenerate after a resume, in
+    flight, or complete), in the order they were started: a resumed run generates them again first."""
+    rollouts = state.rollouts
+    started = sorted((g for g in [*rollouts.open.values(), *rollouts.done] if g.key[0] == "train"),
+                     key=lambda g: g.key)
+    return list(state.requeue) + [g.prompt_index for g in started]
 
 
 def retired_checkpoints(out, cfg, rows):
@@ -3615,34 +3648,6 @@ def restore(resumed, state, ckpt):
     if mine["cuda_rng"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(mine["cuda_rng"])
     return run_rows(ckpt, resumed["step"], resumed.get("row"))
-
-
-def main(argv=None, end_process=False):
-    """The command line's entry point; end_process (the script, and any rank of torchrun): end the process here."""
-    status = None  # the exit status, where it is not the end of a run
-    try:
-        run(parse_args(argv))
-    except ScaleRLError as e:  # (status 0: nothing to do)
-        print(f"scalerl.py: error: {e}" if e.status else f"scalerl: {e}", file=sys.stderr if e.status else sys.stdout)
-        status = e.status
-    except KeyboardInterrupt:  # a second SIGINT/SIGTERM abandoned the step in progress
-        status = 130
-    except BaseException:
-        if not launched():
-            raise
-        traceback.print_exc()
-        status = 1
-    if launched() and dist.is_initialized():  # (a vLLM engine, when it shuts down, takes the process group with it)
-        dist.destroy_process_group()
-    if end_process or launched():
-        # the process ends here, its output flushed, every file, engine and pool closed: the interpreter's shutdown
-        # waited 2.5 s in native code after a vLLM engine, and under torchrun a gloo thread freeing a collective's
-        # tensors aborted it there ("terminate called without an active exception", 1 of 12 resumed runs under load)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status or 0)
-    if status is not None:
-        sys.exit(status)
 
 
 if __name__ == "__main__":
