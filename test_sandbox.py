@@ -9,6 +9,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import types
 
 import pytest
 
@@ -155,7 +156,7 @@ def test_a_code_row_needs_tests_not_an_answer(tmp_path):
     path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
     with pytest.raises(S.ScaleRLError, match=r"1 of 2 rows are unusable; line 2: no tests: "):
         S.load_rows(str(path), S.Config(reward="code"))
-    assert S.load_rows(str(path), S.Config(reward="code", skip_bad_rows=True)) == [("add", "", good)]
+    assert S.load_rows(str(path), S.Config(reward="code", skip_bad_rows=True)) == [("add", "", good, "code")]
 
 
 def test_code_reward_is_refused_where_programs_cannot_be_isolated(monkeypatch):
@@ -193,3 +194,83 @@ def test_weak_sandbox_flag_reaches_the_grading_processes(monkeypatch, capsys, we
     line = "rlimits only, not isolated (--weak-sandbox; unshare: not permitted)" if weak else \
         "namespaces (user, mount, network, PID, IPC, UTS) and rlimits"
     assert f"scalerl: code sandbox: {line}\n" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------ math and code in one run
+MIXED = [  # held-out rows of one --data file, each with the reward that must grade it
+    ({"prompt": "What does `def f(): return max(3, 9)` return?", "answer": "9"}, "math"),  # code-looking, no tests
+    ({"prompt": "What is half of one?", "answer": "1/2"}, "math"),
+    ({"prompt": "Write add(a, b).", "test_list": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"]}, "code"),
+    ({"prompt": "Double the input.", "input_output": '{"inputs": ["2"], "outputs": ["4"]}', "answer": 4}, "code"),
+    ({"prompt": "One half, as written?", "answer": "1/2", "reward": "exact"}, "exact"),
+    ({"prompt": "1 + 1?", "answer": "2", "test": "assert False", "reward": "math"}, "math"),  # named: not code
+]
+
+
+def write_rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.mark.quick
+def test_each_row_of_a_mixed_file_names_its_reward(tmp_path):
+    """A row's `reward` field names its reward; else a row with tests in a code format is code (no answer needed); else
+    --reward's. A row that names no reward of REWARDS is bad data; a file of code rows alone needs no answer field."""
+    code_answer = {"prompt": "Print nine in Python.", "answer": "```python\nprint(9)\n```"}  # an answer, no tests
+    items = S.load_rows(write_rows(tmp_path / "mixed.jsonl", [r for r, _ in MIXED] + [code_answer]), S.Config())
+    assert [(a, reward) for _, a, _, reward in items] == [
+        ("9", "math"), ("1/2", "math"), ("", "code"), ("", "code"),
+        ("1/2", "exact"), ("2", "math"), (code_answer["answer"], "math")]
+    assert [item[3] for item in S.load_rows(str(tmp_path / "mixed.jsonl"), S.Config(reward="exact"))] == [
+        "exact", "exact", "code", "code", "exact", "math", "exact"]  # (--reward: rows that name none and have no tests)
+    path = write_rows(tmp_path / "bad.jsonl", [MIXED[1][0], {"prompt": "p", "answer": "1", "reward": "nonesuch"}])
+    with pytest.raises(S.ScaleRLError, match=r"1 of 2 rows are unusable; line 2: 'reward' 'nonesuch' is none of the "
+                                             r"rewards \(digit, math, exact, code\)"):
+        S.load_rows(path, S.Config())
+    code_only = write_rows(tmp_path / "code.jsonl", [MIXED[2][0], MIXED[3][0]])
+    assert [(a, reward) for _, a, _, reward in S.load_rows(code_only, S.Config())] == [("", "code")] * 2
+
+
+class TextTok:
+    """Token k decodes to TEXTS[k]: a completion of one token is that text; no special tokens."""
+    all_special_ids = []
+
+    def __init__(self, texts):
+        self.texts = texts
+
+    def decode(self, ids):
+        return "".join(self.texts[k] for k in ids)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_mixed_held_out_set_is_graded_row_by_row_and_reported_per_task(tmp_path, workers):
+    """Two completions of each MIXED row, graded through score() by the Grader, in a grading process and in this
+    one: each by its row's reward (a math answer 0.5 is right for the math row's 1/2 and wrong for the exact row's;
+    the code-looking math row is graded by math-verify, which code would count an error), then the held-out pass rate
+    of each task beside the overall one, against the verdicts written here by hand."""
+    completions = [  # (text, its verdict by the row's own reward)
+        [("```python\nprint(max(3, 9))\n```\nso \\boxed{9}", 1), ("\\boxed{3}", 0)],
+        [("\\boxed{0.5}", 1), ("\\boxed{2}", 0)],
+        [("```python\ndef add(a, b):\n    return a + b\n```", 1), ("```\ndef add(a, b):\n    return b + a\n```", 1)],
+        [("```python\nprint(2 * int(input()))\n```", 1), ("\\boxed{4}", 0)],
+        [("\\boxed{0.5}", 0), ("\\boxed{1/2}", 1)],
+        [("\\boxed{2}", 1), ("\\boxed{3}", 0)],
+    ]
+    val = S.load_rows(write_rows(tmp_path / "val.jsonl", [r for r, _ in MIXED]), S.Config())
+    texts = [t for pair in completions for t, _ in pair]
+    groups = [[S.Completion([2 * i + j], [0.0], True, [1], [0]) for j in range(2)] for i in range(len(MIXED))]
+    grader = S.Grader(S.reward_math, workers, 60.0)
+    try:
+        correct, _, errors = S.score(TextTok(texts), groups, val, grader, S.Config())
+    finally:
+        grader.close()
+    assert errors == [] and correct.tolist() == [[v for _, v in pair] for pair in completions]
+    rates = S.pass_rates(types.SimpleNamespace(val=val), S.Config(), list(range(len(val))), correct)
+    assert rates == {"val_pass_rate": 7 / 12, "val_pass_rate_code": 3 / 4, "val_pass_rate_exact": 1 / 2,
+                     "val_pass_rate_math": 3 / 6}
+    assert S.val_text(rates) == " | val 0.583 (code 0.750, exact 0.500, math 0.500)"
+    assert S.pass_rates(types.SimpleNamespace(val=val[2:4]), S.Config(), [0, 1], correct[2:4]) == {
+        "val_pass_rate": 3 / 4}  # one task: no columns of its own
+    assert S.pass_rates(types.SimpleNamespace(val=val), S.Config(), [1, 4], correct[[1, 4]])[  # this rank's share
+        "val_pass_rate_math"] == 1 / 2  # (one process: the share is the whole; exact's 1 of 2 beside it)
+
