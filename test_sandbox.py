@@ -1,6 +1,7 @@
 """--reward code and sandbox.py. Hostile programs run only under an outer limit: a /usr/bin/python3 process as user
 nobody, with its own process limit, imports a copy of scalerl.py and sandbox.py and grades them with REWARDS["code"],
 so that a broken sandbox fails a test, not the machine."""
+import dataclasses
 import json
 import os
 import pathlib
@@ -274,3 +275,34 @@ def test_a_mixed_held_out_set_is_graded_row_by_row_and_reported_per_task(tmp_pat
     assert S.pass_rates(types.SimpleNamespace(val=val), S.Config(), [1, 4], correct[[1, 4]])[  # this rank's share
         "val_pass_rate_math"] == 1 / 2  # (one process: the share is the whole; exact's 1 of 2 beside it)
 
+
+def test_a_mixed_run_records_and_shows_each_tasks_pass_rate(tmp_path, monkeypatch, capsys):
+    """A --data run of math and code rows (the embedded model's weights as --model, --engine hf, one step): each
+    evaluation's row holds val_pass_rate_code and val_pass_rate_math, each the mean reward of that task's held-out
+    completions (--save-completions), and the screen shows them. The rewards are stand-ins that score by the text's
+    length, every completion graded, so that the rates are not all 0 (and no program runs): this is the run's
+    bookkeeping; the real rewards of mixed rows are graded above."""
+    monkeypatch.setitem(S.REWARDS, "math", lambda text, answer, row: float(len(text) % 2 == 0))
+    monkeypatch.setitem(S.REWARDS, "code", lambda text, answer, row: float(len(text) % 3 == 0))
+    score = S.score  # every completion graded, as if it had ended (a random policy seldom ends by itself)
+    monkeypatch.setattr(S, "score", lambda tok, groups, *a: score(
+        tok, [[dataclasses.replace(c, finished=True) for c in g] for g in groups], *a))
+    rows = lambda tag: [{"prompt": f"{tag}{k} + 1", "answer": str(k + 1), "reward": "math"} for k in range(3)] + [
+        {"prompt": f"{tag}{k} + 2", "test_list": [f"assert f({k}) == {k + 2}"]} for k in range(3)]  # noqa: E731
+    train, val = write_rows(tmp_path / "train.jsonl", rows("t")), write_rows(tmp_path / "val.jsonl", rows("v"))
+    tasks = {r["prompt"]: "math" if "answer" in r else "code" for r in rows("v")}
+    cfg = S.Config(model=S.build_tiny_model(str(tmp_path / "models"), 0, False), data=train, val_data=val, steps=1,
+                   engine="hf", reward="exact", reward_workers=0, prompts_per_step=2, generations_per_prompt=2,
+                   eval_samples=4, save_completions=True, out=str(tmp_path / "run"))
+    logged = S.run(cfg)
+    shown = capsys.readouterr().out
+    assert "scalerl: code sandbox: namespaces" in shown and [r["step"] for r in logged] == [0, 1]
+    for row in logged:
+        graded = [json.loads(line) for line in open(tmp_path / "run" / "completions" / f"step_{row['step']:06d}.jsonl")]
+        by_hand = {t: [c["reward"] for c in graded if tasks[c["prompt"]] == t] for t in ("code", "math")}
+        assert {k: v for k, v in row.items() if k.startswith("val_pass_rate")} == {
+            "val_pass_rate": sum(c["reward"] for c in graded) / 24, "val_pass_rate_code": sum(by_hand["code"]) / 12,
+            "val_pass_rate_math": sum(by_hand["math"]) / 12}
+        assert f" | val {row['val_pass_rate']:.3f} (code {row['val_pass_rate_code']:.3f}, math " \
+               f"{row['val_pass_rate_math']:.3f}) | " in shown.replace("\n", " | ")
+    assert 0 < sum(r["val_pass_rate"] for r in logged) < 2  # (stand-ins that are neither always 0 nor always 1)
