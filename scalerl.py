@@ -983,7 +983,8 @@ class Config(Recipe):
                                    at_least=0)
     task: str = flag("largest", "the built-in task, without --data: largest (the largest digit of a list), hidden (the "
                               "same with two digits hidden, so that the best possible pass rate is below 1) or "
-                              "second (the second-largest distinct digit)", ["largest", "hidden", "second"])
+                              "second (the second-largest distinct digit); code: largest, answered with a Python "
+                              "expression that the code sandbox runs", ["largest", "hidden", "second", "code"])
     data: str = flag("", "training prompts: a .jsonl/.json/.csv/.parquet file, a datasets.save_to_disk directory or a "
                        "hub dataset NAME[:SPLIT] (needs `datasets` and network); empty = the built-in task")
     val_data: str = flag("", "held-out prompts, same formats (default: --val-size prompts split off --data)")
@@ -1000,8 +1001,9 @@ class Config(Recipe):
                                    "(--no-chat-template for base models)")
     reward: str = flag("auto", "math: the final answer checked with math-verify; exact: string match; code: the last "
                              "code block run with the row's tests in sandbox.py; digit: the last digit after the "
-                             "reasoning, for the built-in tasks (auto: math with --data, else digit); the choices are "
-                             "the REWARDS table's", lambda: ["auto", *REWARDS])
+                             "reasoning, for the built-in tasks (auto: math with --data, code with --task code, else "
+                             "digit); a --data row with a `reward` field, or with tests (code), is graded by its own; "
+                             "the choices are the REWARDS table's", lambda: ["auto", *REWARDS])
     weak_sandbox: bool = flag(False, "--reward code where the machine cannot isolate programs (no user namespaces): "
                                      "run them with rlimits only, with the network and files of this user in reach")
     reward_workers: int = flag(-1, "grading processes (-1: min(16, CPUs) for math/exact, 0 for the built-in task; "
@@ -1103,7 +1105,7 @@ def fill_defaults(cfg):
     if not cfg.data:
         cfg.train_size, cfg.val_size = cfg.train_size or 4096, cfg.val_size or 200
     if cfg.reward == "auto":
-        cfg.reward = "math" if cfg.data else "digit"
+        cfg.reward = "math" if cfg.data else "code" if cfg.task == "code" else "digit"
     if cfg.engine == "auto":
         cfg.engine = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
     if cfg.fp32_head_product == "auto":  # (a CPU gains nothing from bfloat16 products)
@@ -1330,8 +1332,10 @@ def is_hub_id(name):
 # exactly uniform and the best constant answer scores 1/8 (skewed answers would reward always giving the most common
 # digit). 0 and 1 are left out because too few distinct lists have them as their largest digit. "hidden": the same
 # lists with two digits hidden behind "." ("3.4.:"), so that some answers cannot be known: the best possible pass rate
-# is below 1 (hidden_task_ceiling). "second": the second-largest distinct digit ("3941:" -> "4"), answers 1-8.
+# is below 1 (hidden_task_ceiling). "second": the second-largest distinct digit ("3941:" -> "4"), answers 1-8. "code":
+# "largest" answered with a Python expression ("9", "4+5", "max(3,9,4,1)": TASK_CHARS) that reward_code's sandbox runs.
 CHARS = "0123456789: " + "".join(sorted(set(Config.interruption_phrase.replace("</think>", "")) - set("0123456789: ")))
+TASK_CHARS = {"code": "()+x"}
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<think>", "</think>"]
 MAX_TASK_PROMPTS = 20_000  # 8 answers x 3,019 distinct lists of length 3-7 whose largest digit is 2
 
@@ -1357,7 +1361,8 @@ def make_task(n_train, n_val, seed, task="largest"):
         if prompt + ":" not in seen:
             seen.add(prompt + ":")
             items.append((prompt + ":", str(answer)))
-    items = [(p, a, {"prompt": p, "answer": a}) for p, a in items]
+    code = {"expression": True, "inputs": [""]} if task == "code" else {}
+    items = [(p, a, {"prompt": p, "answer": a, **code, **({"outputs": [a]} if code else {})}) for p, a in items]
     return items[n_val:], items[:n_val]
 
 
@@ -1599,11 +1604,11 @@ def best_constant_pass_rate(answers):
 # --------------------------------------------------------------------------------------------------
 
 
-def make_char_tokenizer():
-    """A character-level tokenizer (one token per character of CHARS, plus SPECIALS), made with `tokenizers`."""
+def make_char_tokenizer(extra=""):
+    """A character-level tokenizer (one token per character of CHARS + extra, plus SPECIALS), made with `tokenizers`."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
-    vocab = {t: i for i, t in enumerate(SPECIALS + list(CHARS))}
+    vocab = {t: i for i, t in enumerate(SPECIALS + list(CHARS + extra))}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tk.decoder = decoders.Fuse()
@@ -1629,14 +1634,16 @@ def save_atomically(model, tok, path):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def build_tiny_model(cache_dir, seed, tied, moe=False):
+def build_tiny_model(cache_dir, seed, tied, moe=False, task="largest"):
     """Build (once) the embedded default: a 2-layer Llama with head size 32 (vLLM's CPU backend needs 32 or
     more) and the character tokenizer, saved to a cache directory and then loaded like any --model; moe: a Qwen3-MoE of
-    the same shape whose MLPs are 8 experts, 2 of them a token."""
+    the same shape whose MLPs are 8 experts, 2 of them a token. A task with TASK_CHARS has a model of its own."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3MoeConfig
-    path = os.path.join(cache_dir, f"tiny-{'moe' if moe else 'llama'}-v2-seed{seed}-{'tied' if tied else 'untied'}")
+    extra = TASK_CHARS.get(task, "")
+    name = f"tiny-{'moe' if moe else 'llama'}-v2" + f"-{task}" * bool(extra)
+    path = os.path.join(cache_dir, f"{name}-seed{seed}-{'tied' if tied else 'untied'}")
     if not os.path.isfile(os.path.join(path, "config.json")):
-        shape = dict(vocab_size=len(SPECIALS) + len(CHARS), hidden_size=128, intermediate_size=512,
+        shape = dict(vocab_size=len(SPECIALS) + len(CHARS + extra), hidden_size=128, intermediate_size=512,
                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, head_dim=32,
                      max_position_embeddings=256, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2,
                      pad_token_id=0)
@@ -1644,7 +1651,7 @@ def build_tiny_model(cache_dir, seed, tied, moe=False):
             else LlamaConfig(**shape)
         torch.manual_seed(seed)
         os.makedirs(cache_dir, exist_ok=True)
-        save_atomically(AutoModelForCausalLM.from_config(conf), make_char_tokenizer(), path)
+        save_atomically(AutoModelForCausalLM.from_config(conf), make_char_tokenizer(extra), path)
     return path
 
 
@@ -1656,7 +1663,7 @@ def load_tokenizer(cfg, path=None):
     if not path:
         hf_logging.disable_progress_bar()
         cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "scalerl")
-        path = build_tiny_model(cache, cfg.seed, cfg.tie_word_embeddings, cfg.moe)
+        path = build_tiny_model(cache, cfg.seed, cfg.tie_word_embeddings, cfg.moe, cfg.task)
     try:  # (any error reading a user's files is a file that cannot be loaded, named as such)
         config = AutoConfig.from_pretrained(path)
     except Exception as e:  # noqa: BLE001  (a wrong type in config.json is a TypeError, bad JSON a ValueError, ...)
@@ -2622,8 +2629,12 @@ def reward_exact(completion_text, answer, row=None):
 def reward_code(completion_text, answer, row):
     """Code reward, binary [Sec. 2: unit tests]: the last fenced code block after the reasoning (```python or bare
     ```), run with its row's tests in sandbox.py's sandbox; 1 only when every test ran and passed. A program that hit
-    a limit (time, memory, processes, output) raises: 0, counted as a grading error."""
-    blocks = re.findall(r"```(?:python|py)?[ \t]*\n(.*?)```", completion_text.rpartition("</think>")[2], re.S)
+    a limit (time, memory, processes, output) raises: 0, counted as a grading error. A row whose "expression" field is
+    true (--task code's) takes the whole answer after the reasoning as a Python expression: the program prints it."""
+    text = completion_text.rpartition("</think>")[2]
+    if row.get("expression") is True:
+        return float(sandbox.passes(f"print(eval({text.strip()!r}))", row))
+    blocks = re.findall(r"```(?:python|py)?[ \t]*\n(.*?)```", text, re.S)
     return float(bool(blocks) and sandbox.passes(blocks[-1], row))
 
 

@@ -306,3 +306,50 @@ def test_a_mixed_run_records_and_shows_each_tasks_pass_rate(tmp_path, monkeypatc
         assert f" | val {row['val_pass_rate']:.3f} (code {row['val_pass_rate_code']:.3f}, math " \
                f"{row['val_pass_rate_math']:.3f}) | " in shown.replace("\n", " | ")
     assert 0 < sum(r["val_pass_rate"] for r in logged) < 2  # (stand-ins that are neither always 0 nor always 1)
+
+# -------------------------------------------------------------------------------------------- the built-in code task
+def test_the_code_task_runs_the_answer_as_a_python_expression():
+    """--task code: the "largest" task's prompts and answers, each row's answer after the reasoning a Python
+    expression printed in the sandbox: right when it prints the largest digit, whatever the expression; a wrong value,
+    an undefined name or a syntax error scores 0 (not a grading error), its characters the tokenizer's (TASK_CHARS)."""
+    train, val = S.make_task(40, 8, 0, "code")
+    pairs = lambda part: [(p, a) for p, a, _ in part]  # noqa: E731
+    assert list(map(pairs, (train, val))) == list(map(pairs, S.make_task(40, 8, 0)))
+    vocab = set(S.make_char_tokenizer(S.TASK_CHARS["code"]).get_vocab())
+    for p, a, row in val[:3]:
+        digits = p[:-1]
+        right = [a, f"<think>{digits}</think> {a}", f"max({','.join(digits)})", f"{int(a) - 1}+1"]
+        wrong = [str(int(a) - 1), f"{a}:", f"max({digits[0]},0)" if digits[0] != a else "0", f"<think>{a}</think>",
+                 "x", f"{a}."]
+        assert all(set(e) <= vocab for e in right + wrong if "<think>" not in e)
+        assert [S.grade_one(CODE, text, a, row) for text in right + wrong] == [(1.0, None)] * 4 + [(0.0, None)] * 6
+    assert set(S.make_char_tokenizer().get_vocab()) == set(S.SPECIALS) | set(S.CHARS)  # the default task's, as it was
+
+
+@as_nobody
+def test_a_code_task_run_grades_in_the_sandbox_and_writes_its_rows(tmp_path):
+    """A short --task code run (the model's expressions graded through the sandbox in a grading process) as nobody under
+    a process limit, like the hostile programs: it says which isolation it runs under and writes a row per step, the
+    held-out pass rate at steps 0 and 2; its model has the code task's tokenizer."""
+    where = pathlib.Path(tempfile.mkdtemp(dir="/var/tmp"))
+    try:
+        for f in (sandbox.__file__, S.__file__):
+            shutil.copy(f, where)
+        (where / "run.py").write_text("import sys\nif __name__ == '__main__':\n    sys.path[:0] = sys.argv[1:3]\n"
+                                      "    import scalerl\n    scalerl.main(sys.argv[3:])\n")
+        os.chmod(where, 0o777)
+        flags = ["--task", "code", "--engine", "hf", "--steps", "2", "--eval-every", "2", "--prompts-per-step", "2",
+                 "--generations-per-prompt", "4", "--val-size", "4", "--eval-samples", "2", "--out", where / "run"]
+        r = subprocess.run([*NOBODY, PY, "-I", "-B", where / "run.py", where, PACKAGES, *flags], capture_output=True,
+                           text=True, timeout=300, cwd=where, env={"XDG_CACHE_HOME": str(where / "cache"),
+                                                                   "HOME": str(where), "OMP_NUM_THREADS": "1"})
+        assert r.returncode == 0, r.stderr
+        assert "scalerl: code sandbox: namespaces (user, mount, network, PID, IPC, UTS) and rlimits\n" in r.stdout
+        rows = [json.loads(line) for line in open(where / "run" / "metrics.jsonl")]
+        assert [(row["step"], "val_pass_rate" in row) for row in rows] == [(0, True), (1, False), (2, True)]
+        assert not [k for row in rows for k in row if k.startswith("val_pass_rate_")]  # one task
+        config = json.load(open(where / "run" / "config.json"))
+        assert (config["task"], config["reward"]) == ("code", "code")
+        assert os.listdir(where / "cache" / "scalerl") == ["tiny-llama-v2-code-seed0-untied"]
+    finally:
+        shutil.rmtree(where)
