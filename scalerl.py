@@ -846,7 +846,7 @@ def setup(cfg):
 def start_run(cfg, saved, release):
     """setup() once the run directory is claimed: the sections of Part II in the order a run meets them."""
     train, val = load_data(cfg)                                         # 3. (bad data stops the run here)
-    tasks = {task_of(item, cfg) for item in train + val}                # 8. the rewards that grade them
+    tasks = {x[3] if len(x) > 3 else cfg.reward for x in train + val}  # 8. the rewards grading them (row_reward)
     start_notes(cfg, tasks)                                             # 1. what the flags alone do not say
     device, dtype = run_device(cfg)
     tok, config, path = load_tokenizer(cfg, cfg.resume or None)         # 4. (the embedded model built first)
@@ -2681,11 +2681,6 @@ def _grading_worker(conn, fn):
         pass
 
 
-def task_of(item, cfg):
-    """The task of a (prompt, answer, row[, reward]) item: the reward that grades it (a --data row's: row_reward)."""
-    return item[3] if len(item) > 3 else cfg.reward
-
-
 def grading_workers(cfg, tasks):
     """--reward-workers -1: none where the digit reward alone grades the rows (tasks): one regex, not a process."""
     per_rank = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
@@ -3184,8 +3179,9 @@ class Recorder:
 
 def pass_rates(state, cfg, ids, correct):
     """{"val_pass_rate": ...} over every rank's held-out prompts (this rank's: `ids`, graded `correct`), and where they
-    are of several tasks (math and code rows, say: task_of) each task's, "val_pass_rate_<task>" (fit_curve.py's)."""
-    tasks = [task_of(item, cfg) for item in state.val]
+    are of several tasks (math and code rows: a task is the reward grading an item, a --data row's own or --reward's)
+    each task's, "val_pass_rate_<task>" (fit_curve.py fits each)."""
+    tasks = [x[3] if len(x) > 3 else cfg.reward for x in state.val]
     mine, split = np.array([tasks[i] for i in ids], dtype=object), sorted(set(tasks)) * (len(set(tasks)) > 1)
     per = {f"val_pass_rate_{t}": (correct[mine == t].sum(), correct[mine == t].size) for t in split}
     return mean_over_ranks({"val_pass_rate": (correct.sum(), correct.size), **per})
