@@ -1595,8 +1595,9 @@ def encode_prompts(tok, config, train, val, cfg):
 
 
 def best_constant_pass_rate(answers):
-    """Pass rate of always giving the most common answer: the floor a policy must beat to have learned."""
+    """Pass rate of always giving the most common answer (none passes a code row's ''): the floor to beat to learn."""
     values, counts = np.unique(answers, return_counts=True)
+    counts = counts * (values != "")
     return values[counts.argmax()], counts.max() / len(answers)
 
 # --------------------------------------------------------------------------------------------------

@@ -224,6 +224,7 @@ def test_each_row_of_a_mixed_file_names_its_reward(tmp_path):
         ("1/2", "exact"), ("2", "math"), (code_answer["answer"], "math")]
     assert [item[3] for item in S.load_rows(str(tmp_path / "mixed.jsonl"), S.Config(reward="exact"))] == [
         "exact", "exact", "code", "code", "exact", "math", "exact"]  # (--reward: rows that name none and have no tests)
+    assert S.best_constant_pass_rate([a for _, a, *_ in items]) == ("1/2", 2 / 7)  # (a code row: no answer passes it)
     path = write_rows(tmp_path / "bad.jsonl", [MIXED[1][0], {"prompt": "p", "answer": "1", "reward": "nonesuch"}])
     with pytest.raises(S.ScaleRLError, match=r"1 of 2 rows are unusable; line 2: 'reward' 'nonesuch' is none of the "
                                              r"rewards \(digit, math, exact, code\)"):
