@@ -30,6 +30,11 @@ this project's default leaves out the first 1.5% of the fitted x-range (a fixed 
 the paper's 1.5k of 100k GPU-hours, not the paper's rule); --exclude-below X sets the threshold
 instead. Both rules may be combined: a point is left out if either leaves it out.
 
+A curve per task. A scalerl.py run whose held-out prompts are of several tasks (the math and code rows of one
+--data file) logs each task's pass rate beside the overall one (val_pass_rate_math, val_pass_rate_code). With the
+default --y, each of those columns is fitted too, a line (and a curve) "RUN [task]" after the run's own, as the
+paper's per-domain curves. --shared-a compares the runs' overall curves only.
+
 Usage:
     python fit_curve.py runs/baseline                       # a run directory holding metrics.jsonl
     python fit_curve.py runs/a/metrics.jsonl runs/b --x flops --plot curves.png --log-x
@@ -76,6 +81,7 @@ EXCLUDE_FRACTION = 0.015      # default exclusion: first 1.5% of x (this project
                               # ~1.5k of 100k GPU-h; the paper's rule is the first epoch: --exclude-first-epoch)
 MIN_POINTS = 4                # fewest usable points a fit accepts
 NOISE_MARGIN_A = 0.02         # the paper's noise margin on A (three seeds agreed within +-0.015)
+TASK_PREFIX = "val_pass_rate_"  # scalerl.py's held-out pass rate of each task, in a run of several (math, code)
 
 
 class InputError(ValueError):
@@ -484,14 +490,25 @@ def fit_rows(rows, x="device_hours", y="val_pass_rate", *, r0=None, exclude_belo
     return result
 
 
-def analyse_run(path, args, fixed_a=None, n_boot=None):
-    """Load one run and fit it with the command-line options (optionally with A fixed) via fit_rows."""
+def task_columns(rows, y):
+    """The per-task columns beside y = val_pass_rate in scalerl.py's rows (a run of math and code rows logs
+    val_pass_rate_math and val_pass_rate_code, the paper's per-domain curves); none for another y."""
+    return sorted({k for r in rows for k in r if k.startswith(TASK_PREFIX)}) if y + "_" == TASK_PREFIX else []
+
+
+def analyse_run(path, args, fixed_a=None, n_boot=None, tasks=True):
+    """Load one run and fit it with the command-line options (optionally with A fixed) via fit_rows: a list of fits,
+    the overall curve's, then with `tasks` one for each task's column (task_columns), run "RUN [task]"."""
     label, rows, where = read_rows(path, args.x, args.y)
-    fit = fit_rows(rows, args.x, args.y, r0=args.r0, exclude_below=args.exclude_below,
-                   exclude_first_epoch=args.exclude_first_epoch, fit_until=args.fit_until,
-                   bootstrap=args.bootstrap if n_boot is None else n_boot, ci=args.ci, seed=args.seed,
-                   fixed_a=fixed_a, paper_grid=args.paper_grid, name=path, where=where, progress=label)
-    return {"run": label, "path": path, **fit}
+    fits = []
+    for y in [args.y] + (task_columns(rows, args.y) if tasks else []):
+        name = label if y == args.y else f"{label} [{y[len(TASK_PREFIX):]}]"
+        fit = fit_rows(rows, args.x, y, r0=args.r0, exclude_below=args.exclude_below,
+                       exclude_first_epoch=args.exclude_first_epoch, fit_until=args.fit_until,
+                       bootstrap=args.bootstrap if n_boot is None else n_boot, ci=args.ci, seed=args.seed,
+                       fixed_a=fixed_a, paper_grid=args.paper_grid, name=path, where=where, progress=name)
+        fits.append({"run": name, "path": path, **fit})
+    return fits
 
 
 def _fmt(v, ci=None, spec=".3f"):
@@ -579,7 +596,8 @@ def parse_args(argv):
     p.add_argument("runs", nargs="+", metavar="RUN", help="metrics.jsonl, a run directory holding one, or a CSV")
     p.add_argument("--x", default="device_hours", help="compute column (default: device_hours; "
                    "flops, step, gen_tokens also make sense)")
-    p.add_argument("--y", default="val_pass_rate", help="performance column (default: val_pass_rate)")
+    p.add_argument("--y", default="val_pass_rate", help="performance column (default: val_pass_rate, and each "
+                   "task's val_pass_rate_TASK where the rows have them)")
     p.add_argument("--r0", type=float, help="pass rate before training (default: y at the first point)")
     p.add_argument("--exclude-below", type=float, metavar="X", help="leave points with x < X out of the fit "
                    "(default, unless --exclude-first-epoch is given: the first 1.5%% of the fitted x-range, this "
@@ -616,15 +634,15 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         if args.shared_a:   # the paper: compare B at a common A when the A differ by < 0.02
-            first = [analyse_run(path, args, n_boot=0) for path in args.runs]
+            first = [analyse_run(path, args, n_boot=0, tasks=False)[0] for path in args.runs]
             a_values = [r["A"] for r in first]
             if max(a_values) - min(a_values) > NOISE_MARGIN_A:
                 print(f"{PROG}: warning: the asymptotes differ by {max(a_values) - min(a_values):.3f}, more "
                       f"than the {NOISE_MARGIN_A} noise margin; a shared A may mislead", file=sys.stderr)
             shared = float(np.mean(a_values))
-            results = [analyse_run(path, args, fixed_a=shared) for path in args.runs]
+            results = [analyse_run(path, args, fixed_a=shared, tasks=False)[0] for path in args.runs]
         else:
-            results = [analyse_run(path, args) for path in args.runs]
+            results = [fit for path in args.runs for fit in analyse_run(path, args)]
         for r in results:
             if r["at_grid_edge"]:
                 print(f"{PROG}: warning: {r['run']}: {', '.join(r['at_grid_edge'])} at the edge of the "

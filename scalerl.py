@@ -380,14 +380,14 @@ def next_request(c, budget, cfg, think_end):
 
 def score(tok, groups, data, grader, cfg):
     """Correctness and reward of every completion: two arrays [n_prompts, G], and the grading errors. data: each
-    group's (prompt, answer, row) item; the reward sees the completion's text, the answer and the whole row. A
+    group's (prompt, answer, row[, reward]) item; its reward sees the completion's text, the answer and the whole row. A
     completion that did not end by itself (EOS) has no final answer: 0, ungraded. --length-control penalty adds the
     overlong penalty to the correct answers only (as the paper ablated it); otherwise reward = correct."""
     specials, items, where = special_ids(tok), [], []
-    for i, (g, (_, answer, row)) in enumerate(zip(groups, data)):
+    for i, (g, (_, *item)) in enumerate(zip(groups, data)):
         for j, c in enumerate(g):
             if c.finished:  # the stop token that ends it is not part of the text graded
-                items.append((completion_text(tok, c.tokens, specials), answer, row))
+                items.append((completion_text(tok, c.tokens, specials), *item))
                 where.append((i, j))
     rewards, errors = grader(items)
     correct = np.zeros((len(groups), len(groups[0]) if groups else 0))
@@ -740,8 +740,9 @@ def push_weights(state, cfg):
 
 def evaluate(state, cfg, step):
     """Held-out mean pass rate, mean@k with k = --eval-samples (the paper's mean@16) [Sec. 2], with the current weights,
-    and the grading errors (under torchrun rank r evaluates prompts r, r + W, ...: the mean is over all). Training
-    groups in flight decode on, apart: their share of the engine's time is training compute (`ahead`, next row)."""
+    each task's beside it, and the grading errors (under torchrun rank r evaluates prompts r, r + W, ...: the mean is
+    over all). Training groups in flight decode on, apart: their share of the engine's time is training compute
+    (`ahead`, next row)."""
     rollouts, before = state.rollouts, state.rollouts.train_seconds
     if all_max(state.engine.version != state.version):  # PPO-off-policy-k mid-round (or asleep), on some rank: the
         while rollouts.open:  # round's groups finish with the round's weights, then every rank's engine gets the newest
@@ -754,8 +755,7 @@ def evaluate(state, cfg, step):
     rollouts.decoded = rollouts.steps = rollouts.seconds = 0  # the other metrics count training steps only
     correct, _, errors = score(state.tok, groups, [state.val[i] for i in ids], state.grader, cfg)
     save_completions(cfg, step, state.tok, [state.val[i] for i in ids], groups, correct)  # with the flag (Part II)
-    total, count = all_sum(correct.sum(), correct.size)
-    return total / count, errors
+    return pass_rates(state, cfg, ids, correct), errors  # {"val_pass_rate": ..., and per task} (Part II)
 
 
 def run(cfg):
@@ -765,7 +765,7 @@ def run(cfg):
     with guard:                     # Part II: the records, the rules that stop a run, checkpoints, signals, clean-up
         if not cfg.resume:  # a new run: step 0 is the initial weights' held-out pass rate
             val, errors = evaluate(state, cfg, 0)
-            guard.step_done({"step": 0, **state.totals, "val_pass_rate": val}, errors)
+            guard.step_done({"step": 0, **state.totals, **val}, errors)
         for step in range(guard.first, cfg.steps + 1):
             t0 = time.time()
             result = rl_step(state, cfg)
@@ -775,8 +775,8 @@ def run(cfg):
                 break
             row, errors = guard.row(step, result, time.time() - t0), result["errors"]
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                row["val_pass_rate"], val_errors = evaluate(state, cfg, step)
-                errors = errors + val_errors
+                val, val_errors = evaluate(state, cfg, step)
+                row, errors = {**row, **val}, errors + val_errors
                 row.update(live_fit(guard.rows + [row]) if cfg.live_fit and rank() == 0 else {})  # predicted A
             guard.step_done(row, errors)  # recorded, the stop rules, the checkpoint cadence
             if guard.signalled():  # Ctrl-C or SIGTERM during the step: checkpoint it, say how to resume, stop
@@ -881,13 +881,14 @@ def setup(cfg):
 
 def start_run(cfg, resumed, release):
     """setup() once the run directory is claimed: the sections of Part II in the order a run meets them."""
-    start_notes(cfg)                                                    # 1. what the flags alone do not say
     train, val = load_data(cfg)                                         # 3. (bad data stops the run here)
+    tasks = {x[3] if len(x) > 3 else cfg.reward for x in train + val}  # 8. the rewards grading them (row_reward)
+    start_notes(cfg, tasks)                                             # 1. what the flags alone do not say
     device, dtype = run_device(cfg)
     tok, config, path = load_tokenizer(cfg, cfg.resume or None)         # 4. (the embedded model built first)
     train_ids, val_ids, longest = encode_prompts(tok, config, train, val, cfg)  # 3. within the model's positions
     check_memory_plan(cfg, config, device, longest)                     # 5. before any weight is loaded
-    grader = Grader(REWARDS[cfg.reward], grading_workers(cfg), cfg.reward_timeout)  # 8.
+    grader = Grader(REWARDS[cfg.reward], grading_workers(cfg, tasks), cfg.reward_timeout)  # 8.
     model, policy, frozen = load_trainer(cfg, device, path)             # 4, 6. (FSDP2 under torchrun)
     autocast = None if dtype == getattr(torch, cfg.param_dtype) else dtype
     engine = make_engine(cfg, config, path, device, dtype, longest, len(val), model, tok, autocast)  # 7.
@@ -899,16 +900,18 @@ def start_run(cfg, resumed, release):
                   digests={k: file_digest(getattr(cfg, k)) for k in ("data", "val_data") if getattr(cfg, k)})
     rows = restore(resumed, state, cfg.resume) if resumed else []           # 11. a resumed run's state
     engine.push(model, state.version)  # the engine starts from exactly the trainer's weights
-    ceiling = hidden_task_ceiling([p for p, _, _ in val]) if not cfg.data and cfg.task == "hidden" else None
+    ceiling = hidden_task_ceiling([p for p, *_ in val]) if not cfg.data and cfg.task == "hidden" else None
     first = resumed["step"] + 1 if resumed else 1
     return state, cfg, Guard(cfg, state, Recorder(cfg, state, rows, first, device, ceiling), first, release)  # 10.
 
 
-def start_notes(cfg):
-    """The start-up lines for what the flags alone do not say (docs/off-policy.md)."""
-    if cfg.reward == "code":
+def start_notes(cfg, tasks=None):
+    """The start-up lines for what the flags alone do not say (docs/off-policy.md); tasks: the rows' rewards."""
+    if "code" in (tasks or {cfg.reward}):
         os.environ["SCALERL_WEAK_SANDBOX"] = str(int(cfg.weak_sandbox))  # (the grading processes inherit it)
-        lacks = cfg.weak_sandbox and sandbox.missing()  # (the probe runs a program: once, and only where it can matter)
+        lacks = (cfg.weak_sandbox or cfg.reward != "code") and sandbox.missing()  # (the probe: once, where it matters)
+        if lacks and not cfg.weak_sandbox:
+            die(f"code rows: this machine cannot isolate programs ({lacks}); --weak-sandbox runs them anyway")
         isolation = "namespaces (user, mount, network, PID, IPC, UTS) and rlimits" if not lacks else (
             f"rlimits only, not isolated (--weak-sandbox; {lacks})")
         print(f"scalerl: code sandbox: {isolation}", flush=True)
@@ -1033,7 +1036,8 @@ class Config(Recipe):
                                    at_least=0)
     task: str = flag("largest", "the built-in task, without --data: largest (the largest digit of a list), hidden (the "
                               "same with two digits hidden, so that the best possible pass rate is below 1) or "
-                              "second (the second-largest distinct digit)", ["largest", "hidden", "second"])
+                              "second (the second-largest distinct digit); code: largest, answered with a Python "
+                              "expression that the code sandbox runs", ["largest", "hidden", "second", "code"])
     data: str = flag("", "training prompts: a .jsonl/.json/.csv/.parquet file, a datasets.save_to_disk directory or a "
                        "hub dataset NAME[:SPLIT] (needs `datasets` and network); empty = the built-in task")
     val_data: str = flag("", "held-out prompts, same formats (default: --val-size prompts split off --data)")
@@ -1050,8 +1054,9 @@ class Config(Recipe):
                                    "(--no-chat-template for base models)")
     reward: str = flag("auto", "math: the final answer checked with math-verify; exact: string match; code: the last "
                              "code block run with the row's tests in sandbox.py; digit: the last digit after the "
-                             "reasoning, for the built-in tasks (auto: math with --data, else digit); the choices are "
-                             "the REWARDS table's", lambda: ["auto", *REWARDS])
+                             "reasoning, for the built-in tasks (auto: math with --data, code with --task code, else "
+                             "digit); a --data row with a `reward` field, or with tests (code), is graded by its own; "
+                             "the choices are the REWARDS table's", lambda: ["auto", *REWARDS])
     weak_sandbox: bool = flag(False, "--reward code where the machine cannot isolate programs (no user namespaces): "
                                      "run them with rlimits only, with the network and files of this user in reach")
     reward_workers: int = flag(-1, "grading processes (-1: min(16, CPUs) for math/exact, 0 for the built-in task; "
@@ -1156,7 +1161,7 @@ def fill_defaults(cfg):
     if not cfg.data:
         cfg.train_size, cfg.val_size = cfg.train_size or 4096, cfg.val_size or 200
     if cfg.reward == "auto":
-        cfg.reward = "math" if cfg.data else "digit"
+        cfg.reward = "math" if cfg.data else "code" if cfg.task == "code" else "digit"
     if cfg.engine == "auto":
         cfg.engine = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
     if cfg.fp32_head_product == "auto":  # (a CPU gains nothing from bfloat16 products)
@@ -1383,8 +1388,10 @@ def is_hub_id(name):
 # exactly uniform and the best constant answer scores 1/8 (skewed answers would reward always giving the most common
 # digit). 0 and 1 are left out because too few distinct lists have them as their largest digit. "hidden": the same
 # lists with two digits hidden behind "." ("3.4.:"), so that some answers cannot be known: the best possible pass rate
-# is below 1 (hidden_task_ceiling). "second": the second-largest distinct digit ("3941:" -> "4"), answers 1-8.
+# is below 1 (hidden_task_ceiling). "second": the second-largest distinct digit ("3941:" -> "4"), answers 1-8. "code":
+# "largest" answered with a Python expression ("9", "4+5", "max(3,9,4,1)": TASK_CHARS) that reward_code's sandbox runs.
 CHARS = "0123456789: " + "".join(sorted(set(Config.interruption_phrase.replace("</think>", "")) - set("0123456789: ")))
+TASK_CHARS = {"code": "()+x"}
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<think>", "</think>"]
 MAX_TASK_PROMPTS = 20_000  # 8 answers x 3,019 distinct lists of length 3-7 whose largest digit is 2
 
@@ -1410,7 +1417,8 @@ def make_task(n_train, n_val, seed, task="largest"):
         if prompt + ":" not in seen:
             seen.add(prompt + ":")
             items.append((prompt + ":", str(answer)))
-    items = [(p, a, {"prompt": p, "answer": a}) for p, a in items]
+    code = {"expression": True, "inputs": [""]} if task == "code" else {}
+    items = [(p, a, {"prompt": p, "answer": a, **code, **({"outputs": [a]} if code else {})}) for p, a in items]
     return items[n_val:], items[:n_val]
 
 
@@ -1428,8 +1436,9 @@ def hidden_task_ceiling(prompts, answers=None):
     return total / len(prompts)
 
 
-# Datasets: --data FILE|DIR|NAME. Rows become (prompt, answer, row) items; a prompt is a string or a list of chat
-# messages, an answer a string, the row the whole record (for the reward). Every check runs before a model is loaded.
+# Datasets: --data FILE|DIR|NAME. Rows become (prompt, answer, row, reward) items; a prompt is a string or a list of
+# chat messages, an answer a string, the row the whole record (for the reward), the reward the name in REWARDS that
+# grades the row (row_reward: math and code rows may share a run). Every check runs before a model is loaded.
 PROMPT_KEYS, ANSWER_KEYS = ("prompt", "problem", "question"), ("answer", "final_answer", "ground_truth", "solution")
 
 
@@ -1492,10 +1501,20 @@ def gold_answer(answer):
     return (last_boxed(answer) if "\\boxed" in answer else answer.rpartition("####")[2]).strip()
 
 
-def row_problem(row, pk, ak):
-    """Why a row cannot be used, or None."""
+def row_reward(row, default):
+    """The reward that grades a --data row: its `reward` field where that is text, else code where it has tests in one
+    of the code formats (sandbox.row_tests), else --reward's (`default`)."""
+    if isinstance(row, dict) and isinstance(row.get("reward"), str):
+        return row["reward"]
+    return "code" if isinstance(row, dict) and sandbox and not isinstance(sandbox.row_tests(row), str) else default
+
+
+def row_problem(row, pk, ak, reward=None):
+    """Why a row cannot be used, or None. ak None: a code row (--reward code, or row_reward's), which needs tests."""
     if not isinstance(row, dict):
         return row if isinstance(row, str) else f"not an object but {type(row).__name__}"
+    if reward is not None and reward not in REWARDS:
+        return f"'reward' {reward!r} is none of the rewards ({', '.join(REWARDS)})"
     p, a = row.get(pk), row.get(ak)
     if p is None:
         return f"no '{pk}' field (choose another with --prompt-key)"
@@ -1506,8 +1525,9 @@ def row_problem(row, pk, ak):
         return f"'{pk}' is {type(p).__name__}, not a string or a list of {{role, content}} messages"
     if not p.strip():
         return f"empty prompt '{pk}'"
-    if ak is None:  # --reward code: the row's tests instead of an answer
-        return tests if isinstance(tests := sandbox.row_tests(row), str) else None
+    if ak is None:  # a code row: its tests instead of an answer
+        return "a code row needs sandbox.py beside scalerl.py" if sandbox is None else \
+            tests if isinstance(tests := sandbox.row_tests(row), str) else None
     if a is None:
         return f"'{ak}' is null" if ak in row else f"no '{ak}' field (choose another with --answer-key)"
     if isinstance(a, bool) or not isinstance(a, (str, int, float)):
@@ -1520,25 +1540,27 @@ def row_problem(row, pk, ak):
 
 
 def load_rows(path, cfg):
-    """(prompt, answer, row) items of one data source, the row whole for the reward; bad rows stop the run (exit 2)."""
+    """(prompt, answer, row, reward) items of one source (row_reward; a code row's answer ''); bad rows stop the run."""
     records = read_records(path)
     keys = set().union(*(r for _, r in records if isinstance(r, dict)))
     if records and not keys:  # no row is an object with a field (broken JSON, say): what the first row is
         where, row = records[0]
         die(f"{path}: no row has a field; {where}: {row_problem(row, PROMPT_KEYS[0], ANSWER_KEYS[0])}")
     pk = cfg.prompt_key or next((k for k in PROMPT_KEYS if k in keys), PROMPT_KEYS[0])
-    ak = None if cfg.reward == "code" else cfg.answer_key or next((k for k in ANSWER_KEYS if k in keys), ANSWER_KEYS[0])
-    for key, option, known in ((pk, "--prompt-key", PROMPT_KEYS), (ak, "--answer-key", ANSWER_KEYS)):
+    ak = cfg.answer_key or next((k for k in ANSWER_KEYS if k in keys), ANSWER_KEYS[0])
+    rewards = [row_reward(r, "math" if cfg.reward == "auto" else cfg.reward) for _, r in records]  # (auto: --data's)
+    for key, option, known in ((pk, "--prompt-key", PROMPT_KEYS),
+                               (ak if set(rewards) - {"code"} else None, "--answer-key", ANSWER_KEYS)):
         if records and key and key not in keys:
             die(f"{path}: no field '{key}' (looked for {', '.join(known) if key in known else key}; found: "
                 f"{', '.join(sorted(keys))}); name the field with {option}")
     rows, bad = [], []
-    for where, r in records:
-        problem = row_problem(r, pk, ak)
+    for (where, r), reward in zip(records, rewards):
+        problem = row_problem(r, pk, None if reward == "code" else ak, reward)
         if problem:
             bad.append(f"{where}: {problem}")
         else:
-            rows.append((r[pk], gold_answer(r[ak]) if ak else "", r))
+            rows.append((r[pk], "" if reward == "code" else gold_answer(r[ak]), r, reward))
     if bad and not cfg.skip_bad_rows:
         die(f"{path}: {len(bad)} of {len(records)} rows are unusable; " + "; ".join(bad[:5])
             + ("; ..." if len(bad) > 5 else "") + ". Fix them, or pass --skip-bad-rows to drop them")
@@ -1564,7 +1586,7 @@ def load_data(cfg):
         if n_val >= len(rows):
             die(f"--val-size {n_val}: {cfg.data} has only {len(rows)} usable rows")
         val, train = rows[:n_val], rows[n_val:]
-    held, before = {json.dumps(p, sort_keys=True) for p, _, _ in val}, len(train)
+    held, before = {json.dumps(p, sort_keys=True) for p, *_ in val}, len(train)
     train = [item for item in train if json.dumps(item[0], sort_keys=True) not in held]
     copies, train = before - len(train), train[:cfg.train_size or len(train)]
     if len(train) < cfg.prompts_per_step:
@@ -1608,7 +1630,7 @@ def encode_prompts(tok, config, train, val, cfg):
     if cfg.data:
         print(f"scalerl: {len(train)} training and {len(val)} held-out prompts read; loading {cfg.model}", flush=True)
     chars = prompt_chars(tok, config, cfg)
-    ids = [encode_prompt(tok, p, cfg, chars) for p, _, _ in train + val]
+    ids = [encode_prompt(tok, p, cfg, chars) for p, *_ in train + val]
     k = max(range(len(ids)), key=lambda i: len(ids[i]))  # the longest prompt
     completion = cfg.max_new_tokens
     if cfg.length_control == "interrupt":  # (Rollouts puts the phrase in after a space)
@@ -1629,8 +1651,9 @@ def encode_prompts(tok, config, train, val, cfg):
 
 
 def best_constant_pass_rate(answers):
-    """Pass rate of always giving the most common answer: the floor a policy must beat to have learned."""
+    """Pass rate of always giving the most common answer (none passes a code row's ''): the floor to beat to learn."""
     values, counts = np.unique(answers, return_counts=True)
+    counts = counts * (values != "")
     return values[counts.argmax()], counts.max() / len(answers)
 
 # --------------------------------------------------------------------------------------------------
@@ -1646,7 +1669,7 @@ def load_tokenizer(cfg, path=None):
     if not path:
         hf_logging.disable_progress_bar()
         cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "scalerl")
-        path = build_tiny_model(cache, cfg.seed, cfg.tie_word_embeddings, cfg.moe)
+        path = build_tiny_model(cache, cfg.seed, cfg.tie_word_embeddings, cfg.moe, cfg.task)
     try:  # (any error reading a user's files is a file that cannot be loaded, named as such)
         config = AutoConfig.from_pretrained(path)
     except Exception as e:  # noqa: BLE001  (a wrong type in config.json is a TypeError, bad JSON a ValueError, ...)
@@ -1664,14 +1687,16 @@ def load_tokenizer(cfg, path=None):
     return tok, config, path
 
 
-def build_tiny_model(cache_dir, seed, tied, moe=False):
+def build_tiny_model(cache_dir, seed, tied, moe=False, task="largest"):
     """Build (once) the embedded default: a 2-layer Llama with head size 32 (vLLM's CPU backend needs 32 or
     more) and the character tokenizer, saved to a cache directory and then loaded like any --model; moe: a Qwen3-MoE of
-    the same shape whose MLPs are 8 experts, 2 of them a token."""
+    the same shape whose MLPs are 8 experts, 2 of them a token. A task with TASK_CHARS has a model of its own."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3MoeConfig
-    path = os.path.join(cache_dir, f"tiny-{'moe' if moe else 'llama'}-v2-seed{seed}-{'tied' if tied else 'untied'}")
+    extra = TASK_CHARS.get(task, "")
+    name = f"tiny-{'moe' if moe else 'llama'}-v2" + f"-{task}" * bool(extra)
+    path = os.path.join(cache_dir, f"{name}-seed{seed}-{'tied' if tied else 'untied'}")
     if not os.path.isfile(os.path.join(path, "config.json")):
-        shape = dict(vocab_size=len(SPECIALS) + len(CHARS), hidden_size=128, intermediate_size=512,
+        shape = dict(vocab_size=len(SPECIALS) + len(CHARS + extra), hidden_size=128, intermediate_size=512,
                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, head_dim=32,
                      max_position_embeddings=256, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2,
                      pad_token_id=0)
@@ -1679,15 +1704,15 @@ def build_tiny_model(cache_dir, seed, tied, moe=False):
             else LlamaConfig(**shape)
         torch.manual_seed(seed)
         os.makedirs(cache_dir, exist_ok=True)
-        save_atomically(AutoModelForCausalLM.from_config(conf), make_char_tokenizer(), path)
+        save_atomically(AutoModelForCausalLM.from_config(conf), make_char_tokenizer(extra), path)
     return path
 
 
-def make_char_tokenizer():
-    """A character-level tokenizer (one token per character of CHARS, plus SPECIALS), made with `tokenizers`."""
+def make_char_tokenizer(extra=""):
+    """A character-level tokenizer (one token per character of CHARS + extra, plus SPECIALS), made with `tokenizers`."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
-    vocab = {t: i for i, t in enumerate(SPECIALS + list(CHARS))}
+    vocab = {t: i for i, t in enumerate(SPECIALS + list(CHARS + extra))}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tk.decoder = decoders.Fuse()
@@ -2546,8 +2571,12 @@ def reward_exact(completion_text, answer, row=None):
 def reward_code(completion_text, answer, row):
     """Code reward, binary [Sec. 2: unit tests]: the last fenced code block after the reasoning (```python or bare
     ```), run with its row's tests in sandbox.py's sandbox; 1 only when every test ran and passed. A program that hit
-    a limit (time, memory, processes, output) raises: 0, counted as a grading error."""
-    blocks = re.findall(r"```(?:python|py)?[ \t]*\n(.*?)```", completion_text.rpartition("</think>")[2], re.S)
+    a limit (time, memory, processes, output) raises: 0, counted as a grading error. A row whose "expression" field is
+    true (--task code's) takes the whole answer after the reasoning as a Python expression: the program prints it."""
+    text = completion_text.rpartition("</think>")[2]
+    if row.get("expression") is True:
+        return float(sandbox.passes(f"print(eval({text.strip()!r}))", row))
+    blocks = re.findall(r"```(?:python|py)?[ \t]*\n(.*?)```", text, re.S)
     return float(bool(blocks) and sandbox.passes(blocks[-1], row))
 
 
@@ -2574,10 +2603,11 @@ def completion_text(tok, tokens, specials):
     return tok.decode(tokens[:-1] if tokens and tokens[-1] in specials else tokens)
 
 
-def grade_one(fn, text, answer, row=None):
-    """(reward, error message or None): an exception in the reward function costs its completion only."""
+def grade_one(fn, text, answer, row=None, reward=None):
+    """(reward, error message or None): an exception in the reward function costs its completion only. An item that
+    names its reward (a --data row's, row_reward) is graded by REWARDS[reward], else by fn."""
     try:
-        return float(fn(text, answer, row)), None
+        return float((REWARDS[reward] if reward else fn)(text, answer, row)), None
     except Exception as e:  # noqa: BLE001
         return 0.0, f"{type(e).__name__}: {e}"
 
@@ -2593,16 +2623,17 @@ def _grading_worker(conn, fn):
         pass
 
 
-def grading_workers(cfg):
-    """--reward-workers -1: none for the built-in task's digit reward (one regex: not worth a process)."""
+def grading_workers(cfg, tasks):
+    """--reward-workers -1: none where the digit reward alone grades the rows (tasks): one regex, not a process."""
     per_rank = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-    return cfg.reward_workers if cfg.reward_workers >= 0 else 0 if cfg.reward == "digit" else min(16, per_rank)
+    return cfg.reward_workers if cfg.reward_workers >= 0 else 0 if set(tasks) == {"digit"} else min(16, per_rank)
 
 
 class Grader:
-    """Grades completions so that grading never stalls or kills a run: each (text, answer, row) item goes to one of
-    `workers` processes and gets `timeout` seconds; a process that overruns or dies is replaced, and that completion
-    gets reward 0 and an error message, like one whose grading raised. workers=0 grades here, without a time limit."""
+    """Grades completions so that grading never stalls or kills a run: each (text, answer, row[, reward]) item goes to
+    one of `workers` processes and gets `timeout` seconds; a process that overruns or dies is replaced, and that
+    completion gets reward 0 and an error message, like one whose grading raised. workers=0 grades here, without a time
+    limit. An item is graded by REWARDS[reward] where it names one (grade_one), else by fn."""
 
     def __init__(self, fn, workers, timeout):
         self.fn, self.timeout, self.ctx = fn, timeout, multiprocessing.get_context("spawn")
@@ -2994,7 +3025,7 @@ class Recorder:
     def __init__(self, cfg, state, rows, first, device, ceiling=None):
         self.cfg, self.rows, self.out, self.writer = cfg, rows, cfg.out, rank() == 0
         n_params = sum(p.numel() for p in state.model.parameters())
-        const, const_rate = best_constant_pass_rate([a for _, a, _ in state.val])
+        const, const_rate = best_constant_pass_rate([a for _, a, *_ in state.val])
         on = f"{device} x {world()} ranks" if launched() else device
         self.tracker = start_wandb(cfg, self.out) if cfg.wandb and self.writer else None
         # the rows up to a resumed checkpoint (or none) and the config in force, written with the first row of this
@@ -3023,8 +3054,8 @@ class Recorder:
         self.metrics.flush()
         if self.tracker:
             self.tracker.log(row, step=row["step"])
-        print(progress_line(row, self.cfg.steps) if row["step"] else f"step    0/{self.cfg.steps} | val "
-              f"{row['val_pass_rate']:.3f}", flush=True)
+        print(progress_line(row, self.cfg.steps) if row["step"] else f"step    0/{self.cfg.steps}{val_text(row)}",
+              flush=True)
         if self.writer and errors:  # each costs its completion only (reward 0)
             print(f"step {row['step']}: {len(errors)} completions could not be graded (reward 0); first: {errors[0]}",
                   file=sys.stderr, flush=True)
@@ -3127,8 +3158,24 @@ def checkpoint_due(rows, cfg):
     return bool(cfg.save_every) and rows[-1]["step"] % cfg.save_every == 0
 
 
+def pass_rates(state, cfg, ids, correct):
+    """{"val_pass_rate": ...} over every rank's held-out prompts (this rank's: `ids`, graded `correct`), and where they
+    are of several tasks (math and code rows: a task is the reward grading an item, a --data row's own or --reward's)
+    each task's, "val_pass_rate_<task>" (fit_curve.py fits each)."""
+    tasks = [x[3] if len(x) > 3 else cfg.reward for x in state.val]
+    mine, split = np.array([tasks[i] for i in ids], dtype=object), sorted(set(tasks)) * (len(set(tasks)) > 1)
+    per = {f"val_pass_rate_{t}": (correct[mine == t].sum(), correct[mine == t].size) for t in split}
+    return mean_over_ranks({"val_pass_rate": (correct.sum(), correct.size), **per})
+
+
+def val_text(row):
+    """' | val 0.512', and each task's where the row has them: ' | val 0.512 (code 0.430, math 0.594)'."""
+    tasks = ", ".join(f"{k[14:]} {v:.3f}" for k, v in row.items() if k.startswith("val_pass_rate_"))
+    return f" | val {row['val_pass_rate']:.3f}" + f" ({tasks})" * bool(tasks)
+
+
 def progress_line(row, steps):
-    val = f" | val {row['val_pass_rate']:.3f}" if "val_pass_rate" in row else ""
+    val = val_text(row) if "val_pass_rate" in row else ""
     if row.get("fit_A_at_bound"):
         val += f" (A \u2192 {row['fit_A']:.2f})"
     elif "fit_A" in row:
@@ -3235,7 +3282,7 @@ def save_completions(cfg, step, tok, data, groups, correct):
     write_atomically(path, "".join(json.dumps({
         "prompt": prompt, "answer": answer, "completion": completion_text(tok, c.tokens, specials),
         "finished": c.finished, "interrupted": c.interrupted, "reward": float(r)}) + "\n"
-        for (prompt, answer, _), g, rewards in zip(data, groups, correct) for c, r in zip(g, rewards)))
+        for (prompt, answer, *_), g, rewards in zip(data, groups, correct) for c, r in zip(g, rewards)))
 
 # --------------------------------------------------------------------------------------------------
 # 11. Run directories and checkpoints: one run a directory, its lock; checkpoints written atomically; resume, exact

@@ -231,16 +231,16 @@ def test_bom_jsonl_and_csv_load_like_plain_jsonl(records, tmp_path):
 def test_a_bad_csv_row_is_named_with_its_line(tmp_path):
     path = tmp_path / "d.csv"
     path.write_text('problem,answer\n"What is\n1 + 1?",2\n,3\n')  # a quoted prompt over two lines, then no prompt
-    assert S.load_rows(str(path), S.Config(skip_bad_rows=True)) == [("What is\n1 + 1?", "2",
-                                                                     {"problem": "What is\n1 + 1?", "answer": "2"})]
+    assert S.load_rows(str(path), S.Config(skip_bad_rows=True)) == [
+        ("What is\n1 + 1?", "2", {"problem": "What is\n1 + 1?", "answer": "2"}, "math")]
     with pytest.raises(S.ScaleRLError) as e:
         S.load_rows(str(path), S.Config())
     assert "line 4: empty prompt" in str(e.value)
 
 
 def pairs(items):
-    """(prompt, answer) of load_rows' and load_data's (prompt, answer, row) items."""
-    return [(p, a) for p, a, _ in items]
+    """(prompt, answer) of load_rows' and load_data's (prompt, answer, row, reward) items."""
+    return [(p, a) for p, a, *_ in items]
 
 
 def write_jsonl(path, lines):
@@ -305,7 +305,7 @@ def test_unreadable_data_gives_one_clear_error(name, content, message, tmp_path)
 def test_field_names_can_be_given(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", ['{"query": "q1", "label": 7, "answer": "x"}'])
     assert S.load_rows(path, S.Config(prompt_key="query", answer_key="label")) == [
-        ("q1", "7", {"query": "q1", "label": 7, "answer": "x"})]  # the whole row, for the reward
+        ("q1", "7", {"query": "q1", "label": 7, "answer": "x"}, "math")]  # the whole row, for the reward
 
 
 def cli(*args, env=None, timeout=300):
@@ -385,9 +385,9 @@ def test_validation_split_is_seeded_disjoint_and_never_trained_on(tmp_path):
     rows = [json.dumps({"problem": f"p{k % 25}", "answer": k % 25}) for k in range(50)]  # each prompt twice
     path = write_jsonl(tmp_path / "d.jsonl", rows)
     train, val = S.load_data(data_cfg(path, val_size=10))
-    assert len(val) == 10 and not {p for p, _, _ in train} & {p for p, _, _ in val}
-    assert {p for p, _, _ in train} | {p for p, _, _ in val} == {f"p{k}" for k in range(25)}
-    assert len(train) == 50 - 2 * len({p for p, _, _ in val})  # the other copy of a held-out prompt goes too
+    assert len(val) == 10 and not {p for p, *_ in train} & {p for p, *_ in val}
+    assert {p for p, *_ in train} | {p for p, *_ in val} == {f"p{k}" for k in range(25)}
+    assert len(train) == 50 - 2 * len({p for p, *_ in val})  # the other copy of a held-out prompt goes too
     assert S.load_data(data_cfg(path, val_size=10)) == (train, val)  # same seed, same split
     assert S.load_data(data_cfg(path, val_size=10, seed=1))[1] != val
     assert len(S.load_data(data_cfg(path, val_size=10, train_size=5))[0]) == 5

@@ -415,3 +415,27 @@ def test_ctrl_c_exits_without_traceback(run_file):
                     f"blocked {signal.pthread_sigmask(signal.SIG_BLOCK, [])})")
     assert proc.returncode == 130
     assert "Traceback" not in err and "interrupted" in err
+
+
+@pytest.mark.quick
+def test_each_task_column_gets_a_curve_of_its_own(tmp_path, capsys):
+    """A run of math and code rows logs val_pass_rate_math and val_pass_rate_code beside val_pass_rate (equal
+    numbers of held-out prompts: the overall rate is their mean). Each task's column is fitted, after the run's own,
+    and its A is the one that generated it; --shared-a fits the overall curves only."""
+    tasks = {"code": dict(A=0.45, B=1.5, C_mid=8000.0, r0=0.10), "math": dict(A=0.61, B=1.92, C_mid=2542.0, r0=0.30)}
+    rng, x = np.random.default_rng(5), np.linspace(0.0, X_MAX, N_POINTS)
+    per = {t: true_curve(x, **p) + rng.normal(0.0, NOISE, N_POINTS) for t, p in tasks.items()}
+    overall = (per["code"] + per["math"]) / 2
+    rows = [{**row, **({f"val_pass_rate_{t}": float(per[t][i // 3]) for t in tasks} if "val_pass_rate" in row and
+                       row["val_pass_rate"] is not None else {})} for i, row in enumerate(metrics_rows(x, overall))]
+    (tmp_path / "mixed").mkdir()
+    (tmp_path / "mixed" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert fit_curve.main([str(tmp_path / "mixed"), "--json", "--bootstrap", "0"]) == 0
+    fits = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(f["run"], f["y"]) for f in fits] == [("mixed", "val_pass_rate"), ("mixed [code]", "val_pass_rate_code"),
+                                                  ("mixed [math]", "val_pass_rate_math")]
+    for f, t in zip(fits[1:], ["code", "math"]):
+        assert abs(f["A"] - tasks[t]["A"]) < 0.01 and f["R0"] == pytest.approx(per[t][0])
+    assert abs(fits[0]["A"] - (0.45 + 0.61) / 2) < 0.03  # (the mean of two sigmoids is not one: roughly their mean A)
+    assert fit_curve.main([str(tmp_path / "mixed"), "--json", "--shared-a", "--bootstrap", "0"]) == 0
+    assert [json.loads(line)["run"] for line in capsys.readouterr().out.splitlines()] == ["mixed"]

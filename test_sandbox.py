@@ -1,6 +1,7 @@
 """--reward code and sandbox.py. Hostile programs run only under an outer limit: a /usr/bin/python3 process as user
 nobody, with its own process limit, imports a copy of scalerl.py and sandbox.py and grades them with REWARDS["code"],
 so that a broken sandbox fails a test, not the machine."""
+import dataclasses
 import json
 import os
 import pathlib
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import types
 
 import pytest
 
@@ -155,7 +157,7 @@ def test_a_code_row_needs_tests_not_an_answer(tmp_path):
     path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
     with pytest.raises(S.ScaleRLError, match=r"1 of 2 rows are unusable; line 2: no tests: "):
         S.load_rows(str(path), S.Config(reward="code"))
-    assert S.load_rows(str(path), S.Config(reward="code", skip_bad_rows=True)) == [("add", "", good)]
+    assert S.load_rows(str(path), S.Config(reward="code", skip_bad_rows=True)) == [("add", "", good, "code")]
 
 
 def test_code_reward_is_refused_where_programs_cannot_be_isolated(monkeypatch):
@@ -193,3 +195,162 @@ def test_weak_sandbox_flag_reaches_the_grading_processes(monkeypatch, capsys, we
     line = "rlimits only, not isolated (--weak-sandbox; unshare: not permitted)" if weak else \
         "namespaces (user, mount, network, PID, IPC, UTS) and rlimits"
     assert f"scalerl: code sandbox: {line}\n" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------ math and code in one run
+MIXED = [  # held-out rows of one --data file, each with the reward that must grade it
+    ({"prompt": "What does `def f(): return max(3, 9)` return?", "answer": "9"}, "math"),  # code-looking, no tests
+    ({"prompt": "What is half of one?", "answer": "1/2"}, "math"),
+    ({"prompt": "Write add(a, b).", "test_list": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"]}, "code"),
+    ({"prompt": "Double the input.", "input_output": '{"inputs": ["2"], "outputs": ["4"]}', "answer": 4}, "code"),
+    ({"prompt": "One half, as written?", "answer": "1/2", "reward": "exact"}, "exact"),
+    ({"prompt": "1 + 1?", "answer": "2", "test": "assert False", "reward": "math"}, "math"),  # named: not code
+]
+
+
+def write_rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.mark.quick
+def test_each_row_of_a_mixed_file_names_its_reward(tmp_path):
+    """A row's `reward` field names its reward; else a row with tests in a code format is code (no answer needed); else
+    --reward's. A row that names no reward of REWARDS is bad data; a file of code rows alone needs no answer field."""
+    code_answer = {"prompt": "Print nine in Python.", "answer": "```python\nprint(9)\n```"}  # an answer, no tests
+    items = S.load_rows(write_rows(tmp_path / "mixed.jsonl", [r for r, _ in MIXED] + [code_answer]), S.Config())
+    assert [(a, reward) for _, a, _, reward in items] == [
+        ("9", "math"), ("1/2", "math"), ("", "code"), ("", "code"),
+        ("1/2", "exact"), ("2", "math"), (code_answer["answer"], "math")]
+    assert [item[3] for item in S.load_rows(str(tmp_path / "mixed.jsonl"), S.Config(reward="exact"))] == [
+        "exact", "exact", "code", "code", "exact", "math", "exact"]  # (--reward: rows that name none and have no tests)
+    assert S.best_constant_pass_rate([a for _, a, *_ in items]) == ("1/2", 2 / 7)  # (a code row: no answer passes it)
+    path = write_rows(tmp_path / "bad.jsonl", [MIXED[1][0], {"prompt": "p", "answer": "1", "reward": "nonesuch"}])
+    with pytest.raises(S.ScaleRLError, match=r"1 of 2 rows are unusable; line 2: 'reward' 'nonesuch' is none of the "
+                                             r"rewards \(digit, math, exact, code\)"):
+        S.load_rows(path, S.Config())
+    code_only = write_rows(tmp_path / "code.jsonl", [MIXED[2][0], MIXED[3][0]])
+    assert [(a, reward) for _, a, _, reward in S.load_rows(code_only, S.Config())] == [("", "code")] * 2
+
+
+class TextTok:
+    """Token k decodes to TEXTS[k]: a completion of one token is that text; no special tokens."""
+    all_special_ids = []
+
+    def __init__(self, texts):
+        self.texts = texts
+
+    def decode(self, ids):
+        return "".join(self.texts[k] for k in ids)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_mixed_held_out_set_is_graded_row_by_row_and_reported_per_task(tmp_path, workers):
+    """Two completions of each MIXED row, graded through score() by the Grader, in a grading process and in this
+    one: each by its row's reward (a math answer 0.5 is right for the math row's 1/2 and wrong for the exact row's;
+    the code-looking math row is graded by math-verify, which code would count an error), then the held-out pass rate
+    of each task beside the overall one, against the verdicts written here by hand."""
+    completions = [  # (text, its verdict by the row's own reward)
+        [("```python\nprint(max(3, 9))\n```\nso \\boxed{9}", 1), ("\\boxed{3}", 0)],
+        [("\\boxed{0.5}", 1), ("\\boxed{2}", 0)],
+        [("```python\ndef add(a, b):\n    return a + b\n```", 1), ("```\ndef add(a, b):\n    return b + a\n```", 1)],
+        [("```python\nprint(2 * int(input()))\n```", 1), ("\\boxed{4}", 0)],
+        [("\\boxed{0.5}", 0), ("\\boxed{1/2}", 1)],
+        [("\\boxed{2}", 1), ("\\boxed{3}", 0)],
+    ]
+    val = S.load_rows(write_rows(tmp_path / "val.jsonl", [r for r, _ in MIXED]), S.Config())
+    texts = [t for pair in completions for t, _ in pair]
+    groups = [[S.Completion([2 * i + j], [0.0], True, [1], [0]) for j in range(2)] for i in range(len(MIXED))]
+    grader = S.Grader(S.reward_math, workers, 60.0)
+    try:
+        correct, _, errors = S.score(TextTok(texts), groups, val, grader, S.Config())
+    finally:
+        grader.close()
+    assert errors == [] and correct.tolist() == [[v for _, v in pair] for pair in completions]
+    rates = S.pass_rates(types.SimpleNamespace(val=val), S.Config(), list(range(len(val))), correct)
+    assert rates == {"val_pass_rate": 7 / 12, "val_pass_rate_code": 3 / 4, "val_pass_rate_exact": 1 / 2,
+                     "val_pass_rate_math": 3 / 6}
+    assert S.val_text(rates) == " | val 0.583 (code 0.750, exact 0.500, math 0.500)"
+    assert S.pass_rates(types.SimpleNamespace(val=val[2:4]), S.Config(), [0, 1], correct[2:4]) == {
+        "val_pass_rate": 3 / 4}  # one task: no columns of its own
+    assert S.pass_rates(types.SimpleNamespace(val=val), S.Config(), [1, 4], correct[[1, 4]])[  # this rank's share
+        "val_pass_rate_math"] == 1 / 2  # (one process: the share is the whole; exact's 1 of 2 beside it)
+
+
+def test_a_mixed_run_records_and_shows_each_tasks_pass_rate(tmp_path, monkeypatch, capsys):
+    """A --data run of math and code rows (the embedded model's weights as --model, --engine hf, one step): each
+    evaluation's row holds val_pass_rate_code and val_pass_rate_math, each the mean reward of that task's held-out
+    completions (--save-completions), and the screen shows them. The rewards are stand-ins that score by the text's
+    length, every completion graded, so that the rates are not all 0 (and no program runs): this is the run's
+    bookkeeping; the real rewards of mixed rows are graded above."""
+    monkeypatch.setitem(S.REWARDS, "math", lambda text, answer, row: float(len(text) % 2 == 0))
+    monkeypatch.setitem(S.REWARDS, "code", lambda text, answer, row: float(len(text) % 3 == 0))
+    score = S.score  # every completion graded, as if it had ended (a random policy seldom ends by itself)
+    monkeypatch.setattr(S, "score", lambda tok, groups, *a: score(
+        tok, [[dataclasses.replace(c, finished=True) for c in g] for g in groups], *a))
+    rows = lambda tag: [{"prompt": f"{tag}{k} + 1", "answer": str(k + 1), "reward": "math"} for k in range(3)] + [
+        {"prompt": f"{tag}{k} + 2", "test_list": [f"assert f({k}) == {k + 2}"]} for k in range(3)]  # noqa: E731
+    train, val = write_rows(tmp_path / "train.jsonl", rows("t")), write_rows(tmp_path / "val.jsonl", rows("v"))
+    tasks = {r["prompt"]: "math" if "answer" in r else "code" for r in rows("v")}
+    cfg = S.Config(model=S.build_tiny_model(str(tmp_path / "models"), 0, False), data=train, val_data=val, steps=1,
+                   engine="hf", reward="exact", reward_workers=0, prompts_per_step=2, generations_per_prompt=2,
+                   eval_samples=4, save_completions=True, out=str(tmp_path / "run"))
+    logged = S.run(cfg)
+    shown = capsys.readouterr().out
+    assert "scalerl: code sandbox: namespaces" in shown and [r["step"] for r in logged] == [0, 1]
+    for row in logged:
+        graded = [json.loads(line) for line in open(tmp_path / "run" / "completions" / f"step_{row['step']:06d}.jsonl")]
+        by_hand = {t: [c["reward"] for c in graded if tasks[c["prompt"]] == t] for t in ("code", "math")}
+        assert {k: v for k, v in row.items() if k.startswith("val_pass_rate")} == {
+            "val_pass_rate": sum(c["reward"] for c in graded) / 24, "val_pass_rate_code": sum(by_hand["code"]) / 12,
+            "val_pass_rate_math": sum(by_hand["math"]) / 12}
+        assert f" | val {row['val_pass_rate']:.3f} (code {row['val_pass_rate_code']:.3f}, math " \
+               f"{row['val_pass_rate_math']:.3f}) | " in shown.replace("\n", " | ")
+    assert 0 < sum(r["val_pass_rate"] for r in logged) < 2  # (stand-ins that are neither always 0 nor always 1)
+
+# -------------------------------------------------------------------------------------------- the built-in code task
+def test_the_code_task_runs_the_answer_as_a_python_expression():
+    """--task code: the "largest" task's prompts and answers, each row's answer after the reasoning a Python
+    expression printed in the sandbox: right when it prints the largest digit, whatever the expression; a wrong value,
+    an undefined name or a syntax error scores 0 (not a grading error), its characters the tokenizer's (TASK_CHARS)."""
+    train, val = S.make_task(40, 8, 0, "code")
+    pairs = lambda part: [(p, a) for p, a, _ in part]  # noqa: E731
+    assert list(map(pairs, (train, val))) == list(map(pairs, S.make_task(40, 8, 0)))
+    vocab = set(S.make_char_tokenizer(S.TASK_CHARS["code"]).get_vocab())
+    for p, a, row in val[:3]:
+        digits = p[:-1]
+        right = [a, f"<think>{digits}</think> {a}", f"max({','.join(digits)})", f"{int(a) - 1}+1"]
+        wrong = [str(int(a) - 1), f"{a}:", f"max({digits[0]},0)" if digits[0] != a else "0", f"<think>{a}</think>",
+                 "x", f"{a}."]
+        assert all(set(e) <= vocab for e in right + wrong if "<think>" not in e)
+        assert [S.grade_one(CODE, text, a, row) for text in right + wrong] == [(1.0, None)] * 4 + [(0.0, None)] * 6
+    assert set(S.make_char_tokenizer().get_vocab()) == set(S.SPECIALS) | set(S.CHARS)  # the default task's, as it was
+
+
+@as_nobody
+def test_a_code_task_run_grades_in_the_sandbox_and_writes_its_rows(tmp_path):
+    """A short --task code run (the model's expressions graded through the sandbox in a grading process) as nobody under
+    a process limit, like the hostile programs: it says which isolation it runs under and writes a row per step, the
+    held-out pass rate at steps 0 and 2; its model has the code task's tokenizer."""
+    where = pathlib.Path(tempfile.mkdtemp(dir="/var/tmp"))
+    try:
+        for f in (sandbox.__file__, S.__file__):
+            shutil.copy(f, where)
+        (where / "run.py").write_text("import sys\nif __name__ == '__main__':\n    sys.path[:0] = sys.argv[1:3]\n"
+                                      "    import scalerl\n    scalerl.main(sys.argv[3:])\n")
+        os.chmod(where, 0o777)
+        flags = ["--task", "code", "--engine", "hf", "--steps", "2", "--eval-every", "2", "--prompts-per-step", "2",
+                 "--generations-per-prompt", "4", "--val-size", "4", "--eval-samples", "2", "--out", where / "run"]
+        r = subprocess.run([*NOBODY, PY, "-I", "-B", where / "run.py", where, PACKAGES, *flags], capture_output=True,
+                           text=True, timeout=300, cwd=where, env={"XDG_CACHE_HOME": str(where / "cache"),
+                                                                   "HOME": str(where), "OMP_NUM_THREADS": "1"})
+        assert r.returncode == 0, r.stderr
+        assert "scalerl: code sandbox: namespaces (user, mount, network, PID, IPC, UTS) and rlimits\n" in r.stdout
+        rows = [json.loads(line) for line in open(where / "run" / "metrics.jsonl")]
+        assert [(row["step"], "val_pass_rate" in row) for row in rows] == [(0, True), (1, False), (2, True)]
+        assert not [k for row in rows for k in row if k.startswith("val_pass_rate_")]  # one task
+        config = json.load(open(where / "run" / "config.json"))
+        assert (config["task"], config["reward"]) == ("code", "code")
+        assert os.listdir(where / "cache" / "scalerl") == ["tiny-llama-v2-code-seed0-untied"]
+    finally:
+        shutil.rmtree(where)

@@ -2201,7 +2201,7 @@ def test_evaluation_mid_ppo_round_lets_the_round_finish_with_its_weights():
     s.rollouts.add(("train", 0), [1], 2, 0, prompt_index=0)
     s.rollouts.poll()  # one token decoded with the round's weights (version 0); three to go
     s.version = 1
-    val, _ = S.evaluate(s, cfg, 1)
+    val = S.evaluate(s, cfg, 1)[0]["val_pass_rate"]
     assert val == 0.5 and s.engine.version == 1 and not s.rollouts.open
     (g,) = s.rollouts.done
     assert [c.versions for c in g.completions] == [[0, 0, 0, 0]] * 2
@@ -2414,8 +2414,9 @@ def test_the_reward_receives_the_whole_data_row(tmp_path, monkeypatch):
                             for k in range(30)))
     cfg = S.Config(data=str(path), model="unused", prompts_per_step=4, val_size=10)
     train, _ = S.load_data(cfg)
-    seen = []
-    grader = S.Grader(lambda text, answer, row: seen.append((text, answer, row)) or 1.0, 0, 10.0)
+    seen = []  # (the rows name their reward, math: the table's entry grades them)
+    monkeypatch.setitem(S.REWARDS, "math", lambda text, answer, row: seen.append((text, answer, row)) or 1.0)
+    grader = S.Grader(S.REWARDS["math"], 0, 10.0)
     done = lambda: S.Completion([5, 6], [0.0, 0.0], True, [1, 1], [0, 0])  # noqa: E731
     unfinished = S.Completion([5, 6], [0.0, 0.0], False, [1, 1], [0, 0])  # not graded
     S.score(FakeTok(), [[done(), unfinished], [done(), done()]], train[:2], grader, S.Config())
@@ -4023,7 +4024,7 @@ def _metrics_worker(rank, out):
                            x["preempted"])
     r = fake_results(prompts[mine], groups[mine], rewards[mine], cfg, x["stale"])
     row = S.metrics_row(s, cfg, 1, r, 0.5, S.take_counts(s, cfg, r, 0.5))
-    val, _ = S.evaluate(s, cfg, 1)
+    val = S.evaluate(s, cfg, 1)[0]["val_pass_rate"]
     if rank == 0:
         torch.save((row, val), out)
 
@@ -4036,7 +4037,8 @@ def test_rank_zero_metrics_and_evaluation_cover_both_ranks(two_ranks):
     s, cfg = metrics_state(a["decoded"] + b["decoded"], a["steps"] + b["steps"], VAL_ANSWERS,
                            a["in_flight"] + b["in_flight"], capacity=a["capacity"] + b["capacity"],
                            preempted=a["preempted"] + b["preempted"])
-    want = S.metrics_row(s, cfg, 1, fake_results(*fixed_batch(), cfg, a["stale"] + b["stale"]), 0.5)
+    both = fake_results(*fixed_batch(), cfg, a["stale"] + b["stale"])
+    want = S.metrics_row(s, cfg, 1, both, 0.5, S.take_counts(s, cfg, both, 0.5))
     # both devices' time: the step's 0.5 s, and the ranks' own training generation beside the last evaluation
     assert row["device_hours"] == pytest.approx(2 * (0.5 + (a["ahead"] + b["ahead"]) / 2) / 3600)
     assert want["gen_tokens"] > 0 and want["active_prompts"] == 5 and want["lag_max"] == 3
@@ -4059,7 +4061,7 @@ def test_metrics_row_by_hand():
                C(5, True, [1, 0, 0, 1, 1], True, [1] * 5)], [C(1), C(1), C(6, False), C(2)]]
     rewards = np.array([[1.0, 0, 0, 1.0], [0.0, 0, 0, 0]])
     r = fake_results([[1, 2, 3], [4, 5]], groups, rewards, cfg, stale=1, trained_version=2)
-    row = S.metrics_row(s, cfg, 1, r, 0.5)
+    row = S.metrics_row(s, cfg, 1, r, 0.5, S.take_counts(s, cfg, r, 0.5))
     # lags of the trained (sampled) tokens at version 2: 0 0 1 1 | 0 0 | 2 2 2 | 1 1 1 (the two injected not counted)
     # generated tokens 4+2+3+5 + 1+1+6+2 = 24, of which 22 sampled (the mean length counts those); prompt tokens 3 + 2;
     # trained: the 4 samples of prompt 0, 4 x 3 prompt + 14 completion tokens = 26
@@ -4072,8 +4074,8 @@ def test_metrics_row_by_hand():
             "preemptions": 4, "step_seconds": 0.5,
             "gen_seconds": 0.1, "train_seconds": 0.2, "sync_seconds": 0.1, "loss": 0.0, "grad_norm": 0.0}
     assert {k: row[k] for k in want} == pytest.approx(want, rel=1e-12)
-    assert row["flops"] == s.totals["flops"]  # the counter goes on from the row
-    S.metrics_row(s, cfg, 2, r, 0.5)
+    assert row["flops"] == s.totals["flops"]  # the counter goes on from the row (take_counts moved it)
+    S.take_counts(s, cfg, r, 0.5)
     assert s.totals["flops"] == 2 * 1712 and s.totals["gen_tokens"] == 44  # cumulative
 
 
@@ -4622,8 +4624,8 @@ def test_the_readme_fork_example_dataset_runs_as_written(tmp_path, monkeypatch):
     rows = [json.loads(line) for line in open(tmp_path / "sums.jsonl")]
     assert len(rows) == 600 and len(val) == 100 and len(train) + len(val) <= 600
     sums = {r["prompt"]: str(r["answer"]) for r in rows}
-    assert all(sums[p] == a and sums[row["prompt"]] == str(row["answer"]) for p, a, row in train + val)
-    assert all(str(sum(map(int, re.findall(r"\d+", p)))) == a for p, a, _ in train + val)
+    assert all(sums[p] == a and sums[row["prompt"]] == str(row["answer"]) for p, a, row, _ in train + val)
+    assert all(str(sum(map(int, re.findall(r"\d+", p)))) == a for p, a, *_ in train + val)
 
 
 @pytest.mark.quick
