@@ -2762,8 +2762,8 @@ def snapshot(d):
 
 
 def resume_cli(*args):
-    """A resumed run's command line (its flags but these are the checkpoint's)."""
-    return checked(["--engine", "hf", *map(str, args)])
+    """A resumed run's command line as resumed_config receives it: the flags typed, their defaults filled in."""
+    return S.fill_defaults(S.parse_args(["--engine", "hf", *map(str, args)]))
 
 
 def test_resume_writes_where_out_says_branches_and_leaves_the_original_byte_for_byte(tmp_path):
