@@ -72,6 +72,38 @@ def settings(argv):
     return scalerl.config_in_force(scalerl.parse_args(argv))[0]
 
 
+def bench_route(rest):
+    """--route: the route a reader follows through scalerl.py from main() through set-up and one training step (the
+    flags after --; default the embedded model, --engine hf): each function of the file in the order it is first
+    called, and the jumps back up the file (a first call to a function defined above its caller), those into Part I
+    apart (the recipe comes first by design: Part II builds and drives it)."""
+    path, route, seen = os.path.abspath(scalerl.__file__), [], set()
+    part2 = next(k for k, ln in enumerate(open(path), 1) if ln.startswith("# PART II -- PLUMBING"))
+
+    def profile(frame, event, arg):
+        code, caller = frame.f_code, frame.f_back
+        if event != "call" or code.co_filename != path or code.co_name.startswith("<"):
+            return
+        while caller is not None and (caller.f_code.co_filename != path or caller.f_code.co_name.startswith("<")):
+            caller = caller.f_back
+        if caller is not None and (code.co_name, code.co_firstlineno) not in seen:
+            seen.add((code.co_name, code.co_firstlineno))
+            route.append((caller.f_code.co_name, caller.f_code.co_firstlineno, code.co_name, code.co_firstlineno))
+    with tempfile.TemporaryDirectory() as tmp:
+        sys.setprofile(profile)
+        try:
+            scalerl.main(["--steps", "1", "--out", os.path.join(tmp, "run"), *(rest or [
+                "--engine", "hf", "--prompts-per-step", "4", "--val-size", "4", "--eval-samples", "1"])])
+        finally:
+            sys.setprofile(None)
+    back = [r for r in route if r[3] < r[1]]
+    for a, la, b, lb in back:
+        print(f"bench: back {'into Part I' if lb < part2 else 'in Part II '}: {a} (line {la}) -> {b} (line {lb})")
+    inside = sum(lb >= part2 for *_, lb in back)
+    print(f"bench: route of {len(route)} functions, {len(back)} jumps back: {inside} within Part II, "
+          f"{len(back) - inside} into Part I")
+
+
 def build(shape, path):
     import torch
     import transformers
@@ -1480,6 +1512,8 @@ def run_bench(argv):
     p.add_argument("--ranks", type=int, default=8, help="--memory: torchrun ranks (0: one process)")
     p.add_argument("--seq-len", type=int, default=1024, help="--memory: tokens a sequence (a quarter of it prompt)")
     p.add_argument("--gpu-check", action="store_true", help="every CUDA-only claim of the README, as a pass/fail table")
+    p.add_argument("--route", action="store_true", help="the route through scalerl.py from main through one step "
+                   "(scalerl.py's flags after --): the jumps back up the file")
     p.add_argument("--gpu-check-one", type=int, help=argparse.SUPPRESS)  # one check, in a process of its own
     p.add_argument("--memory-one", help=argparse.SUPPRESS)
     p.add_argument("--device", default="cuda", help="--gpu-check: cuda, or cpu for what a CPU can check")
@@ -1495,6 +1529,8 @@ def run_bench(argv):
         return
     if args.gpu_check and args.device.startswith("cuda") and not scalerl.torch.cuda.is_available():
         scalerl.die("--gpu-check: CUDA is not available on this machine; --device cpu runs what a CPU can check")
+    if args.route:
+        return bench_route(rest)
     if args.gpu_check:
         print(f"{'check':<34} {'result':<8} measured", flush=True)
         rows = gpu_check(args.device)

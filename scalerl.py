@@ -102,6 +102,13 @@ except ImportError:
     memory = None
 
 
+def flag(default, help, choices=None, nargs=None, above=None, at_least=None, below=None):
+    """A Config field and its command-line flag (plumbing that the recipe's fields need first; Part II's parse_args
+    makes the flags); a number outside its bounds (> above, >= at_least, < below) fails."""
+    return field(default=default, metadata={"help": help, "choices": choices, "nargs": nargs, "above": above,
+                                            "at_least": at_least, "below": below})
+
+
 # ==================================================================================================
 # PART I -- THE RECIPE: the config, rl_step (the algorithm box), its components in the order it calls them (sections
 # 1-6, numbered as its arrows), then run() (7). Part II names it uses: State; the engines' contract; step_seed, RNG_*;
@@ -109,12 +116,6 @@ except ImportError:
 # even_out, mismatch_sums, SplitProduct, backward_sum, gpu_peak; rank, all_sum, all_max, full_tensor, mean_over_ranks
 # (torchrun's reductions: in one process the identity); setup, Guard, live_fit, save_completions.
 # ==================================================================================================
-
-
-def flag(default, help, choices=None, nargs=None, above=None, at_least=None, below=None):
-    """A Config field and its command-line flag; a number outside its bounds (> above, >= at_least, < below) fails."""
-    return field(default=default, metadata={"help": help, "choices": choices, "nargs": nargs, "above": above,
-                                            "at_least": at_least, "below": below})
 
 
 @dataclass
@@ -167,8 +168,7 @@ class Recipe:
     # sampling, optimiser and evaluation
     steps: int = flag(None, "number of training steps (optimiser updates); default 150, with --resume the run's "
                           "own; 0: evaluate the initial weights and save them as checkpoint step 0, which --resume "
-                          "continues",
-                      at_least=0)
+                          "continues", at_least=0)
     prompts_per_step: int = flag(32, "prompts per step, P (the paper: 48)", above=0)
     generations_per_prompt: int = flag(16, "completions sampled per prompt, G (the paper: 16); at least 2: advantages "
                                            "are centred in each group", at_least=2)
@@ -657,30 +657,17 @@ def gspo_loss(ratio, adv, eps_low, eps_high):
     return -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
 
 
-def token_terms(logits, targets):
-    """Per-token quantities of the trained tokens from their logits [N, vocabulary] (float32 with the FP32 head,
-    divided by the temperature): "logp", log pi_train of each target, which the losses need, and whatever a fork adds
-    here (an entropy, say: docs/fork.md). Each is a tensor [N]; policy_loss receives every one under its name."""
-    return {"logp": logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)}
-
-
-def replay_routing(logits, experts, own, renormalise):
-    """Routing replay (R3, arXiv 2510.11370; --routing-replay) in each MoE layer of the trainer's forward (route_hook):
-    the generator's experts [N, k] (-1: none recorded, the router's own) with the gate weights the router would give
-    them from the trainer's logits [N, E]: pi_train on the routing that sampled the token, the router's gradient
-    kept."""
-    experts = torch.where(experts >= 0, experts.long(), own)
-    w = torch.softmax(logits.float(), dim=-1).gather(-1, experts)
-    return (w / w.sum(-1, keepdim=True) if renormalise else w), experts
-
-
-def fp32_head_logits(h, w, b=None, parts=None):
-    """The FP32 LM head [Sec. 3.2]: h W^T + b as float32, in the trainer (_chunk_terms) and the generator (the HF
-    engine's hook, vLLM's head) alike. parts: W as two bfloat16 parts (split_bf16), and the product of bf16 parts
-    accumulated in float32 (SplitProduct: float32's accuracy within 2-3x, on a GPU's tensor cores); None: float32
-    operands (--fp32-head-product float32, the CPU's default)."""
-    logits = F.linear(h.float(), w.float()) if parts is None else SplitProduct.apply(h, w, *parts)
-    return logits if b is None else logits + b.float()
+def token_logprobs(hidden, head, targets, temperature, fp32=True, chunk=1024, post=None):
+    """{name: tensor [N]}: token_terms of head(hidden) / T for every row of hidden [N, H], "logp" among them [Sec. 3.2,
+    FP32 LM head]; post: logit_transform. Rows go `chunk` at a time, each recomputed in backward, so memory grows with
+    chunk x V, not N x V (docs/engines.md). (No rows: one empty chunk, in the graph.)"""
+    from torch.utils.checkpoint import checkpoint
+    out, w_parts = [], split_bf16(head.weight.detach()) if fp32 == "split" else None
+    for s in range(0, max(hidden.shape[0], 1), chunk):
+        args = (hidden[s:s + chunk], head.weight, head.bias, targets[s:s + chunk], temperature, fp32, post, w_parts)
+        grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
+        out.append(checkpoint(_chunk_terms, *args, use_reentrant=False) if grad else _chunk_terms(*args))
+    return {k: torch.cat([p[k] for p in out]) for k in out[0]}
 
 
 def _chunk_terms(h, w, b, y, temperature, fp32, post, parts):
@@ -694,17 +681,20 @@ def _chunk_terms(h, w, b, y, temperature, fp32, post, parts):
     return token_terms((post(logits) if post else logits) / temperature, y)
 
 
-def token_logprobs(hidden, head, targets, temperature, fp32=True, chunk=1024, post=None):
-    """{name: tensor [N]}: token_terms of head(hidden) / T for every row of hidden [N, H], "logp" among them [Sec. 3.2,
-    FP32 LM head]; post: logit_transform. Rows go `chunk` at a time, each recomputed in backward, so memory grows with
-    chunk x V, not N x V (docs/engines.md). (No rows: one empty chunk, in the graph.)"""
-    from torch.utils.checkpoint import checkpoint
-    out, w_parts = [], split_bf16(head.weight.detach()) if fp32 == "split" else None
-    for s in range(0, max(hidden.shape[0], 1), chunk):
-        args = (hidden[s:s + chunk], head.weight, head.bias, targets[s:s + chunk], temperature, fp32, post, w_parts)
-        grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
-        out.append(checkpoint(_chunk_terms, *args, use_reentrant=False) if grad else _chunk_terms(*args))
-    return {k: torch.cat([p[k] for p in out]) for k in out[0]}
+def fp32_head_logits(h, w, b=None, parts=None):
+    """The FP32 LM head [Sec. 3.2]: h W^T + b as float32, in the trainer (_chunk_terms) and the generator (the HF
+    engine's hook, vLLM's head) alike. parts: W as two bfloat16 parts (split_bf16), and the product of bf16 parts
+    accumulated in float32 (SplitProduct: float32's accuracy within 2-3x, on a GPU's tensor cores); None: float32
+    operands (--fp32-head-product float32, the CPU's default)."""
+    logits = F.linear(h.float(), w.float()) if parts is None else SplitProduct.apply(h, w, *parts)
+    return logits if b is None else logits + b.float()
+
+
+def token_terms(logits, targets):
+    """Per-token quantities of the trained tokens from their logits [N, vocabulary] (float32 with the FP32 head,
+    divided by the temperature): "logp", log pi_train of each target, which the losses need, and whatever a fork adds
+    here (an entropy, say: docs/fork.md). Each is a tensor [N]; policy_loss receives every one under its name."""
+    return {"logp": logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)}
 
 
 def make_optimizer(model, cfg):
@@ -795,13 +785,15 @@ def run(cfg):
 #   5. The memory plan              what each GPU will hold, before any weight loads; the trainer's peak and RSS
 #   6. torchrun                     ranks and their sums, FSDP2's shards, the weights gathered for a push
 #   7. Engines                      the contract, Hugging Face generate, in-process vLLM (the split: generators.py)
-#   8. Rewards and grading          the reward functions and the pool of processes that runs them with a time limit
+#   8. Grading and rewards          the pool of processes that runs the reward functions with a time limit; REWARDS
 #   9. The trainer's forward pass   Policy, the micro-batch's tensors, the FP32 head's split-bf16 product
 #  10. Metrics and the screen       Guard (the rules, the cadence, signals), Recorder (the records), metrics_row
 #  11. Run directories, checkpoints the lock, checkpoints written atomically, resume
 # Within a section a function comes before those it calls. A run's route from main through one step reads down the
-# file but for calls into Part I (the recipe comes first, to be read in one sitting: Part II builds and drives it)
-# and a few helpers every section uses: head_product (2), trim_memory (5), torchrun's reductions (6).
+# file (bench.py --route counts it) but for calls into Part I (the recipe comes first, to be read in one sitting:
+# Part II builds and drives it) and for helpers that later sections share: step_seed and head_product (2),
+# best_constant_pass_rate (3), model_sizes and trim_memory (5), torchrun's reductions and full_weights (6), and the
+# Guard's call back to tear_down (1), which sits beside setup as the run's end.
 # ==================================================================================================
 
 # --------------------------------------------------------------------------------------------------
@@ -1396,6 +1388,30 @@ SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<think>", "</think>"]
 MAX_TASK_PROMPTS = 20_000  # 8 answers x 3,019 distinct lists of length 3-7 whose largest digit is 2
 
 
+def load_data(cfg):
+    """(train, val) lists of (prompt, answer, row) items: the built-in task, or --data with its held-out part [Sec. 2].
+    A training prompt equal to a held-out one is dropped, so validation prompts are never trained on."""
+    if not cfg.data:
+        return make_task(cfg.train_size, cfg.val_size, cfg.seed, cfg.task)
+    rows = load_rows(cfg.data, cfg)
+    rows = [rows[i] for i in np.random.default_rng([cfg.seed, RNG_SPLIT]).permutation(len(rows))]
+    if cfg.val_data:
+        val, train = load_rows(cfg.val_data, cfg), rows
+        val = val[:cfg.val_size or len(val)]
+    else:
+        n_val = cfg.val_size or 200
+        if n_val >= len(rows):
+            die(f"--val-size {n_val}: {cfg.data} has only {len(rows)} usable rows")
+        val, train = rows[:n_val], rows[n_val:]
+    held, before = {json.dumps(p, sort_keys=True) for p, *_ in val}, len(train)
+    train = [item for item in train if json.dumps(item[0], sort_keys=True) not in held]
+    copies, train = before - len(train), train[:cfg.train_size or len(train)]
+    if len(train) < cfg.prompts_per_step:
+        die(f"--prompts-per-step {cfg.prompts_per_step} exceeds the {len(train)} training prompts left in {cfg.data}"
+            + (f" ({copies} rows dropped as copies of held-out prompts)" if copies else ""))
+    return train, val
+
+
 def make_task(n_train, n_val, seed, task="largest"):
     """(train, val): lists of (prompt_text, answer, row) items, all prompts distinct, none shared between them."""
     rng = np.random.default_rng([seed, RNG_TASK])
@@ -1440,6 +1456,38 @@ def hidden_task_ceiling(prompts, answers=None):
 # chat messages, an answer a string, the row the whole record (for the reward), the reward the name in REWARDS that
 # grades the row (row_reward: math and code rows may share a run). Every check runs before a model is loaded.
 PROMPT_KEYS, ANSWER_KEYS = ("prompt", "problem", "question"), ("answer", "final_answer", "ground_truth", "solution")
+
+
+def load_rows(path, cfg):
+    """(prompt, answer, row, reward) items of one source (row_reward; a code row's answer ''); bad rows stop the run."""
+    records = read_records(path)
+    keys = set().union(*(r for _, r in records if isinstance(r, dict)))
+    if records and not keys:  # no row is an object with a field (broken JSON, say): what the first row is
+        where, row = records[0]
+        die(f"{path}: no row has a field; {where}: {row_problem(row, PROMPT_KEYS[0], ANSWER_KEYS[0])}")
+    pk = cfg.prompt_key or next((k for k in PROMPT_KEYS if k in keys), PROMPT_KEYS[0])
+    ak = cfg.answer_key or next((k for k in ANSWER_KEYS if k in keys), ANSWER_KEYS[0])
+    rewards = [row_reward(r, "math" if cfg.reward == "auto" else cfg.reward) for _, r in records]  # (auto: --data's)
+    for key, option, known in ((pk, "--prompt-key", PROMPT_KEYS),
+                               (ak if set(rewards) - {"code"} else None, "--answer-key", ANSWER_KEYS)):
+        if records and key and key not in keys:
+            die(f"{path}: no field '{key}' (looked for {', '.join(known) if key in known else key}; found: "
+                f"{', '.join(sorted(keys))}); name the field with {option}")
+    rows, bad = [], []
+    for (where, r), reward in zip(records, rewards):
+        problem = row_problem(r, pk, None if reward == "code" else ak, reward)
+        if problem:
+            bad.append(f"{where}: {problem}")
+        else:
+            rows.append((r[pk], "" if reward == "code" else gold_answer(r[ak]), r, reward))
+    if bad and not cfg.skip_bad_rows:
+        die(f"{path}: {len(bad)} of {len(records)} rows are unusable; " + "; ".join(bad[:5])
+            + ("; ..." if len(bad) > 5 else "") + ". Fix them, or pass --skip-bad-rows to drop them")
+    if bad:
+        print(f"{path}: skipped {len(bad)} of {len(records)} rows (first: {bad[0]})", file=sys.stderr)
+    if not rows:
+        die(f"{path}: no usable rows (fields found: {sorted(keys)})")
+    return rows
 
 
 def read_records(path):
@@ -1539,88 +1587,6 @@ def row_problem(row, pk, ak, reward=None):
     return None
 
 
-def load_rows(path, cfg):
-    """(prompt, answer, row, reward) items of one source (row_reward; a code row's answer ''); bad rows stop the run."""
-    records = read_records(path)
-    keys = set().union(*(r for _, r in records if isinstance(r, dict)))
-    if records and not keys:  # no row is an object with a field (broken JSON, say): what the first row is
-        where, row = records[0]
-        die(f"{path}: no row has a field; {where}: {row_problem(row, PROMPT_KEYS[0], ANSWER_KEYS[0])}")
-    pk = cfg.prompt_key or next((k for k in PROMPT_KEYS if k in keys), PROMPT_KEYS[0])
-    ak = cfg.answer_key or next((k for k in ANSWER_KEYS if k in keys), ANSWER_KEYS[0])
-    rewards = [row_reward(r, "math" if cfg.reward == "auto" else cfg.reward) for _, r in records]  # (auto: --data's)
-    for key, option, known in ((pk, "--prompt-key", PROMPT_KEYS),
-                               (ak if set(rewards) - {"code"} else None, "--answer-key", ANSWER_KEYS)):
-        if records and key and key not in keys:
-            die(f"{path}: no field '{key}' (looked for {', '.join(known) if key in known else key}; found: "
-                f"{', '.join(sorted(keys))}); name the field with {option}")
-    rows, bad = [], []
-    for (where, r), reward in zip(records, rewards):
-        problem = row_problem(r, pk, None if reward == "code" else ak, reward)
-        if problem:
-            bad.append(f"{where}: {problem}")
-        else:
-            rows.append((r[pk], "" if reward == "code" else gold_answer(r[ak]), r, reward))
-    if bad and not cfg.skip_bad_rows:
-        die(f"{path}: {len(bad)} of {len(records)} rows are unusable; " + "; ".join(bad[:5])
-            + ("; ..." if len(bad) > 5 else "") + ". Fix them, or pass --skip-bad-rows to drop them")
-    if bad:
-        print(f"{path}: skipped {len(bad)} of {len(records)} rows (first: {bad[0]})", file=sys.stderr)
-    if not rows:
-        die(f"{path}: no usable rows (fields found: {sorted(keys)})")
-    return rows
-
-
-def load_data(cfg):
-    """(train, val) lists of (prompt, answer, row) items: the built-in task, or --data with its held-out part [Sec. 2].
-    A training prompt equal to a held-out one is dropped, so validation prompts are never trained on."""
-    if not cfg.data:
-        return make_task(cfg.train_size, cfg.val_size, cfg.seed, cfg.task)
-    rows = load_rows(cfg.data, cfg)
-    rows = [rows[i] for i in np.random.default_rng([cfg.seed, RNG_SPLIT]).permutation(len(rows))]
-    if cfg.val_data:
-        val, train = load_rows(cfg.val_data, cfg), rows
-        val = val[:cfg.val_size or len(val)]
-    else:
-        n_val = cfg.val_size or 200
-        if n_val >= len(rows):
-            die(f"--val-size {n_val}: {cfg.data} has only {len(rows)} usable rows")
-        val, train = rows[:n_val], rows[n_val:]
-    held, before = {json.dumps(p, sort_keys=True) for p, *_ in val}, len(train)
-    train = [item for item in train if json.dumps(item[0], sort_keys=True) not in held]
-    copies, train = before - len(train), train[:cfg.train_size or len(train)]
-    if len(train) < cfg.prompts_per_step:
-        die(f"--prompts-per-step {cfg.prompts_per_step} exceeds the {len(train)} training prompts left in {cfg.data}"
-            + (f" ({copies} rows dropped as copies of held-out prompts)" if copies else ""))
-    return train, val
-
-
-def encode_prompt(tok, prompt, cfg, chars=None):
-    """Token ids of one prompt: a --data prompt through the model's chat template when it has one, the built-in task's
-    as they are. A text of more than `chars` characters is refused before it is tokenised (prompt_chars)."""
-    text, templated = prompt, False
-    if cfg.data:
-        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
-        msgs[-1]["content"] += cfg.instruction
-        if cfg.system_prompt and msgs[0]["role"] != "system":
-            msgs.insert(0, {"role": "system", "content": cfg.system_prompt})
-        templated = bool(cfg.chat_template and tok.chat_template)
-        text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) if templated else \
-            "\n\n".join(m["content"] for m in msgs)
-    if chars is not None and len(text) > chars:
-        die(f"a prompt of {len(text)} characters ({text[:40]!r}...) cannot fit the model's context: at most {chars} "
-            "characters can (its positions less --max-new-tokens, times the longest token's characters)")
-    return tok(text, add_special_tokens=not templated).input_ids  # (a template writes its own special tokens)
-
-
-def prompt_chars(tok, config, cfg):
-    """The most characters a prompt that fits the model's context can have, or None: a token covers at most as many
-    characters as the longest entry of the vocabulary, so a longer text has more tokens than the positions left beside
-    --max-new-tokens (a 50 MB line would take gigabytes to tokenise before the exact check, in setup)."""
-    positions = getattr(config, "max_position_embeddings", None)
-    return None if positions is None else max(0, positions - cfg.max_new_tokens) * max(map(len, tok.get_vocab()))
-
-
 def encode_prompts(tok, config, train, val, cfg):
     """(train_ids, val_ids, the longest prompt + completion), refused in one line where the model cannot hold it."""
     positions = getattr(config, "max_position_embeddings", math.inf)
@@ -1648,6 +1614,32 @@ def encode_prompts(tok, config, train, val, cfg):
         die(f"--vllm-max-model-len {cfg.vllm_max_model_len} is shorter than the longest prompt + completion "
             f"({longest})")
     return ids[:len(train)], ids[len(train):], longest
+
+
+def prompt_chars(tok, config, cfg):
+    """The most characters a prompt that fits the model's context can have, or None: a token covers at most as many
+    characters as the longest entry of the vocabulary, so a longer text has more tokens than the positions left beside
+    --max-new-tokens (a 50 MB line would take gigabytes to tokenise before the exact check, in setup)."""
+    positions = getattr(config, "max_position_embeddings", None)
+    return None if positions is None else max(0, positions - cfg.max_new_tokens) * max(map(len, tok.get_vocab()))
+
+
+def encode_prompt(tok, prompt, cfg, chars=None):
+    """Token ids of one prompt: a --data prompt through the model's chat template when it has one, the built-in task's
+    as they are. A text of more than `chars` characters is refused before it is tokenised (prompt_chars)."""
+    text, templated = prompt, False
+    if cfg.data:
+        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+        msgs[-1]["content"] += cfg.instruction
+        if cfg.system_prompt and msgs[0]["role"] != "system":
+            msgs.insert(0, {"role": "system", "content": cfg.system_prompt})
+        templated = bool(cfg.chat_template and tok.chat_template)
+        text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) if templated else \
+            "\n\n".join(m["content"] for m in msgs)
+    if chars is not None and len(text) > chars:
+        die(f"a prompt of {len(text)} characters ({text[:40]!r}...) cannot fit the model's context: at most {chars} "
+            "characters can (its positions less --max-new-tokens, times the longest token's characters)")
+    return tok(text, add_special_tokens=not templated).input_ids  # (a template writes its own special tokens)
 
 
 def best_constant_pass_rate(answers):
@@ -1902,6 +1894,12 @@ def rank():
     return int(os.environ["RANK"]) if launched() else 0
 
 
+def mean_over_ranks(pairs):
+    """{name: total / count} of {name: (total, count)}, each summed over the ranks; none where the count is 0."""
+    flat = np.atleast_1d(all_sum(*(float(v) for pair in pairs.values() for v in pair))).tolist() if pairs else []
+    return {k: flat[2 * a] / flat[2 * a + 1] for a, k in enumerate(pairs) if flat[2 * a + 1]}
+
+
 def all_sum(*values):
     """The values summed over the ranks (each holds its share of the batch), as floats: one, or a list."""
     return _reduce(values, dist.ReduceOp.SUM)
@@ -1930,12 +1928,6 @@ def all_gather(*lists):
 def backward_sum(loss):
     """loss.backward() for this rank's share of a sum: FSDP2 averages the ranks' gradients, so it is scaled by W."""
     (loss * world()).backward()
-
-
-def mean_over_ranks(pairs):
-    """{name: total / count} of {name: (total, count)}, each summed over the ranks; none where the count is 0."""
-    flat = np.atleast_1d(all_sum(*(float(v) for pair in pairs.values() for v in pair))).tolist() if pairs else []
-    return {k: flat[2 * a] / flat[2 * a + 1] for a, k in enumerate(pairs) if flat[2 * a + 1]}
 
 
 def full_tensor(t):
@@ -2242,6 +2234,26 @@ class VLLMEngine:
         """Sequences queued or decoding (ended ones stop counting, though their request returns them with its last)."""
         return len(self.queue) + self.core.get_num_unfinished_requests()
 
+    def step(self):
+        """One engine step (a token for each running sequence): the requests finished, their tokens, and 1 step."""
+        self.flush()
+        done, decoded = [], 0
+        for out in self.core.step():
+            if not out.finished:  # (final outputs only: none come before the end)
+                continue
+            keys, prompt = self.live.pop(out.request_id)
+            for c in out.outputs:
+                versions = [int(s.version) for s in c.weight_versions for _ in range(s.start, s.end)]
+                tokens = list(c.token_ids)
+                experts = None if self.routes is None else np.int16(self.routes.pop((out.request_id, c.index)))
+                done.append((keys[c.index], Completion(tokens, [lp[t].logprob for t, lp in zip(tokens, c.logprobs)],
+                                                       c.finish_reason == "stop", [1] * len(tokens), versions, False,
+                                                       experts)))
+                decoded += len(tokens)
+                self.seen += 1  # the running mean of sequence lengths (the last 256 or so weigh most)
+                self.mean_len += (prompt + len(tokens) - self.mean_len) / min(self.seen, 256)
+        return done, decoded, 1
+
     def flush(self):
         """Send the queued requests. Completions of one prompt with one limit and consecutive seeds (a group's) go as
         one request with n = their number, seeded first seed + i as before: vLLM prepares it once, a cost per request
@@ -2267,26 +2279,6 @@ class VLLMEngine:
             self.core.add_request(rid, tokens_input(list(ids), cache_salt=f"v{self.version}"), params)
             self.live[rid] = keys, len(ids)
         self.queue = []
-
-    def step(self):
-        """One engine step (a token for each running sequence): the requests finished, their tokens, and 1 step."""
-        self.flush()
-        done, decoded = [], 0
-        for out in self.core.step():
-            if not out.finished:  # (final outputs only: none come before the end)
-                continue
-            keys, prompt = self.live.pop(out.request_id)
-            for c in out.outputs:
-                versions = [int(s.version) for s in c.weight_versions for _ in range(s.start, s.end)]
-                tokens = list(c.token_ids)
-                experts = None if self.routes is None else np.int16(self.routes.pop((out.request_id, c.index)))
-                done.append((keys[c.index], Completion(tokens, [lp[t].logprob for t, lp in zip(tokens, c.logprobs)],
-                                                       c.finish_reason == "stop", [1] * len(tokens), versions, False,
-                                                       experts)))
-                decoded += len(tokens)
-                self.seen += 1  # the running mean of sequence lengths (the last 256 or so weigh most)
-                self.mean_len += (prompt + len(tokens) - self.mean_len) / min(self.seen, 256)
-        return done, decoded, 1
 
     def push(self, model, version):
         """Load the trainer's weights [Sec. 3.1] under their Hugging Face names, all in one `reload_weights` call as an
@@ -2500,10 +2492,111 @@ def kv_capacity(blocks, groups, length):
 
 
 # --------------------------------------------------------------------------------------------------
-# 8. Rewards, fn(completion_text, answer, row) -> float, and the grading pool that runs them with a time limit.
-#    answer: the reference answer as text (gold_answer); row: the whole data row, every field as read (the built-in
-#    tasks': prompt and answer), for a reward that needs more than the answer.
+# 8. Grading and rewards: the pool of processes that runs the reward functions with a time limit, then the rewards,
+#    fn(completion_text, answer, row) -> float. answer: the reference answer as text (gold_answer); row: the whole
+#    data row, every field as read (the built-in tasks': prompt and answer), for a reward that needs more than it.
 # --------------------------------------------------------------------------------------------------
+
+
+def grading_workers(cfg, tasks):
+    """--reward-workers -1: none where the digit reward alone grades the rows (tasks): one regex, not a process."""
+    per_rank = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    return cfg.reward_workers if cfg.reward_workers >= 0 else 0 if set(tasks) == {"digit"} else min(16, per_rank)
+
+
+class Grader:
+    """Grades completions so that grading never stalls or kills a run: each (text, answer, row[, reward]) item goes to
+    one of `workers` processes and gets `timeout` seconds; a process that overruns or dies is replaced, and that
+    completion gets reward 0 and an error message, like one whose grading raised. workers=0 grades here, without a time
+    limit. An item is graded by REWARDS[reward] where it names one (grade_one), else by fn."""
+
+    def __init__(self, fn, workers, timeout):
+        self.fn, self.timeout, self.ctx = fn, timeout, multiprocessing.get_context("spawn")
+        self.procs = [self._spawn() for _ in range(workers)]
+        for _, conn in self.procs:
+            self._wait_ready(conn)
+
+    def _spawn(self):
+        conn, child = self.ctx.Pipe()
+        p = self.ctx.Process(target=_grading_worker, args=(child, self.fn), daemon=True)
+        p.start()
+        child.close()  # so that the worker's death reads as EOF here
+        return p, conn
+
+    def _wait_ready(self, conn):
+        try:
+            if conn.poll(120):
+                return conn.recv()
+        except EOFError:
+            pass
+        die("a grading process did not start (its error is above)", 1)
+
+    def __call__(self, items):
+        """Rewards of (text, answer, row) items (or (text, answer) pairs), and the error messages."""
+        out = self._in_workers(items) if self.procs else [grade_one(self.fn, *item) for item in items]
+        return [r for r, _ in out], [e for _, e in out if e]
+
+    def _in_workers(self, items):
+        """Each item to the first free worker, due `timeout` s after it is sent, its answer collected by _collect."""
+        from multiprocessing.connection import wait
+        out, todo, busy = [None] * len(items), list(range(len(items)))[::-1], {}  # busy: worker -> (item, deadline)
+        while todo or busy:
+            for w, (_, conn) in enumerate(self.procs):
+                if w not in busy and todo:
+                    busy[w] = (todo.pop(), time.monotonic() + self.timeout)
+                    conn.send(items[busy[w][0]])
+            wait([self.procs[w][1] for w in busy], max(0.0, min(d for _, d in busy.values()) - time.monotonic()))
+            for w, (i, deadline) in list(busy.items()):
+                result = self._collect(w, deadline)
+                if result is not None:
+                    out[i] = result
+                    del busy[w]
+        return out
+
+    def _collect(self, w, deadline):
+        """Worker w's answer, or (0, why) once it died or overran (it is replaced), or None while it may still answer.
+        (The answer is asked for now, not before the wait: replacing a process takes time.)"""
+        proc, conn = self.procs[w]
+        if conn.poll():
+            with contextlib.suppress(EOFError):
+                return conn.recv()
+            result = (0.0, "the grading process died")
+        elif time.monotonic() > deadline:
+            result = (0.0, f"grading took over {self.timeout:g} s")
+        else:
+            return None
+        proc.kill()
+        proc.join()
+        conn.close()
+        self.procs[w] = self._spawn()
+        self._wait_ready(self.procs[w][1])
+        return result
+
+    def close(self):
+        for p, _ in self.procs:
+            p.kill()
+            p.join()
+        self.procs = []
+
+
+def _grading_worker(conn, fn):
+    """A grading process: grades the (text, answer[, row]) items it receives until it is killed."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
+    conn.send(grade_one(fn, "\\boxed{0}", "0", {}))  # load the reward's dependencies, then report ready
+    try:
+        for item in iter(conn.recv, None):
+            conn.send(grade_one(fn, *item))
+    except EOFError:  # the trainer is gone
+        pass
+
+
+def grade_one(fn, text, answer, row=None, reward=None):
+    """(reward, error message or None): an exception in the reward function costs its completion only. An item that
+    names its reward (a --data row's, row_reward) is graded by REWARDS[reward], else by fn."""
+    try:
+        return float((REWARDS[reward] if reward else fn)(text, answer, row)), None
+    except Exception as e:  # noqa: BLE001
+        return 0.0, f"{type(e).__name__}: {e}"
 
 
 def reward_last_digit(completion_text, answer, row=None):
@@ -2603,106 +2696,6 @@ def completion_text(tok, tokens, specials):
     return tok.decode(tokens[:-1] if tokens and tokens[-1] in specials else tokens)
 
 
-def grade_one(fn, text, answer, row=None, reward=None):
-    """(reward, error message or None): an exception in the reward function costs its completion only. An item that
-    names its reward (a --data row's, row_reward) is graded by REWARDS[reward], else by fn."""
-    try:
-        return float((REWARDS[reward] if reward else fn)(text, answer, row)), None
-    except Exception as e:  # noqa: BLE001
-        return 0.0, f"{type(e).__name__}: {e}"
-
-
-def _grading_worker(conn, fn):
-    """A grading process: grades the (text, answer[, row]) items it receives until it is killed."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
-    conn.send(grade_one(fn, "\\boxed{0}", "0", {}))  # load the reward's dependencies, then report ready
-    try:
-        for item in iter(conn.recv, None):
-            conn.send(grade_one(fn, *item))
-    except EOFError:  # the trainer is gone
-        pass
-
-
-def grading_workers(cfg, tasks):
-    """--reward-workers -1: none where the digit reward alone grades the rows (tasks): one regex, not a process."""
-    per_rank = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-    return cfg.reward_workers if cfg.reward_workers >= 0 else 0 if set(tasks) == {"digit"} else min(16, per_rank)
-
-
-class Grader:
-    """Grades completions so that grading never stalls or kills a run: each (text, answer, row[, reward]) item goes to
-    one of `workers` processes and gets `timeout` seconds; a process that overruns or dies is replaced, and that
-    completion gets reward 0 and an error message, like one whose grading raised. workers=0 grades here, without a time
-    limit. An item is graded by REWARDS[reward] where it names one (grade_one), else by fn."""
-
-    def __init__(self, fn, workers, timeout):
-        self.fn, self.timeout, self.ctx = fn, timeout, multiprocessing.get_context("spawn")
-        self.procs = [self._spawn() for _ in range(workers)]
-        for _, conn in self.procs:
-            self._wait_ready(conn)
-
-    def _spawn(self):
-        conn, child = self.ctx.Pipe()
-        p = self.ctx.Process(target=_grading_worker, args=(child, self.fn), daemon=True)
-        p.start()
-        child.close()  # so that the worker's death reads as EOF here
-        return p, conn
-
-    def _wait_ready(self, conn):
-        try:
-            if conn.poll(120):
-                return conn.recv()
-        except EOFError:
-            pass
-        die("a grading process did not start (its error is above)", 1)
-
-    def __call__(self, items):
-        """Rewards of (text, answer, row) items (or (text, answer) pairs), and the error messages."""
-        out = self._in_workers(items) if self.procs else [grade_one(self.fn, *item) for item in items]
-        return [r for r, _ in out], [e for _, e in out if e]
-
-    def _in_workers(self, items):
-        """Each item to the first free worker, due `timeout` s after it is sent, its answer collected by _collect."""
-        from multiprocessing.connection import wait
-        out, todo, busy = [None] * len(items), list(range(len(items)))[::-1], {}  # busy: worker -> (item, deadline)
-        while todo or busy:
-            for w, (_, conn) in enumerate(self.procs):
-                if w not in busy and todo:
-                    busy[w] = (todo.pop(), time.monotonic() + self.timeout)
-                    conn.send(items[busy[w][0]])
-            wait([self.procs[w][1] for w in busy], max(0.0, min(d for _, d in busy.values()) - time.monotonic()))
-            for w, (i, deadline) in list(busy.items()):
-                result = self._collect(w, deadline)
-                if result is not None:
-                    out[i] = result
-                    del busy[w]
-        return out
-
-    def _collect(self, w, deadline):
-        """Worker w's answer, or (0, why) once it died or overran (it is replaced), or None while it may still answer.
-        (The answer is asked for now, not before the wait: replacing a process takes time.)"""
-        proc, conn = self.procs[w]
-        if conn.poll():
-            with contextlib.suppress(EOFError):
-                return conn.recv()
-            result = (0.0, "the grading process died")
-        elif time.monotonic() > deadline:
-            result = (0.0, f"grading took over {self.timeout:g} s")
-        else:
-            return None
-        proc.kill()
-        proc.join()
-        conn.close()
-        self.procs[w] = self._spawn()
-        self._wait_ready(self.procs[w][1])
-        return result
-
-    def close(self):
-        for p, _ in self.procs:
-            p.kill()
-            p.join()
-        self.procs = []
-
 # --------------------------------------------------------------------------------------------------
 # 9. The trainer's forward pass: Policy (the model and its head, FSDP2's root), a micro-batch's tensors, the
 #    mismatch diagnostic, and the FP32 head's split-bf16 product (--fp32-head-product split)
@@ -2762,6 +2755,16 @@ def route_hook(model, router, layer, out):
             out = logits, w.to(weights.dtype), experts
         used[layer] = experts
         return out
+
+
+def replay_routing(logits, experts, own, renormalise):
+    """Routing replay (R3, arXiv 2510.11370; --routing-replay) in each MoE layer of the trainer's forward (route_hook):
+    the generator's experts [N, k] (-1: none recorded, the router's own) with the gate weights the router would give
+    them from the trainer's logits [N, E]: pi_train on the routing that sampled the token, the router's gradient
+    kept."""
+    experts = torch.where(experts >= 0, experts.long(), own)
+    w = torch.softmax(logits.float(), dim=-1).gather(-1, experts)
+    return (w / w.sum(-1, keepdim=True) if renormalise else w), experts
 
 
 def routing_differs(x, used, layers):
