@@ -227,7 +227,7 @@ def test_each_row_of_a_mixed_file_names_its_reward(tmp_path):
     assert S.best_constant_pass_rate([a for _, a, *_ in items]) == ("1/2", 2 / 7)  # (a code row: no answer passes it)
     path = write_rows(tmp_path / "bad.jsonl", [MIXED[1][0], {"prompt": "p", "answer": "1", "reward": "nonesuch"}])
     with pytest.raises(S.ScaleRLError, match=r"1 of 2 rows are unusable; line 2: 'reward' 'nonesuch' is none of the "
-                                             r"rewards \(digit, math, exact, code\)"):
+                                             r"rewards \(" + ", ".join(S.REWARDS) + r"\)"):  # (a fork's added too)
         S.load_rows(path, S.Config())
     code_only = write_rows(tmp_path / "code.jsonl", [MIXED[2][0], MIXED[3][0]])
     assert [(a, reward) for _, a, _, reward in S.load_rows(code_only, S.Config())] == [("", "code")] * 2

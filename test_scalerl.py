@@ -768,8 +768,8 @@ def test_live_fit_in_a_run_matches_its_rows(tmp_path, monkeypatch):
     moves by one second a step and stands still otherwise, so that the compute axis is the step and the fitted A the
     same on any machine (on the real clock a slow step moves the points and the fit: A 0.99 was seen under load)."""
     import fit_curve
-    monkeypatch.setattr(S, "evaluate", lambda s, cfg, step: (0.05 + 0.65 / (1 + (3 / step) ** 2) if step else 0.05,
-                                                               []))
+    monkeypatch.setattr(S, "evaluate", lambda s, cfg, step: (
+        {"val_pass_rate": 0.05 + 0.65 / (1 + (3 / step) ** 2) if step else 0.05}, []))
     clock, real_step = [0.0], S.rl_step
     monkeypatch.setattr(S, "time", types.SimpleNamespace(time=lambda: clock[0], monotonic=time.monotonic))
     monkeypatch.setattr(S, "rl_step", lambda *a: (clock.__setitem__(0, clock[0] + 1), real_step(*a))[1])
@@ -783,7 +783,7 @@ def test_live_fit_in_a_run_matches_its_rows(tmp_path, monkeypatch):
         path = tmp_path / f"upto{k}.jsonl"
         path.write_text("".join(json.dumps(x) + "\n" for x in on_disk[:k + 1]))
         try:
-            want = fit_curve.analyse_run(str(path), fit_curve.parse_args([str(path), "--bootstrap", "100"]))
+            want = fit_curve.analyse_run(str(path), fit_curve.parse_args([str(path), "--bootstrap", "100"]))[0]
         except fit_curve.NotEnoughPoints:
             want = None
         if k in fitted:
@@ -4870,7 +4870,7 @@ def test_the_fork_page_keep_best_example_runs_as_written_in_two_places(tmp_path)
     try:
         assert hunks == 2
         vals = [0.1, 0.3, 0.2, 0.5, 0.4, 0.45, 0.2, 0.6, 0.1]
-        fork.evaluate = lambda state, cfg, step: (vals[step], [])
+        fork.evaluate = lambda state, cfg, step: ({"val_pass_rate": vals[step]}, [])
         kw = dict(engine="hf", val_size=4, prompts_per_step=4, generations_per_prompt=2, eval_every=1, eval_samples=1,
                   length_control="truncate", max_new_tokens=4, keep_last=1, save_every=100, live_fit=False)
         out = tmp_path / "run"
