@@ -1,6 +1,7 @@
 """pytest hooks for the test modules beside it:
 - the `quick` mark: `pytest -q -m quick` runs the recipe's hand-value tests and the README's fork examples, a fork's
-  check in under a minute (the whole suite is the README's `pytest -q`, which CI runs);
+  check in under a minute (the whole suite is the README's `pytest -q -n 2 --dist loadgroup`, which CI runs);
+- the `heavy` mark, collected first; one thread a test process (OMP_NUM_THREADS);
 - a local run that skips tests for want of a package (vllm, wandb) says so at the end, with the count, instead of
   passing quietly (CI, with SCALERL_REQUIRE_VLLM=1, fails those tests);
 - warm_vllm_model_info: vLLM's inspection of the model classes the tests use, made in the test process."""
@@ -8,12 +9,25 @@ import importlib.util
 import os
 import re
 
+# one thread a test process (torch, oneDNN, vLLM's CPU engine, and the processes a test starts): the models here are
+# tiny, a second thread gains them little, and under `pytest -n 2` (the README's command) each worker has its core
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 NOT_INSTALLED = re.compile(r"(\w+) is not installed")
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "quick: a recipe component against hand values, or a README fork example: the "
                                        "subset `pytest -q -m quick` runs in under a minute")
+    config.addinivalue_line("markers", "heavy: starts whole runs or several processes (torchrun, the script, vLLM "
+                                       "engines); collected first, so that under -n no worker is left with one at the end")
+    config.addinivalue_line("markers", "xdist_group(name): under pytest -n --dist loadgroup, the tests of one group run "
+                                       "in one worker")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The heavy tests first (a stable sort: the order within each kind is the files')."""
+    items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -488,6 +488,7 @@ def sft_arithmetic_model(path, steps=400):
     tok.save_pretrained(path)
 
 
+@pytest.mark.heavy
 def test_math_reward_end_to_end_on_generated_arithmetic(tmp_path):
     """The command line's entry point (main), in this process: --data, --reward math over the grading processes."""
     warm_vllm_model_info()  # (the default engine, auto, is vLLM where it is installed)

@@ -84,6 +84,9 @@ print(json.dumps(results))
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "prlimit", "--nproc=64", "--as=8000000000"]
 PACKAGES = sysconfig.get_paths()["purelib"]  # (the environment's packages, for scalerl's imports as nobody)
 PY = "/usr/bin/python3"
+# under pytest -n, this file's tests run in one worker, one after another: the hostile tests count every process and
+# /tmp entry of nobody's, which a sandboxed test beside them would add to
+pytestmark = pytest.mark.xdist_group("sandbox")
 as_nobody = pytest.mark.skipif(
     os.getuid() != 0 or not shutil.which("setpriv") or not os.path.exists(PY)
     or not all(os.stat(p).st_mode & 0o005 == 0o005 for p in [PACKAGES, *pathlib.Path(PACKAGES).parents])

@@ -1422,6 +1422,7 @@ def test_vllm_synchronous_run_is_on_policy_and_reproducible(tmp_path, monkeypatc
         assert r["lag_max"] == 0 and r["inflight_groups"] == 0 and r["stale_dropped"] == 0
 
 
+@pytest.mark.heavy
 def test_vllm_default_run_from_the_command_line_learns_and_its_memory_is_flat(tmp_path):
     """The default run with vLLM from the command line, 40 steps: a quiet first screen, PipelineRL-8, it learns, it is
     off-policy within the bound; and its resident memory (rss_gb) grows by under 64 MB over steps 20-40. The first ~19
@@ -1791,6 +1792,7 @@ def test_real_model_table_splits_format_and_arithmetic_by_hand(tmp_path):
     assert table[4].endswith(f"| 0.600 ± {sd(.5, .7):.3f} | 0.150 ± {sd(.25, .05):.3f} | 16.0 | 26.0 |")
 
 
+@pytest.mark.heavy
 def test_real_model_study_runs_resumes_and_summarises_with_a_tiny_model(tmp_path, monkeypatch, capsys):
     """bench.py --real-model end to end on the embedded tiny model (random weights, character tokenizer, the hf
     engine, sampling near uniform at temperature 100 so that a fair share of completions end, and a reward that scores
@@ -1864,6 +1866,7 @@ def test_real_model_study_runs_resumes_and_summarises_with_a_tiny_model(tmp_path
     assert bench().count("finished before, skipped") == 2 and os.path.getmtime(out / "seed0" / "metrics.jsonl") == mtime
 
 
+@pytest.mark.heavy
 def test_gpu_check_runs_on_a_cpu_what_a_cpu_can(capsys, monkeypatch):
     """bench.py --gpu-check, the CPU's part. Through the table, each check in a process of its own as on a GPU machine:
     the engine lands on the chosen device, and the CUDA-only checks say they were skipped rather than passing. In this
@@ -1888,6 +1891,7 @@ def test_gpu_check_runs_on_a_cpu_what_a_cpu_can(capsys, monkeypatch):
     assert ok is True and "off / on" in measured and "paired: same prompts and request seeds" in measured, measured
 
 
+@pytest.mark.heavy
 def test_the_gpu_checks_torchrun_row_runs_on_a_cpu(tmp_path, monkeypatch):
     """bench.py --gpu-check's torchrun row, on 2 gloo ranks with a fresh cache: each rank's engine on its device, the
     model loaded before the process group (RANK_ENGINE, as setup: the embedded model is built by every rank before
@@ -3639,6 +3643,7 @@ def test_an_moes_experts_multiply_in_the_autocast_dtype(tmp_path, monkeypatch):
     assert dense.config._experts_implementation == "eager"  # (a dense model: no experts, left as it is)
 
 
+@pytest.mark.heavy
 def test_memory_plan_against_the_tracker_on_small_shapes(tmp_path):
     """bench.py --memory on a small shape (the 135M Llama's, 4 layers; tied) in one process without checkpointing, and
     an untied one on 2 fake ranks with it, and the tied one with it and the split head (its parts on fake tensors take
@@ -4238,6 +4243,7 @@ scalerl.main()
 """
 
 
+@pytest.mark.heavy
 def test_two_rank_run_agrees_on_prompts_counts_both_ranks_stops_on_a_signal_to_one_rank_and_resumes(tmp_path):
     """torchrun, 2 ranks, the HF engine: each rank draws only its shard of the prompts, generates with the trainer's
     newest weights (pushed into its copy of the model), records the No-Positive-Resampling history of its shard,
@@ -4299,6 +4305,7 @@ def test_prompts_per_step_not_a_multiple_of_the_ranks_is_refused(monkeypatch):
         checked(["--prompts-per-step", "7"])
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("mode", ["pipeline", "ppo", "moe"])
 def test_two_rank_run_with_a_vllm_engine_per_rank(tmp_path, mode):
     """torchrun, 2 ranks, one vLLM CPU engine each. Pipeline: the ranks stream, and tokens from older weights are
@@ -4428,6 +4435,7 @@ def split_cli(*args, threads=None):
                              *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
+@pytest.mark.heavy
 def test_split_synchronous_run_writes_the_one_process_metrics_stops_on_sigterm_and_when_its_generator_dies(tmp_path):
     """With --max-lag 0 a split run is the synchronous loop with its generation in another process: the same requests
     with the same seeds, added to the engine in the same batches (what the trainer submits between two engine calls
