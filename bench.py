@@ -297,9 +297,8 @@ MISMATCH_BOUND = 0.02
 def tiny_engine(device, **cfg_kw):
     """The embedded model and a vLLM engine from its weights, as a run builds them (bfloat16 on CUDA)."""
     import torch
-    cfg = settings(["--engine", "vllm", "--device", device, "--length-control", "truncate",
-                              "--max-new-tokens", "16", *sum(([f"--{k.replace('_', '-')}", str(v)]
-                                                             for k, v in cfg_kw.items()), [])])
+    cfg = settings(["--engine", "vllm", "--device", device, "--length-control", "truncate", "--max-new-tokens", "16",
+                    *sum(([f"--{k.replace('_', '-')}", str(v)] for k, v in cfg_kw.items()), [])])
     dev = torch.device(device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     model, tok, path = scalerl.load_model(cfg, dev)
@@ -319,10 +318,13 @@ def check_engine_device(device):
     written against it; CPUModelRunner is its CPU subclass) and, on CUDA, CUDA graphs on (a CPU runs eager)."""
     t0 = time.time()
     *_, engine = tiny_engine(device)
-    config, cuda = engine.llm.llm_engine.vllm_config, device.startswith("cuda")
-    where = engine.llm.apply_model(lambda m: str(next(m.parameters()).device))[0]
-    runner = engine.llm.collective_rpc(lambda self: f"{type(self.model_runner).__module__}."
-                                                    f"{type(self.model_runner).__name__}")[0]
+    try:  # (closed: a test runs this in its own process, beside other engines)
+        config, cuda = engine.llm.llm_engine.vllm_config, device.startswith("cuda")
+        where = engine.llm.apply_model(lambda m: str(next(m.parameters()).device))[0]
+        runner = engine.llm.collective_rpc(lambda self: f"{type(self.model_runner).__module__}."
+                                                        f"{type(self.model_runner).__name__}")[0]
+    finally:
+        engine.close()
     graphs, asynchronous = str(config.compilation_config.cudagraph_mode), config.scheduler_config.async_scheduling
     want = ("cuda:0", "vllm.v1.worker.gpu_model_runner.GPUModelRunner") if cuda else (
         "cpu", "vllm.v1.worker.cpu_model_runner.CPUModelRunner")
@@ -340,21 +342,24 @@ def check_two_versions(device):
     import torch
     cfg, model, tok, engine = tiny_engine(device)
     before = 5  # engine steps, each decoding one token of this one sequence (the first after the prefill)
-    for seed in range(1, 11):
-        engine.submit(str(seed), tok("3941:").input_ids, 16, seed=seed)
-        done = sum((engine.step()[0] for _ in range(before)), [])
-        moved = copy.deepcopy(model)
-        with torch.no_grad():
-            for p in moved.parameters():
-                p.add_(torch.randn_like(p) * 0.05)
-        engine.push(moved, seed)
-        while engine.unfinished():
-            done += engine.step()[0]
-        v = done[0][1].versions
-        if len(v) > before:  # it outlived the push
-            return v == [seed - 1] * before + [seed] * (len(v) - before), (
-                f"versions {v}, {before} tokens before (seed {seed})")
-    return False, f"no completion of 10 outlived {before} tokens (last: versions {v})"
+    try:  # (closed: a test runs this in its own process, beside other engines)
+        for seed in range(1, 11):
+            engine.submit(str(seed), tok("3941:").input_ids, 16, seed=seed)
+            done = sum((engine.step()[0] for _ in range(before)), [])
+            moved = copy.deepcopy(model)
+            with torch.no_grad():
+                for p in moved.parameters():
+                    p.add_(torch.randn_like(p) * 0.05)
+            engine.push(moved, seed)
+            while engine.unfinished():
+                done += engine.step()[0]
+            v = done[0][1].versions
+            if len(v) > before:  # it outlived the push
+                return v == [seed - 1] * before + [seed] * (len(v) - before), (
+                    f"versions {v}, {before} tokens before (seed {seed})")
+        return False, f"no completion of 10 outlived {before} tokens (last: versions {v})"
+    finally:
+        engine.close()
 
 
 def check_sleep_reload(device):
