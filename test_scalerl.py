@@ -1214,7 +1214,8 @@ def vllm_engine(request, tmp_path_factory):
     threads = torch.get_num_threads()
     engine = S.VLLMEngine(cfg, path, torch.device("cpu"), torch.float32, 64)
     assert torch.get_num_threads() == threads  # the trainer, in the same process, keeps its threads
-    return cfg, model, tok, engine
+    yield cfg, model, tok, engine
+    engine.close()  # (a live engine's vLLM state would meet the next engine this process makes: an MoE's fails)
 
 
 def engine_logprobs(engine, seq):
@@ -2987,6 +2988,7 @@ def test_resume_refuses_a_trainer_state_that_would_run_code(tmp_path, capfd):
     assert not (tmp_path / "pwned").exists()
 
 
+@pytest.mark.xdist_group("tiny_run")  # (the run made once, for them all)
 def test_another_scripts_checkpoint_or_one_with_settings_or_state_not_as_written_is_one_line(tiny_run, tmp_path,
                                                                                               capfd):
     """A checkpoint's settings go through the command line's checks: a fork's checkpoint (a setting this script does not
@@ -3060,6 +3062,7 @@ def refused(argv, capfd, status=2):
     return lines[0][len("scalerl.py: error: "):]
 
 
+@pytest.mark.xdist_group("tiny_run")  # (the run made once, for them all)
 def test_resume_keeps_every_setting_and_the_continue_with_line_reproduces_the_run(tiny_run, tmp_path, monkeypatch,
                                                                                    capsys):
     """A run of --save-every 1 --keep-last 10 stopped by SIGTERM (here: as step 4 ends) says how to go on: that
@@ -3095,6 +3098,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.xdist_group("tiny_run")  # (the run made once, for them all)
 def test_a_run_directory_is_locked_by_its_run(tiny_run, tmp_path, capfd):
     """A run holds an exclusive flock on OUT/.lock from its first write to its exit: another process into the same
     directory (here one that holds the lock as a run does) is refused in one line naming its PID, before anything is
@@ -3117,6 +3121,7 @@ def test_a_run_directory_is_locked_by_its_run(tiny_run, tmp_path, capfd):
     assert re.fullmatch(rf".*/runs/\d{{8}}-\d{{6}}-{os.getpid()}", checked(["--engine", "hf"]).out)
 
 
+@pytest.mark.xdist_group("tiny_run")  # (the run made once, for them all)
 def test_a_run_writes_nothing_into_what_is_not_its_own(tiny_run, tmp_path, capfd):
     """Refused in one line before anything is written, every file left byte for byte: a new run or a branch into a
     directory with checkpoints but no metrics.jsonl, or with files that are not a run; an --out inside a checkpoint
@@ -3145,6 +3150,7 @@ def test_a_run_writes_nothing_into_what_is_not_its_own(tiny_run, tmp_path, capfd
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.xdist_group("tiny_run")  # (the run made once, for them all)
 def test_a_flag_typed_on_resume_is_refused_unless_it_changes_only_the_outputs(tiny_run, tmp_path, capfd):
     """What a resumed run changes is what was typed: --prompts-per-step 32 --generations-per-prompt 16 (their
     defaults) on a 2 x 2 run are refused, so is --engine vllm on an hf run, naming the run's values, and nothing is
@@ -3161,6 +3167,7 @@ def test_a_flag_typed_on_resume_is_refused_unless_it_changes_only_the_outputs(ti
     assert json.load(open(run / "config.json"))["save_completions"] is True
 
 
+@pytest.mark.xdist_group("tiny_run")  # (the run made once, for them all)
 def test_every_damaged_file_of_a_run_is_one_line_naming_it(tiny_run, tmp_path, capfd):
     """Resuming a run with a damaged file stops in one line (exit 2) naming the file and what is wrong, and writes
     nothing: a metrics row that is JSON but not a step ({}, [1, 2]); a trainer_state.pt truncated, empty, a plain
@@ -3373,6 +3380,7 @@ def test_an_out_that_is_a_broken_symbolic_link_is_one_line(tmp_path, capfd):
     assert sorted(os.listdir(tmp_path)) == before and not (tmp_path / "nowhere").exists()
 
 
+@pytest.mark.xdist_group("tiny_run")  # (the run made once, for them all)
 def test_outputs_that_cannot_be_written_are_refused_before_anything_is_written(tiny_run, tmp_path, monkeypatch,
                                                                                capfd):
     """A metrics.jsonl that cannot be written, and --save-completions where completions is a file or cannot be
@@ -3955,6 +3963,7 @@ def two_ranks(tmp_path_factory):
     return paths, out
 
 
+@pytest.mark.xdist_group("two_ranks")  # (one start of the two ranks for the three)
 def test_the_push_is_decided_over_all_ranks(two_ranks):
     """push_weights and evaluate() push when the engine of some rank is behind (rank 0's asleep, rank 1's up to date),
     on every rank: each rank made both pushes, and each push's collective counted both ranks."""
@@ -3962,6 +3971,7 @@ def test_the_push_is_decided_over_all_ranks(two_ranks):
     assert [torch.load(out / f"pushes.pt.{r}") for r in (0, 1)] == [[2.0, 2.0], [2.0, 2.0]]
 
 
+@pytest.mark.xdist_group("two_ranks")  # (one start of the two ranks for the three)
 def test_two_ranks_loss_and_gradients_equal_one_process(two_ranks):
     """FSDP2 over two gloo ranks, each with half the prompts (the first rank has more micro-batches, and in the `flat`
     cases the second rank has no sample at all), gives the loss, the statistics and the gradients of one process
@@ -4034,6 +4044,7 @@ def _metrics_worker(rank, out):
         torch.save((row, val), out)
 
 
+@pytest.mark.xdist_group("two_ranks")  # (one start of the two ranks for the three)
 def test_rank_zero_metrics_and_evaluation_cover_both_ranks(two_ranks):
     """Rank 0's metrics row equals the row of one process holding both ranks' groups, lags and engine counts, and the
     held-out pass rate is over the whole set (3/7 here; either rank's share alone gives 1/2 or 1/3)."""
