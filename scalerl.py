@@ -898,7 +898,11 @@ def start_run(cfg, resumed, release):
 
 
 def start_notes(cfg, tasks=None):
-    """The start-up lines for what the flags alone do not say (docs/off-policy.md); tasks: the rows' rewards."""
+    """The start-up lines, and refusals, for what the flags alone do not say (docs/off-policy.md); tasks: the rows'
+    rewards."""
+    if cfg.reward_workers == 0 and "math" in (tasks or ()):  # (--reward math itself: validate's refusal)
+        die("--reward-workers 0 grades in this process with no time limit, and math-verify can hang: rows of --data "
+            "graded by math (their `reward` field) need grading processes (--reward-workers -1 or >= 1)")
     if "code" in (tasks or {cfg.reward}):
         os.environ["SCALERL_WEAK_SANDBOX"] = str(int(cfg.weak_sandbox))  # (the grading processes inherit it)
         lacks = (cfg.weak_sandbox or cfg.reward != "code") and sandbox.missing()  # (the probe: once, where it matters)

@@ -240,6 +240,26 @@ def test_each_row_of_a_mixed_file_names_its_reward(tmp_path):
     assert [(a, reward) for _, a, _, reward in S.load_rows(code_only, S.Config())] == [("", "code")] * 2
 
 
+def test_rows_graded_by_math_are_refused_without_grading_processes(tmp_path, monkeypatch):
+    """A --data row naming math, under another --reward and --reward-workers 0 (grading in the trainer's process, with
+    no time limit, where math-verify can hang): refused in one line, status 2, before any model loads; with a grading
+    process the same data starts."""
+    data = write_rows(tmp_path / "mixed.jsonl", [{"prompt": f"{i} + 1?", "answer": str(i + 1), "reward": reward}
+                                                 for i, reward in enumerate(["exact", "math"] * 10)])
+    monkeypatch.setattr(S, "load_tokenizer", lambda *a, **kw: pytest.fail("a model was loaded"))
+    model = str(tmp_path / "model")  # (a directory with a config: --model's check; nothing of it is loaded)
+    os.makedirs(model)
+    with open(os.path.join(model, "config.json"), "w") as f:
+        json.dump({"model_type": "llama"}, f)
+    flags = dict(data=data, model=model, reward="exact", val_size=4, prompts_per_step=2, engine="hf",
+                 out=str(tmp_path / "run"))
+    with pytest.raises(S.ScaleRLError, match="rows of --data graded by math") as e:
+        S.run(S.Config(**flags, reward_workers=0))
+    assert e.value.status == 2 and not (tmp_path / "run").exists()
+    with pytest.raises(pytest.fail.Exception, match="a model was loaded"):  # (past the refusal)
+        S.run(S.Config(**flags, reward_workers=1))
+
+
 class TextTok:
     """Token k decodes to TEXTS[k]: a completion of one token is that text; no special tokens."""
     all_special_ids = []
@@ -286,19 +306,20 @@ def test_a_mixed_held_out_set_is_graded_row_by_row_and_reported_per_task(tmp_pat
 
 def test_a_mixed_run_records_and_shows_each_tasks_pass_rate(tmp_path, monkeypatch, capsys):
     """A --data run of math and code rows (the embedded model's weights as --model, --engine hf, one step): each
-    evaluation's row holds val_pass_rate_code and val_pass_rate_math, each the mean reward of that task's held-out
+    evaluation's row holds val_pass_rate_code and val_pass_rate_even, each the mean reward of that task's held-out
     completions (--save-completions), and the screen shows them. The rewards are stand-ins that score by the text's
     length, every completion graded, so that the rates are not all 0 (and no program runs): this is the run's
-    bookkeeping; the real rewards of mixed rows are graded above."""
-    monkeypatch.setitem(S.REWARDS, "math", lambda text, answer, row: float(len(text) % 2 == 0))
+    bookkeeping; the real rewards of mixed rows are graded above. (The rows name the stand-in "even", not "math":
+    with --reward-workers 0, which the stand-ins need, rows graded by math are refused.)"""
+    monkeypatch.setitem(S.REWARDS, "even", lambda text, answer, row: float(len(text) % 2 == 0))
     monkeypatch.setitem(S.REWARDS, "code", lambda text, answer, row: float(len(text) % 3 == 0))
     score = S.score  # every completion graded, as if it had ended (a random policy seldom ends by itself)
     monkeypatch.setattr(S, "score", lambda tok, groups, *a: score(
         tok, [[dataclasses.replace(c, finished=True) for c in g] for g in groups], *a))
-    rows = lambda tag: [{"prompt": f"{tag}{k} + 1", "answer": str(k + 1), "reward": "math"} for k in range(3)] + [
+    rows = lambda tag: [{"prompt": f"{tag}{k} + 1", "answer": str(k + 1), "reward": "even"} for k in range(3)] + [
         {"prompt": f"{tag}{k} + 2", "test_list": [f"assert f({k}) == {k + 2}"]} for k in range(3)]  # noqa: E731
     train, val = write_rows(tmp_path / "train.jsonl", rows("t")), write_rows(tmp_path / "val.jsonl", rows("v"))
-    tasks = {r["prompt"]: "math" if "answer" in r else "code" for r in rows("v")}
+    tasks = {r["prompt"]: "even" if "answer" in r else "code" for r in rows("v")}
     cfg = S.Config(model=S.build_tiny_model(str(tmp_path / "models"), 0, False), data=train, val_data=val, steps=1,
                    engine="hf", reward="exact", reward_workers=0, prompts_per_step=2, generations_per_prompt=2,
                    eval_samples=4, save_completions=True, out=str(tmp_path / "run"))
@@ -307,12 +328,12 @@ def test_a_mixed_run_records_and_shows_each_tasks_pass_rate(tmp_path, monkeypatc
     assert "scalerl: code sandbox: namespaces" in shown and [r["step"] for r in logged] == [0, 1]
     for row in logged:
         graded = [json.loads(line) for line in open(tmp_path / "run" / "completions" / f"step_{row['step']:06d}.jsonl")]
-        by_hand = {t: [c["reward"] for c in graded if tasks[c["prompt"]] == t] for t in ("code", "math")}
+        by_hand = {t: [c["reward"] for c in graded if tasks[c["prompt"]] == t] for t in ("code", "even")}
         assert {k: v for k, v in row.items() if k.startswith("val_pass_rate")} == {
             "val_pass_rate": sum(c["reward"] for c in graded) / 24, "val_pass_rate_code": sum(by_hand["code"]) / 12,
-            "val_pass_rate_math": sum(by_hand["math"]) / 12}
-        assert f" | val {row['val_pass_rate']:.3f} (code {row['val_pass_rate_code']:.3f}, math " \
-               f"{row['val_pass_rate_math']:.3f}) | " in shown.replace("\n", " | ")
+            "val_pass_rate_even": sum(by_hand["even"]) / 12}
+        assert f" | val {row['val_pass_rate']:.3f} (code {row['val_pass_rate_code']:.3f}, even " \
+               f"{row['val_pass_rate_even']:.3f}) | " in shown.replace("\n", " | ")
     assert 0 < sum(r["val_pass_rate"] for r in logged) < 2  # (stand-ins that are neither always 0 nor always 1)
 
 # -------------------------------------------------------------------------------------------- the built-in code task
