@@ -38,6 +38,7 @@ import tempfile
 import time
 
 import memory
+import moe
 import scalerl
 
 SCALERL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scalerl.py")
@@ -437,7 +438,7 @@ def simulate_memory(model_name, ranks, seq_len, argv):
     samples = [scalerl.Sample(list(range(3, 3 + prompt)), [5] * (seq_len - prompt), [0.0] * (seq_len - prompt),
                               [1] * (seq_len - prompt), None, 1.0, 1e-3) for _ in range(2)]
     with FakeTensorMode(allow_non_fake_inputs=True):
-        model = scalerl.autocast_experts(  # (as load_model: an MoE's experts in the compute dtype)
+        model = moe.autocast_experts(  # (as load_model: an MoE's experts in the compute dtype)
             transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, cfg.param_dtype)))
         if cfg.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

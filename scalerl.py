@@ -100,6 +100,10 @@ try:  # the memory plan (section 5), beside this file: a copy of this file alone
     import memory
 except ImportError:
     memory = None
+try:  # an MoE's routing and experts (moe.py), beside this file: a copy of this file alone runs dense models
+    import moe
+except ImportError:
+    moe = None
 
 
 def flag(default, help, choices=None, nargs=None, above=None, at_least=None, below=None):
@@ -1760,41 +1764,21 @@ def load_model(cfg, device, path=None, empty=False):
             model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.param_dtype))
     except (OSError, ValueError, TypeError, RuntimeError, SafetensorError) as e:
         cannot_load(cfg, path, e, "its weights")
-    return autocast_experts(model if empty else model.to(device)), tok, path
-
-
-def autocast_experts(model):
-    """An MoE's experts multiplied in autocast's dtype, as its Linear layers are. transformers' default experts
-    (grouped_mm) multiply in their weights' dtype, the trainer's float32: torch's grouped product is no autocast op,
-    and CUDA's kernel takes bfloat16 only (float32 falls back to a loop over the experts; fake tensors, as in bench.py
-    --memory, refuse it). Here the same function, the weights cast first where autocast is on (a CPU forces it with
-    --dtype bfloat16); a dense model is left as it is."""
-    from transformers.integrations.moe import ExpertsInterface
-    if getattr(model.config, "_experts_implementation", None) == "grouped_mm":
-        ExpertsInterface.register("grouped_mm_autocast", grouped_mm_autocast)
-        model.set_experts_implementation("grouped_mm_autocast")
-    return model
-
-
-def grouped_mm_autocast(experts, hidden, *routing):
-    """transformers' grouped_mm experts function; under autocast, on a shallow copy of the experts module whose
-    parameters are cast to its dtype (autograd takes each cast's gradient back to its float32 weight)."""
-    from transformers.integrations.moe import grouped_mm_experts_forward
-    if torch.is_autocast_enabled(kind := hidden.device.type):
-        experts, dtype = copy.copy(experts), torch.get_autocast_dtype(kind)
-        experts._parameters = {n: p.to(dtype) for n, p in experts._parameters.items() if p is not None}
-    return grouped_mm_experts_forward(experts, hidden, *routing)
+    model = model if empty else model.to(device)
+    return moe.autocast_experts(model) if moe else model, tok, path
 
 
 def check_architecture(cfg, config, path):
-    """A model that the trainer (a causal-LM class of transformers) or the vLLM engine has no class for is refused,
-    named, before any weight loads (vLLM's registry costs the import of vLLM, which its engine pays anyway)."""
+    """A model that the trainer (a causal-LM class of transformers) or the vLLM engine has no class for, or an MoE
+    without moe.py, is refused, named, before any weight loads (vLLM's registry costs the import of vLLM, which its engine pays anyway)."""
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     arch = (getattr(config, "architectures", None) or [type(config).__name__])[0]
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         die(f"{path}: its architecture {arch} ({config.model_type}) has no causal-LM class in transformers "
             f"{transformers.__version__}: the trainer cannot run it")
+    if moe is None and getattr(config, "num_experts_per_tok", None):  # (its push would corrupt the experts)
+        die(f"{path}: a Mixture-of-Experts ({arch}) needs moe.py, its routing and experts, beside scalerl.py")
     if cfg.engine == "vllm":
         import vllm
         from vllm.model_executor.models.registry import ModelRegistry
@@ -2136,8 +2120,8 @@ def hf_generate(model, tok, prompts, max_tokens, temperature, seed, fp32_head, a
     # generate fills the settings gen_cfg leaves unset (repetition_penalty, min_p, ...) from the model's own
     # generation config: in its place, gen_cfg alone decides how to sample
     model.generation_config = gen_cfg
-    routes = []  # an MoE's experts, each forward's and layer's (route_hook), and its layers
-    L = set_routing(model, routes)
+    routes = []  # an MoE's experts, each forward's and layer's (moe.route_hook), and its layers
+    L = moe.set_routing(model, routes) if moe else 0
     torch.manual_seed(seed)
     try:
         with torch.no_grad(), torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
@@ -2146,16 +2130,15 @@ def hf_generate(model, tok, prompts, max_tokens, temperature, seed, fp32_head, a
     finally:
         model.train(was_training)
         model.generation_config = shipped
-        set_routing(model, None)
+        if moe:
+            moe.set_routing(model, None)
         if hook:
             hook.remove()
     recorded.append(last["lp"].gather(1, seqs[:, -1:]).squeeze(1))
     gen, lps = seqs[:, width:].tolist(), torch.stack(recorded, 1).tolist()
     ends = [t.index(eos) + 1 if eos in t else len(t) for t in gen]  # after EOS come pad tokens
     cuts = [min(k, m) for k, m in zip(ends, max_tokens)]
-    if L:  # each token's experts: those of the last position of the forward that sampled it, [rows, tokens, L, k]
-        routes = torch.stack([torch.stack(routes[i:i + L], 1).view(len(prompts), -1, L, routes[i].shape[-1])[:, -1]
-                              for i in range(0, len(routes), L)], 1).to(torch.int16).cpu().numpy()
+    routes = moe.generated_experts(routes, L, len(prompts)) if L else None  # [rows, tokens, L, k]
     comps = [Completion(t[:k], lp[:k], eos in t[:k], [1] * k, [], experts=routes[i, :k] if L else None)
              for i, (t, lp, k) in enumerate(zip(gen, lps, cuts))]
     return comps, sum(ends)
@@ -2214,7 +2197,7 @@ class VLLMEngine:
         self.version = 0
         self.core.set_weight_version("0")
         self.seeded = device.type == "cpu" if cfg.vllm_request_seeds is None else cfg.vllm_request_seeds
-        self.routes = capture_routing(self.llm) if kw.get("enforce_eager") else None  # an MoE's experts (CPU)
+        self.routes = moe.capture_routing(self.llm) if moe and kw.get("enforce_eager") else None  # MoE: experts (CPU)
 
     @property
     def capacity(self):
@@ -2295,7 +2278,8 @@ class VLLMEngine:
 
     def load(self, weights, head, version):
         """push's work, from an iterator of (name, tensor) and a function returning the float32 head (or None)."""
-        self.llm.apply_model(forget_moe_kernels)
+        if moe:
+            self.llm.apply_model(moe.forget_moe_kernels)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         if head is not None:
             w = head()
@@ -2439,44 +2423,6 @@ def load_engine_head(model, weight):
     lp = model.logits_processor
     for mine, new in zip(lp.fp32_head, split_bf16(weight) if len(lp.fp32_head) == 2 else (weight,)):
         mine[:new.shape[0]].copy_(new)
-
-
-def forget_moe_kernels(model):
-    """Inside the vLLM engine, before a push: vLLM 0.32 reprocesses an unquantized MoE layer's experts on a reload, but
-    once the layer has its kernel it skips the experts' own step (unquantized_fused_moe_method.py, _setup_kernel), which
-    on a CPU pads and prepacks them: the raw weights would land in the packed storage (a push of unchanged weights moved
-    log-probs by 0.04), or fail to fit it. Without its kernel, a layer's reload goes as its first load went."""
-    for m in model.modules():
-        if getattr(getattr(m, "quant_method", None), "moe_kernel", None) is not None:
-            m.quant_method.moe_kernel = None
-
-
-def capture_routing(llm):
-    """An MoE's experts in the vLLM engine, {(request, index in it): [a [layers][k] list a token sampled]}, or None for
-    a dense model. vLLM 0.32 returns them (enable_return_routed_experts) only from its model runner V2, which needs
-    Triton (a CPU has none): the routers' own capture hook keeps a forward's experts (eager only), then each request's
-    last row, the position that predicts the token it samples, goes under its request's id."""
-    from vllm.model_executor.layers.fused_moe.layer import MoERunner
-    rows, step = {}, {}
-
-    def install(worker):
-        runner, execute = worker.model_runner, worker.model_runner.execute_model
-
-        def execute_and_record(scheduled, *args, **kw):
-            out, n = execute(scheduled, *args, **kw), scheduled.num_scheduled_tokens
-            ids = [r for r in runner.input_batch.req_ids if r in n]  # the batch's requests, in its order
-            ends = np.cumsum([n[r] for r in ids]) - 1
-            for r, e in zip(ids, torch.stack([step[k] for k in sorted(step)], 1)[ends].tolist() if step else []):
-                index, _, request = r.rpartition("-")[0].rpartition("_")  # f"{index}_{request}-{suffix}" (n > 1)
-                rows.setdefault((request, int(index or 0)), []).append(e)
-            step.clear()
-            return out
-        runners = [m for m in runner.get_model().modules() if isinstance(m, MoERunner)]
-        for m in runners:
-            m.router.set_capture_fn(lambda ids, layer=m.layer_id: step.__setitem__(layer, ids))
-        runner.execute_model = execute_and_record if runners else execute
-        return bool(runners)
-    return rows if llm.collective_rpc(install)[0] else None
 
 
 def repack_tied_head(model):
@@ -2716,71 +2662,20 @@ class Policy(torch.nn.Module):
 
     def forward(self, x, cfg):
         """token_terms of the trained tokens of x, a micro-batch's batch_tensors; an MoE's routing_differs besides."""
-        used = {}  # an MoE's experts in this forward, {layer: [rows x positions, k]} (route_hook)
-        moe = set_routing(self.model, (x.get("experts"), cfg.routing_replay, used))
+        used = {}  # an MoE's experts in this forward, {layer: [rows x positions, k]} (moe.route_hook)
+        layers = moe.set_routing(self.model, (x.get("experts"), cfg.routing_replay, used)) if moe else 0
         hidden = self.model.get_decoder()(input_ids=x["ids"], attention_mask=x["attn"],
                                           use_cache=False).last_hidden_state
         terms = token_logprobs(hidden[x["row"], x["pos"]], self.model.get_output_embeddings(), x["targets"],
                                cfg.temperature, head_product(cfg), cfg.logprob_chunk,
                                logit_transform(self.model.config))
-        if moe:
-            terms["routing_differs"] = routing_differs(x, used, moe)
+        if layers:
+            terms["routing_differs"] = moe.routing_differs(x, used, layers)
         return {k: v[x["keep"]] for k, v in terms.items()}
 
 
 def as_policy(model):
     return model if isinstance(model, Policy) else Policy(model)
-
-
-def set_routing(model, state):
-    """What an MoE's routers do in the model's next forward passes (route_hook), hooked on first use: transformers'
-    *TopKRouter modules (a softmax, then the top k: Qwen2/3-MoE, Mixtral, OLMoE...), out = (logits, weights, experts).
-    state: None; a list (hf_generate's record); (experts, replay, used) (Policy). Returns the MoE layers (dense: 0)."""
-    if not hasattr(model, "moe_routers"):
-        model.moe_routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
-        for layer, r in enumerate(model.moe_routers):
-            r.register_forward_hook(lambda m, i, out, layer=layer: route_hook(model, m, layer, out))
-    model.routing = state
-    return len(model.moe_routers)
-
-
-def route_hook(model, router, layer, out):
-    """set_routing's hook on MoE layer `layer`'s router: out = (logits, gate weights, experts) of the forward's tokens
-    (rows x positions). hf_generate's record keeps the experts; the Policy's micro-batch with the generator's experts
-    (batch_tensors' "experts") replaces them by those with --routing-replay (replay_routing), and keeps those used."""
-    state, (logits, weights, experts) = model.routing, out
-    if isinstance(state, list):
-        state.append(experts)
-    elif state is not None and state[0] is not None:
-        gen, replay, used = state
-        if replay:
-            w, experts = replay_routing(logits, gen[..., layer, :].reshape(experts.shape), experts,
-                                        getattr(router, "norm_topk_prob", True))
-            out = logits, w.to(weights.dtype), experts
-        used[layer] = experts
-        return out
-
-
-def replay_routing(logits, experts, own, renormalise):
-    """Routing replay (R3, arXiv 2510.11370; --routing-replay) in each MoE layer of the trainer's forward (route_hook):
-    the generator's experts [N, k] (-1: none recorded, the router's own) with the gate weights the router would give
-    them from the trainer's logits [N, E]: pi_train on the routing that sampled the token, the router's gradient
-    kept."""
-    experts = torch.where(experts >= 0, experts.long(), own)
-    w = torch.softmax(logits.float(), dim=-1).gather(-1, experts)
-    return (w / w.sum(-1, keepdim=True) if renormalise else w), experts
-
-
-def routing_differs(x, used, layers):
-    """Per completion token of micro-batch x, per MoE layer: 1.0 where the experts that routed its predicting position
-    in the trainer's forward (`used`) are not the set the generator's did (x["experts"]), else 0.0; NaN where the
-    generator recorded none (the injected phrase; an engine that records none)."""
-    if "experts" not in x:
-        return torch.full((len(x["targets"]), layers), math.nan, device=x["ids"].device)
-    gen = x["experts"][x["row"], x["pos"]].long()  # [tokens, layers, k]
-    mine = torch.stack([used[k] for k in sorted(used)], 1).view(*x["ids"].shape, *gen.shape[1:])[x["row"], x["pos"]]
-    differs = (gen.sort(-1).values != mine.sort(-1).values).any(-1).float()
-    return torch.where(gen[..., 0] >= 0, differs, math.nan)
 
 
 def logit_transform(config):

@@ -1,4 +1,4 @@
-"""Tests of an MoE's routing in scalerl.py: the experts each engine records, the routing-mismatch column and routing
+"""Tests of an MoE's routing in scalerl.py and moe.py: the experts each engine records, the routing-mismatch column and routing
 replay (R3, --routing-replay). Tiny Qwen3-MoE models built from a config. Run: python -m pytest -q test_moe.py"""
 import dataclasses
 import os
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import memory
+import moe
 import scalerl as S
 from test_scalerl import need_vllm
 
@@ -44,12 +45,12 @@ def test_replayed_gate_weights_by_hand():
     logits over all experts taken at them, renormalised over them where the router renormalises."""
     logits = torch.tensor([[1.0, 2.0, 0.0, -1.0], [0.5, 0.0, 3.0, 1.0]])
     experts, own = torch.tensor([[3, 0], [-1, -1]]), torch.tensor([[1, 0], [2, 3]])
-    w, e = S.replay_routing(logits, experts, own, renormalise=False)
+    w, e = moe.replay_routing(logits, experts, own, renormalise=False)
     z0, z1 = np.exp([1.0, 2.0, 0.0, -1.0]).sum(), np.exp([0.5, 0.0, 3.0, 1.0]).sum()
     assert e.tolist() == [[3, 0], [2, 3]]
     assert torch.allclose(w, torch.tensor([[np.exp(-1.0) / z0, np.exp(1.0) / z0], [np.exp(3.0) / z1, np.exp(1.0) / z1]],
                                           dtype=torch.float32))
-    w, _ = S.replay_routing(logits, experts, own, renormalise=True)
+    w, _ = moe.replay_routing(logits, experts, own, renormalise=True)
     a, b = np.exp(-1.0), np.exp(1.0)  # renormalised over the replayed pair: the softmax of their two logits
     assert torch.allclose(w[0], torch.tensor([a / (a + b), b / (a + b)], dtype=torch.float32))
 
@@ -117,6 +118,22 @@ def test_dense_model_has_no_routing_column():
     assert set(terms) == {"logp"} and "experts" not in x and model.moe_routers == []
     assert set(S.mismatch_sums(terms["logp"], x["logp_gen"], x["fresh"], 5.0)) == {
         "mismatch_abs_logprob", "mismatch_kl_k3", "mismatch_trunc_frac", "mismatch_fresh_abs_logprob"}
+
+
+def test_without_moe_py_a_dense_model_runs_and_an_moe_is_refused(monkeypatch):
+    """A copy of scalerl.py without moe.py (a fork's single file): a dense model's forward is the same, and an MoE, whose
+    push would corrupt its experts without moe.py's kernel reset, is refused at start-up in one line that names it."""
+    from test_scalerl import tiny_model
+    model, rng = tiny_model(False), np.random.default_rng(0)
+    x = S.batch_tensors([dataclasses.replace(s, experts=None) for s in samples_of(rng)], 0, torch.device("cpu"))
+    with torch.no_grad():
+        with_moe = S.as_policy(model)(x, S.Config())
+        monkeypatch.setattr(S, "moe", None)
+        alone = S.as_policy(model)(x, S.Config())
+    assert set(alone) == {"logp"} and torch.equal(alone["logp"], with_moe["logp"])
+    S.check_architecture(S.Config(engine="hf"), model.config, "dense")
+    with pytest.raises(S.ScaleRLError, match=r"tiny: a Mixture-of-Experts \(Qwen3Moe\w+\) needs moe.py"):
+        S.check_architecture(S.Config(engine="hf"), tiny_moe().config, "tiny")
 
 
 def engine_routing_agrees(model, groups, tok):
