@@ -490,6 +490,21 @@ def fit_rows(rows, x="device_hours", y="val_pass_rate", *, r0=None, exclude_belo
     return result
 
 
+def live_fit(rows, x="device_hours"):
+    """scalerl.py's prediction as a run goes on (--live-fit), as metrics-row columns: fit_rows of the evaluations so far
+    against x; {} while the points cannot support one (fewer than four, or at the search range's edge before the
+    curve bends). A at the pass rate's own bound, 1, is a fit, said so (fit_A_at_bound)."""
+    try:
+        f = fit_rows(rows, x=x, bootstrap=100, seed=0)
+    except NotEnoughPoints:
+        return {}
+    at_bound = f["at_grid_edge"] == ["A"] and f["A"] > 0.99
+    if f["at_grid_edge"] and not at_bound:
+        return {}
+    return {"fit_A": f["A"], "fit_B": f["B"], "fit_C_mid": f["C_mid"], "fit_A_ci": list(f["A_ci"]),
+            **({"fit_A_at_bound": True} if at_bound else {})}
+
+
 def task_columns(rows, y):
     """The per-task columns beside y = val_pass_rate in scalerl.py's rows (a run of math and code rows logs
     val_pass_rate_math and val_pass_rate_code, the paper's per-domain curves); none for another y."""

@@ -1,12 +1,16 @@
-"""memory.py -- the memory plan of scalerl.py: what each GPU will hold, planned from a run's settings and its model's
-sizes before any weight loads (docs/benchmarks.md).
+"""memory.py -- the memory of a scalerl.py run: the memory plan, what each GPU will hold, planned from a run's
+settings and its model's sizes before any weight loads (docs/benchmarks.md); the CPU engine's KV cache, sized the same
+way (docs/engines.md); and the trainer's measured peak on CUDA.
 
 scalerl.py prints the plan at start-up on CUDA with --model and refuses, in one line, a run that will not fit
 (check_memory_plan); bench.py --memory checks the trainer's part against torch's memory tracker on fake tensors. The
-plan reads a config (any object with scalerl.py's Config fields) and `sizes` (scalerl.py's model_sizes: counted on the
-meta device from the model's config); it imports nothing of scalerl.py.
+plan reads a config (any object with scalerl.py's Config fields) and `sizes` (model_sizes: counted on the meta device
+from the model's config); it imports nothing of scalerl.py.
 """
+import contextlib
+import math
 import operator
+import os
 
 import torch
 
@@ -50,7 +54,7 @@ def trainer_plan(sizes, cfg, ranks, longest, sharded):
         plan["activations"] = L * tokens * kept + L * sizes["layer"] * compute_bytes * (compute_bytes < param_bytes) \
             + 3 * tokens * H * param_bytes
     gathered = sizes["layer"] * param_bytes * sharded  # one decoder layer whole (FSDP2)
-    split = cfg.lm_head_fp32 and cfg.fp32_head_product == "split"  # (scalerl.py's head_product)
+    split = cfg.lm_head_fp32 and cfg.fp32_head_product == "split"  # (the FP32 head's split product)
     phases = {  # the head's backward: per chunk its logits, a float32 gradient of W (and of an untied head whole under
         # torchrun); split, W's two bf16 parts and, where W's gradient is made, the chunk's gradient and its parts
         # beside two float32 products of W's size
@@ -136,3 +140,75 @@ def plan_error(sizes, cfg, ranks, device_bytes, longest, sharded=False):
                 f"completion ({longest} tokens, {gb(longest * plan['kv_token'])}): raise --vllm-gpu-memory-utilization "
                 f"to {share:.2f} or more, lower --vllm-max-num-seqs, or give the engine GPUs of its own (--generators)")
     return None
+
+
+# --------------------------------------------------------------------------------------------------
+# The model's sizes; what the trainer's update peaked at; the CPU engine's KV cache and what a KV cache holds
+# --------------------------------------------------------------------------------------------------
+
+
+def model_sizes(config):
+    """What the memory plan needs of a model, counted on the meta device from its config."""
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    (V, H), heads = model.get_output_embeddings().weight.shape, config.num_attention_heads
+    d = getattr(config, "head_dim", None) or H // heads
+    units = [m for m in model.modules() if type(m).__name__ in (getattr(model, "_no_split_modules", None) or [])]
+    k = getattr(config, "num_experts_per_tok", None) or 0  # an MoE: I is its experts' width at top-k
+    experts = [p for p in units[0].parameters() if p.dim() == 3] if k else []  # its experts, fused (transformers 5)
+    width = getattr(config, "moe_intermediate_size", None) or getattr(config, "intermediate_size", 4 * H)
+    return {"params": sum(p.numel() for p in model.parameters()), "V": V, "H": H, "I": width * (k or 1), "k": k,
+            "E": experts[0].shape[0] if experts else 0, "experts": sum(p.numel() for p in experts), "L": len(units),
+            "A": heads * d, "layer": sum(p.numel() for p in units[0].parameters()),
+            "tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight,
+            "kv": 2 * len(units) * getattr(config, "num_key_value_heads", heads) * d}
+
+
+
+def gpu_peak(model, opt):
+    """On CUDA, before an update: a function giving gpu_peak_gb, the resident bytes (weights, AdamW's moments: this
+    rank's shards) plus the update's peak above where memory stood (the idle engine counts in neither)."""
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return dict
+    torch.cuda.reset_peak_memory_stats(device)
+    tensors = [*model.parameters(), *(v for state in opt.state.values() for v in state.values() if torch.is_tensor(v))]
+    resident = sum(t.numel() * t.element_size() for t in (x.to_local() if hasattr(x, "to_local") else x
+                                                          for x in tensors) if t.is_cuda)
+    start = torch.cuda.memory_allocated(device)
+    return lambda: {"gpu_peak_gb": (resident + torch.cuda.max_memory_allocated(device) - start) / 2**30}
+
+
+
+CPU_KV_SHARE = 0.25  # the most of the machine's available memory that the CPU engines' KV caches take by default
+CPU_KV_BLOCK = 128  # vLLM 0.32's KV cache block on CPU, in tokens (VLLMEngine reads the engine's own)
+
+
+def cpu_kv_cache_mb(cfg, kv_bytes, longest, n_val, ranks=1, available=None):
+    """--vllm-kv-cache-mb's default on a CPU and its start-up line: room for every sequence an engine decodes at once at
+    `longest` tokens (no preemption), at most CPU_KV_SHARE of the memory available (docs/engines.md); ranks:
+    torchrun's, an engine each."""
+    K, P, G, engines = cfg.max_lag, cfg.prompts_per_step, cfg.generations_per_prompt, cfg.generators or ranks
+    groups = (K + 1) * P if cfg.off_policy == "pipeline" else max(K, 1) * P
+    seqs = min(math.ceil(max(groups * G, n_val * cfg.eval_samples) / engines), cfg.vllm_max_num_seqs or 256)
+    if available is None:
+        with contextlib.suppress(OSError, StopIteration, ValueError):
+            with open("/proc/meminfo") as f:
+                available = 1024 * int(next(ln for ln in f if ln.startswith("MemAvailable:")).split()[1])
+    local = cfg.generators or int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # engines on this machine
+    tokens = (seqs * math.ceil(longest / CPU_KV_BLOCK) + 1) * CPU_KV_BLOCK  # (+1: vLLM's null block)
+    want, cap = tokens * kv_bytes, CPU_KV_SHARE * available / local if available else math.inf
+    mb = max(1, math.ceil(min(want, cap) / 2**20))
+    return mb, (f"scalerl: vLLM's KV cache: {mb} MiB{' an engine' * (engines > 1)}, for {seqs} sequences x {longest} "
+                f"tokens x {kv_bytes / 1024:.1f} KiB" + (f", cut to a quarter of the {available / 2**30:.1f} GiB "
+                f"available{f' over {local} engines' * (local > 1)}" if want > cap else "") +
+                "; --vllm-kv-cache-mb sets it")
+
+
+
+def kv_capacity(blocks, groups, length):
+    """Sequences of `length` tokens a KV cache of `blocks` holds. groups: each KV cache group's (block size, sliding
+    window or None), on one pool (CUDA's hybrid manager: Gemma 2 has 2; a CPU, 1); one block is vLLM's null block."""
+    need = sum(math.ceil(length / b) if w is None else math.ceil(min(length, w - 1 + b) / b) + 1 for b, w in groups)
+    return (blocks - 1) // max(need, 1)

@@ -98,6 +98,25 @@ def routing_differs(x, used, layers):
     differs = (gen.sort(-1).values != mine.sort(-1).values).any(-1).float()
     return torch.where(gen[..., 0] >= 0, differs, math.nan)
 
+
+def experts_tensor(samples, width, device):
+    """batch_tensors' "experts": each sample's generator experts [tokens, layers, k] at its tokens' predicting positions
+    in the micro-batch's rows of `width` positions, -1 elsewhere: [rows, width, layers, k]."""
+    e = torch.full((len(samples), width, *samples[0].experts.shape[1:]), -1, dtype=torch.int16)
+    for k, s in enumerate(samples):
+        e[k, len(s.prompt) - 1:len(s.prompt) - 1 + len(s.tokens)] = torch.from_numpy(s.experts)
+    return e.to(device)
+
+
+def routing_sums(routed):
+    """mismatch_sums' routing columns from routing_differs' [tokens, layers]: the tokens routed to other experts than
+    the generator's in any layer, and the (token, layer)s, each over the tokens with experts recorded (NaN: none; no
+    data-dependent shape, for bench.py's fake tensors)."""
+    known, differs = (~routed[:, 0].isnan()).sum(), routed.nan_to_num(0.0)
+    return {"routing_mismatch_frac": ((differs > 0).any(-1).sum(), known),
+            "routing_mismatch_layer_frac": (differs.sum(), known * routed.shape[1])}
+
+
 # --------------------------------------------------------------------------------------------------
 # The engine's side (vLLM 0.32, in process): the experts' kernels reset before a push, the experts recorded
 # --------------------------------------------------------------------------------------------------

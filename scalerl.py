@@ -92,14 +92,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+import memory  # beside this file: the memory plan, the CPU engine's KV cache, the trainer's peak (section 5)
+
 try:  # the code reward's sandbox (--reward code), beside this file: a copy of this file alone runs all but that reward
     import sandbox
 except ImportError:
     sandbox = None
-try:  # the memory plan (section 5), beside this file: a copy of this file alone runs without the plan
-    import memory
-except ImportError:
-    memory = None
 try:  # an MoE's routing and experts (moe.py), beside this file: a copy of this file alone runs dense models
     import moe
 except ImportError:
@@ -114,11 +112,12 @@ def flag(default, help, choices=None, nargs=None, above=None, at_least=None, bel
 
 
 # ==================================================================================================
-# PART I -- THE RECIPE: the config, rl_step (the algorithm box), its components in the order it calls them (sections
-# 1-6, numbered as its arrows), then run() (7). Part II names it uses: State; the engines' contract; step_seed, RNG_*;
-# special_ids, completion_text, find_subsequence, join_experts; Policy, as_policy, batch_tensors, micro_batches,
-# even_out, mismatch_sums, SplitProduct, backward_sum, gpu_peak; rank, all_sum, all_max, full_tensor, mean_over_ranks
-# (torchrun's reductions: in one process the identity); setup, Guard, live_fit, save_completions.
+# PART I -- THE RECIPE: the config, run() (the loop), rl_step (the algorithm box), then its components in the order it
+# calls them (sections 1-6, numbered as its arrows). Part II names it uses: State; the engines' contract; step_seed,
+# RNG_*; special_ids, completion_text, find_subsequence, join_experts; Policy, as_policy, batch_tensors, micro_batches,
+# even_out, mismatch_sums, SplitProduct, backward_sum, memory.gpu_peak; rank, all_sum, all_max, full_tensor,
+# mean_over_ranks (torchrun's: in one process the identity); setup, Guard, rollout, pass_rates, live_fit,
+# save_completions.
 # ==================================================================================================
 
 
@@ -185,6 +184,56 @@ class Recipe:
     grad_clip: float = flag(1.0, "clip the global gradient norm to this (our choice: the paper gives none)", above=0)
     eval_every: int = flag(10, "evaluate every this many steps (and at step 0 and the last step)", above=0)
     eval_samples: int = flag(8, "samples per held-out prompt: k of mean@k (the paper: 16)", above=0)
+
+# --------------------------------------------------------------------------------------------------
+# The run: setup, then rl_step after rl_step, evaluating the held-out pass rate every --eval-every steps
+
+
+def run(cfg):
+    """Train for --steps updates (or continue a run with --resume), writing config.json, metrics.jsonl and the
+    checkpoints to the run directory. Returns the metric rows."""
+    state, cfg, guard = setup(cfg)  # Part II: data, model, engine, grader, optimiser, a resumed run's state
+    with guard:                     # Part II: the records, the rules that stop a run, checkpoints, signals, clean-up
+        if not cfg.resume:  # a new run: step 0 is the initial weights' held-out pass rate
+            val, errors = evaluate(state, cfg, 0)
+            guard.step_done({"step": 0, **state.totals, **val}, errors)
+        for step in range(guard.first, cfg.steps + 1):
+            t0 = time.time()
+            result = rl_step(state, cfg)
+            if result is None:
+                rules = ", ".join(sorted(set(state.curriculum.removed.values())))  # npr: No-Positive-Resampling
+                print(f"every training prompt has been removed by the curriculum ({rules}); stopping")
+                break
+            row, errors = guard.row(step, result, time.time() - t0), result["errors"]
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                val, val_errors = evaluate(state, cfg, step)
+                row, errors = {**row, **val}, errors + val_errors
+                row.update(live_fit(guard.rows + [row]) if cfg.live_fit and rank() == 0 else {})  # predicted A
+            guard.step_done(row, errors)  # recorded, the stop rules, the checkpoint cadence
+            if guard.signalled():  # Ctrl-C or SIGTERM during the step: checkpoint it, say how to resume, stop
+                guard.stop_here()
+                break
+    return guard.rows
+
+
+def evaluate(state, cfg, step):
+    """Held-out mean pass rate, mean@k with k = --eval-samples (the paper's mean@16) [Sec. 2], with the current weights,
+    each task's beside it, and the grading errors (under torchrun rank r evaluates prompts r, r + W, ...: the mean is
+    over all). Training groups in flight decode on, apart: their share of the engine's time is training compute
+    (`ahead`, next row)."""
+    rollouts, before = state.rollouts, state.rollouts.train_seconds
+    if all_max(state.engine.version != state.version):  # PPO-off-policy-k mid-round (or asleep), on some rank: the
+        while rollouts.open:  # round's groups finish with the round's weights, then every rank's engine gets the newest
+            rollouts.poll()   # (the push is collective under torchrun)
+        state.engine.push(state.model, state.version)
+    ids = list(range(state.curriculum.rank, len(state.val_ids), state.curriculum.world))
+    groups = rollout(rollouts, [state.val_ids[i] for i in ids], cfg.eval_samples, step_seed(cfg.seed, RNG_EVAL, step),
+                     ids=ids)
+    rollouts.ahead += rollouts.train_seconds - before
+    rollouts.decoded = rollouts.steps = rollouts.seconds = 0  # the other metrics count training steps only
+    correct, _, errors = score(state.tok, groups, [state.val[i] for i in ids], state.grader, cfg)
+    save_completions(cfg, step, state.tok, [state.val[i] for i in ids], groups, correct)  # with the flag (Part II)
+    return pass_rates(state, cfg, ids, correct), errors  # {"val_pass_rate": ..., and per task} (Part II)
 
 # --------------------------------------------------------------------------------------------------
 # One ScaleRL step: the algorithm box of the module docstring, one call per arrow, each numbered as its section
@@ -328,6 +377,15 @@ class Rollouts:
         for j in range(n):
             self.engine.submit((key, j), g.prompt, budgets[j], seeds[j][0])
 
+    def wait(self, keys):
+        """Poll until the groups `keys` are complete; take them out of `done`, in that order (others stay there)."""
+        want = set(keys)
+        while want - {g.key for g in self.done}:
+            self.poll()
+        got = {g.key: g for g in self.done if g.key in want}
+        self.done = [g for g in self.done if g.key not in want]
+        return [got[k] for k in keys]
+
     def poll(self):
         t0, left = time.time(), [(g.left, g.key[0] == "train") for g in self.open.values()]  # sequences in flight
         before = self.engine.preemptions
@@ -356,15 +414,6 @@ class Rollouts:
             else:
                 more = self.cfg.answer_budget if action == "interrupt" else self.cfg.max_new_tokens - len(c.tokens)
                 self.engine.submit((key, j), g.prompt + c.tokens, more, g.seeds[j][1])
-
-    def wait(self, keys):
-        """Poll until the groups `keys` are complete; take them out of `done`, in that order (others stay there)."""
-        want = set(keys)
-        while want - {g.key for g in self.done}:
-            self.poll()
-        got = {g.key: g for g in self.done if g.key in want}
-        self.done = [g for g in self.done if g.key not in want]
-        return [got[k] for k in keys]
 
 
 def next_request(c, budget, cfg, think_end):
@@ -569,7 +618,7 @@ def next_prompts(curriculum, k):
 def train_step(model, opt, sched, samples, cfg, pad_id, autocast_dtype=None, frozen=None):
     """One optimiser step on the batch: -J's gradient accumulated over the micro-batches (compute_gradients), clipped,
     then AdamW. Returns the update's metrics, policy_loss's and mismatch_sums' as total / count over the batch."""
-    t0, peak = time.time(), gpu_peak(model, opt)  # (CUDA: the memory peak)
+    t0, peak = time.time(), memory.gpu_peak(model, opt)  # (CUDA: the memory peak)
     model.train()
     batches = even_out(micro_batches(samples, cfg.micro_batch_tokens), pad_id)  # as many on every rank (FSDP)
     loss, n_tok, metrics = compute_gradients(model, batches, cfg, pad_id, autocast_dtype, frozen)
@@ -728,56 +777,6 @@ def push_weights(state, cfg):
         state.engine.push(state.model, state.version)
     return time.time() - t0
 
-# --------------------------------------------------------------------------------------------------
-# 7. The run: setup, then rl_step after rl_step, evaluating every --eval-every steps
-
-
-def evaluate(state, cfg, step):
-    """Held-out mean pass rate, mean@k with k = --eval-samples (the paper's mean@16) [Sec. 2], with the current weights,
-    each task's beside it, and the grading errors (under torchrun rank r evaluates prompts r, r + W, ...: the mean is
-    over all). Training groups in flight decode on, apart: their share of the engine's time is training compute
-    (`ahead`, next row)."""
-    rollouts, before = state.rollouts, state.rollouts.train_seconds
-    if all_max(state.engine.version != state.version):  # PPO-off-policy-k mid-round (or asleep), on some rank: the
-        while rollouts.open:  # round's groups finish with the round's weights, then every rank's engine gets the newest
-            rollouts.poll()   # (the push is collective under torchrun)
-        state.engine.push(state.model, state.version)
-    ids = list(range(state.curriculum.rank, len(state.val_ids), state.curriculum.world))
-    groups = rollout(rollouts, [state.val_ids[i] for i in ids], cfg.eval_samples, step_seed(cfg.seed, RNG_EVAL, step),
-                     ids=ids)
-    rollouts.ahead += rollouts.train_seconds - before
-    rollouts.decoded = rollouts.steps = rollouts.seconds = 0  # the other metrics count training steps only
-    correct, _, errors = score(state.tok, groups, [state.val[i] for i in ids], state.grader, cfg)
-    save_completions(cfg, step, state.tok, [state.val[i] for i in ids], groups, correct)  # with the flag (Part II)
-    return pass_rates(state, cfg, ids, correct), errors  # {"val_pass_rate": ..., and per task} (Part II)
-
-
-def run(cfg):
-    """Train for --steps updates (or continue a run with --resume), writing config.json, metrics.jsonl and the
-    checkpoints to the run directory. Returns the metric rows."""
-    state, cfg, guard = setup(cfg)  # Part II: data, model, engine, grader, optimiser, a resumed run's state
-    with guard:                     # Part II: the records, the rules that stop a run, checkpoints, signals, clean-up
-        if not cfg.resume:  # a new run: step 0 is the initial weights' held-out pass rate
-            val, errors = evaluate(state, cfg, 0)
-            guard.step_done({"step": 0, **state.totals, **val}, errors)
-        for step in range(guard.first, cfg.steps + 1):
-            t0 = time.time()
-            result = rl_step(state, cfg)
-            if result is None:
-                rules = ", ".join(sorted(set(state.curriculum.removed.values())))  # npr: No-Positive-Resampling
-                print(f"every training prompt has been removed by the curriculum ({rules}); stopping")
-                break
-            row, errors = guard.row(step, result, time.time() - t0), result["errors"]
-            if step % cfg.eval_every == 0 or step == cfg.steps:
-                val, val_errors = evaluate(state, cfg, step)
-                row, errors = {**row, **val}, errors + val_errors
-                row.update(live_fit(guard.rows + [row]) if cfg.live_fit and rank() == 0 else {})  # predicted A
-            guard.step_done(row, errors)  # recorded, the stop rules, the checkpoint cadence
-            if guard.signalled():  # Ctrl-C or SIGTERM during the step: checkpoint it, say how to resume, stop
-                guard.stop_here()
-                break
-    return guard.rows
-
 
 # ==================================================================================================
 # PART II -- PLUMBING. Nothing below changes the recipe. A run meets it in this order, and so does the reader:
@@ -785,19 +784,19 @@ def run(cfg):
 #                                   Guard; tear_down
 #   2. The command line             Config, parse_args, config_in_force, fill_defaults, validate, the hub check
 #   3. Data                         the built-in tasks, --data's readers, prompts encoded
-#   4. Models                       the embedded tiny model, loading a model and its tokenizer
-#   5. The memory plan              what each GPU will hold, before any weight loads; the trainer's peak and RSS
-#   6. torchrun                     ranks and their sums, FSDP2's shards, the weights gathered for a push
-#   7. Engines                      the contract, Hugging Face generate, in-process vLLM (the split: generators.py)
-#   8. Grading and rewards          the pool of processes that runs the reward functions with a time limit; REWARDS
-#   9. The trainer's forward pass   Policy, the micro-batch's tensors, the FP32 head's split-bf16 product
-#  10. Metrics and the screen       Guard (the rules, the cadence, signals), Recorder (the records), metrics_row
-#  11. Run directories, checkpoints the lock, checkpoints written atomically, resume
-# Within a section a function comes before those it calls. A run's route from main through one step reads down the
-# file (bench.py --route counts it) but for calls into Part I (the recipe comes first, to be read in one sitting:
-# Part II builds and drives it) and for helpers that later sections share: step_seed and head_product (2),
-# best_constant_pass_rate (3), model_sizes and trim_memory (5), torchrun's reductions and full_weights (6), and the
-# Guard's call back to tear_down (1), which sits beside setup as the run's end.
+#   4. Models                       the embedded tiny model, loading a model and its tokenizer; the memory plan
+#   5. Engines                      the contract, Hugging Face generate, in-process vLLM (the split: generators.py)
+#   6. Grading and rewards          the pool of processes that runs the reward functions with a time limit; REWARDS
+#   7. The trainer's forward pass   Policy, the micro-batch's tensors, the FP32 head's split-bf16 product
+#   8. Metrics and the screen       Guard (the rules, the cadence, signals), Recorder (the records), metrics_row
+#   9. Run directories, checkpoints the lock, checkpoints written atomically, resume
+#  10. torchrun                     ranks and their sums, FSDP2's shards, the weights gathered for a push
+# Beside this file: memory.py (the memory plan), moe.py (an MoE's routing), sandbox.py (the code reward's sandbox),
+# generators.py (the generator-trainer split). Within a section a function comes before those it calls, and a run's
+# route from main through one step reads down the file (bench.py --route counts its jumps back) but for the calls into
+# Part I, which comes first to be read in one sitting (Part II builds and drives it: the optimiser, Rollouts, the
+# reference models, rollout's requests, the FP32 head's logits), for step_seed (2), which an engine shares with the
+# recipe, and for the Guard's call back to tear_down (1), the run's end beside its start.
 # ==================================================================================================
 
 # --------------------------------------------------------------------------------------------------
@@ -878,27 +877,27 @@ def setup(cfg):
 def start_run(cfg, resumed, release):
     """setup() once the run directory is claimed: the sections of Part II in the order a run meets them."""
     train, val = load_data(cfg)                                         # 3. (bad data stops the run here)
-    tasks = {x[3] if len(x) > 3 else cfg.reward for x in train + val}  # 8. the rewards grading them (row_reward)
+    tasks = {x[3] if len(x) > 3 else cfg.reward for x in train + val}  # 6. the rewards grading them (row_reward)
     start_notes(cfg, tasks)                                             # 1. what the flags alone do not say
     device, dtype = run_device(cfg)
     tok, config, path = load_tokenizer(cfg, cfg.resume or None)         # 4. (the embedded model built first)
     train_ids, val_ids, longest = encode_prompts(tok, config, train, val, cfg)  # 3. within the model's positions
-    check_memory_plan(cfg, config, device, longest)                     # 5. before any weight is loaded
-    grader = Grader(REWARDS[cfg.reward], grading_workers(cfg, tasks), cfg.reward_timeout)  # 8.
-    model, policy, frozen = load_trainer(cfg, device, path)             # 4, 6. (FSDP2 under torchrun)
+    check_memory_plan(cfg, config, device, longest)                     # 4. before any weight is loaded
+    grader = Grader(REWARDS[cfg.reward], grading_workers(cfg, tasks), cfg.reward_timeout)  # 6.
+    model, policy, frozen = load_trainer(cfg, device, path)             # 4, 10. (FSDP2 under torchrun)
     autocast = None if dtype == getattr(torch, cfg.param_dtype) else dtype
-    engine = make_engine(cfg, config, path, device, dtype, longest, len(val), model, tok, autocast)  # 7.
+    engine = make_engine(cfg, config, path, device, dtype, longest, len(val), model, tok, autocast)  # 5.
     opt, sched = make_optimizer(model, cfg)                             # Part I, 5.
     state = State(model, tok, opt, sched, autocast, engine, Rollouts(cfg, engine, tok), grader, train, train_ids,
                   val, val_ids, Curriculum(len(train), cfg.seed, rank(), world()),
                   {"device_hours": 0.0, "flops": 0.0, "gen_tokens": 0, "train_tokens": 0, "skipped_updates": 0},
                   serial=rank(), policy=policy, frozen=frozen,
                   digests={k: file_digest(getattr(cfg, k)) for k in ("data", "val_data") if getattr(cfg, k)})
-    rows = restore(resumed, state, cfg.resume) if resumed else []           # 11. a resumed run's state
+    rows = restore(resumed, state, cfg.resume) if resumed else []           # 9. a resumed run's state
     engine.push(model, state.version)  # the engine starts from exactly the trainer's weights
     ceiling = hidden_task_ceiling([p for p, *_ in val]) if not cfg.data and cfg.task == "hidden" else None
     first = resumed["step"] + 1 if resumed else 1
-    return state, cfg, Guard(cfg, state, Recorder(cfg, state, rows, first, device, ceiling), first, release)  # 10.
+    return state, cfg, Guard(cfg, state, Recorder(cfg, state, rows, first, device, ceiling), first, release)  # 8.
 
 
 def start_notes(cfg, tasks=None):
@@ -1192,11 +1191,6 @@ def check_resume(cfg):
     if "out" not in cfg.typed and os.path.basename(os.path.dirname(cfg.resume)) != "checkpoints":
         die(f"--resume {cfg.resume}: not in a run's checkpoints directory (RUN/checkpoints/step_N), so there is no run "
             "to continue: pass --out DIR, a new directory for the run")
-
-
-def head_product(cfg):
-    """The FP32 head's product [Sec. 3.2], "float32" or "split" (fp32_head_logits), or False without the FP32 head."""
-    return cfg.lm_head_fp32 and cfg.fp32_head_product
 
 
 def validate(cfg):
@@ -1650,14 +1644,9 @@ def encode_prompt(tok, prompt, cfg, chars=None):
     return tok(text, add_special_tokens=not templated).input_ids  # (a template writes its own special tokens)
 
 
-def best_constant_pass_rate(answers):
-    """Pass rate of always giving the most common answer (none passes a code row's ''): the floor to beat to learn."""
-    values, counts = np.unique(answers, return_counts=True)
-    counts = counts * (values != "")
-    return values[counts.argmax()], counts.max() / len(answers)
-
 # --------------------------------------------------------------------------------------------------
-# 4. Models: the embedded tiny model, and loading any model with its tokenizer
+# 4. Models: the embedded tiny model; loading any model with its tokenizer; the memory plan, what each GPU will hold,
+#    before any weight loads (memory.py: the plan, and the CPU engine's KV cache and the trainer's peak)
 # --------------------------------------------------------------------------------------------------
 
 
@@ -1738,6 +1727,17 @@ def save_atomically(model, tok, path):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def check_memory_plan(cfg, config, device, longest):
+    """On CUDA with a model of the user's: print what each GPU will hold, and refuse in one line what will not fit (the
+    plan: memory.py)."""
+    if device.type == "cuda" and (cfg.resume or cfg.model):
+        sizes, total = memory.model_sizes(config), torch.cuda.get_device_properties(device).total_memory
+        print(memory.plan_line(memory.memory_plan(sizes, cfg, world(), total, longest, launched()), cfg, total),
+              flush=True)
+        if error := memory.plan_error(sizes, cfg, world(), total, longest, launched()):
+            die(error)
+
+
 def load_trainer(cfg, device, path):
     """(model, policy, frozen): the model to train, with activation checkpointing (before FSDP2 wraps its layers), the
     Policy that trains it (under torchrun: see shard) and frozen_models' (sharded the same way)."""
@@ -1747,8 +1747,9 @@ def load_trainer(cfg, device, path):
     if cfg.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     init_distributed(cfg, device, model)
-    policy = shard(model, device)  # (before the engine starts: it sizes itself to the memory left)
-    return model, policy, frozen_models(cfg, lambda: shard(load(None).requires_grad_(False), device))
+    wrap = lambda m: shard(m, device) if launched() else Policy(m)  # noqa: E731
+    policy = wrap(model)  # (before the engine starts: it sizes itself to the memory left)
+    return model, policy, frozen_models(cfg, lambda: wrap(load(None).requires_grad_(False)))
 
 
 def load_model(cfg, device, path=None, empty=False):
@@ -1770,7 +1771,8 @@ def load_model(cfg, device, path=None, empty=False):
 
 def check_architecture(cfg, config, path):
     """A model that the trainer (a causal-LM class of transformers) or the vLLM engine has no class for, or an MoE
-    without moe.py, is refused, named, before any weight loads (vLLM's registry costs the import of vLLM, which its engine pays anyway)."""
+    without moe.py, is refused, named, before any weight loads (vLLM's registry costs the import of vLLM, which its
+    engine pays anyway)."""
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     arch = (getattr(config, "architectures", None) or [type(config).__name__])[0]
@@ -1800,212 +1802,7 @@ def cannot_load(cfg, path, e, part):
 
 
 # --------------------------------------------------------------------------------------------------
-# 5. The memory plan: what each GPU will hold, planned from the config before any weight loads (memory.py, beside this
-#    file; docs/benchmarks.md), from the model's sizes; what the trainer's update peaked at (CUDA) and the process's
-#    resident memory
-# --------------------------------------------------------------------------------------------------
-
-
-def model_sizes(config):
-    """What the memory plan needs of a model, counted on the meta device from its config."""
-    from transformers import AutoModelForCausalLM
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    (V, H), heads = model.get_output_embeddings().weight.shape, config.num_attention_heads
-    d = getattr(config, "head_dim", None) or H // heads
-    units = [m for m in model.modules() if type(m).__name__ in (getattr(model, "_no_split_modules", None) or [])]
-    k = getattr(config, "num_experts_per_tok", None) or 0  # an MoE: I is its experts' width at top-k
-    experts = [p for p in units[0].parameters() if p.dim() == 3] if k else []  # its experts, fused (transformers 5)
-    width = getattr(config, "moe_intermediate_size", None) or getattr(config, "intermediate_size", 4 * H)
-    return {"params": sum(p.numel() for p in model.parameters()), "V": V, "H": H, "I": width * (k or 1), "k": k,
-            "E": experts[0].shape[0] if experts else 0, "experts": sum(p.numel() for p in experts), "L": len(units),
-            "A": heads * d, "layer": sum(p.numel() for p in units[0].parameters()),
-            "tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight,
-            "kv": 2 * len(units) * getattr(config, "num_key_value_heads", heads) * d}
-
-
-def check_memory_plan(cfg, config, device, longest):
-    """On CUDA with a model of the user's: print what each GPU will hold, and refuse in one line what will not fit (the
-    plan: memory.py, beside this file)."""
-    if device.type == "cuda" and (cfg.resume or cfg.model):
-        if memory is None:
-            return print("scalerl: no memory plan (memory.py is not beside scalerl.py)", flush=True)
-        sizes, total = model_sizes(config), torch.cuda.get_device_properties(device).total_memory
-        print(memory.plan_line(memory.memory_plan(sizes, cfg, world(), total, longest, launched()), cfg, total),
-              flush=True)
-        if error := memory.plan_error(sizes, cfg, world(), total, longest, launched()):
-            die(error)
-
-
-def gpu_peak(model, opt):
-    """On CUDA, before an update: a function giving gpu_peak_gb, the resident bytes (weights, AdamW's moments: this
-    rank's shards) plus the update's peak above where memory stood (the idle engine counts in neither)."""
-    device = next(model.parameters()).device
-    if device.type != "cuda":
-        return dict
-    torch.cuda.reset_peak_memory_stats(device)
-    tensors = [*model.parameters(), *(v for state in opt.state.values() for v in state.values() if torch.is_tensor(v))]
-    resident = sum(t.numel() * t.element_size() for t in (x.to_local() if hasattr(x, "to_local") else x
-                                                          for x in tensors) if t.is_cuda)
-    start = torch.cuda.memory_allocated(device)
-    return lambda: {"gpu_peak_gb": (resident + torch.cuda.max_memory_allocated(device) - start) / 2**30}
-
-
-def trim_memory():
-    """Hand the C heap's free memory back to the system (glibc keeps what a step frees: a run grew step after step,
-    docs/real-model.md), then return the process's resident memory in GiB, or None where /proc cannot tell."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).malloc_trim(0)
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
-    except (OSError, ValueError, IndexError):
-        return None
-
-# --------------------------------------------------------------------------------------------------
-# 6. torchrun: one process per device. FSDP2 shards the trainer; each rank has its own engine and generates its share
-#    of each step's prompts; whatever the recipe defines over the batch is reduced over the ranks. In one process
-#    every function here is the identity.
-# --------------------------------------------------------------------------------------------------
-
-
-def launched():
-    """True under torchrun (or any launcher that sets RANK and WORLD_SIZE): the run is sharded, even on one rank."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
-def world():
-    return int(os.environ["WORLD_SIZE"]) if launched() else 1
-
-
-def rank():
-    return int(os.environ["RANK"]) if launched() else 0
-
-
-def mean_over_ranks(pairs):
-    """{name: total / count} of {name: (total, count)}, each summed over the ranks; none where the count is 0."""
-    flat = np.atleast_1d(all_sum(*(float(v) for pair in pairs.values() for v in pair))).tolist() if pairs else []
-    return {k: flat[2 * a] / flat[2 * a + 1] for a, k in enumerate(pairs) if flat[2 * a + 1]}
-
-
-def all_sum(*values):
-    """The values summed over the ranks (each holds its share of the batch), as floats: one, or a list."""
-    return _reduce(values, dist.ReduceOp.SUM)
-
-
-def all_max(*values):
-    return _reduce(values, dist.ReduceOp.MAX)
-
-
-def _reduce(values, op):
-    x = torch.tensor([float(v) for v in values], dtype=torch.float64)
-    if world() > 1:
-        dist.all_reduce(x, op=op)
-    return x.tolist() if len(values) > 1 else x.item()
-
-
-def all_gather(*lists):
-    """Each list concatenated over the ranks, in rank order."""
-    if world() == 1:
-        return [list(x) for x in lists]
-    got = [None] * world()
-    dist.all_gather_object(got, [list(x) for x in lists])
-    return [sum((g[k] for g in got), []) for k in range(len(lists))]
-
-
-def backward_sum(loss):
-    """loss.backward() for this rank's share of a sum: FSDP2 averages the ranks' gradients, so it is scaled by W."""
-    (loss * world()).backward()
-
-
-def full_tensor(t):
-    """A whole tensor from a sharded one (DTensor.full_tensor gathers it: a collective, every rank in turn)."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def broadcast(obj):
-    """Rank 0's value of obj, on every rank."""
-    box = [obj]
-    if world() > 1:
-        dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def init_distributed(cfg, device, model):
-    """Under torchrun: join the process group (NCCL and gloo on CUDA: a 30-minute timeout) and checkpoint_group's; after
-    the model is loaded (with a group, save_pretrained writes on rank 0 only: each node builds its own)."""
-    if not launched():
-        return
-    if not dist.is_initialized():
-        dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
-    checkpoint_group(model, cfg)
-    cfg.out = broadcast(cfg.out)  # each rank timed its own default name; rank 0's is the run's
-
-
-def shard(model, device):
-    """FSDP2 under torchrun. Only rank 0 has loaded the weights: it sends each, one at a time, and every rank keeps its
-    shard; buffers (rotary tables) go whole. Host memory holds the model once, for any number of ranks."""
-    if not launched():
-        return Policy(model)
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-    empty = next(model.parameters()).is_meta
-    whole = model.state_dict() if rank() == 0 else {}  # the loaded tensors, kept while fully_shard copies shards
-    policy = fsdp_units(model)
-    if empty:
-        policy.to_empty(device=device)
-    set_model_state_dict(model, whole, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-    for b in model.buffers():
-        dist.broadcast(b, src=0)
-    return policy
-
-
-def fsdp_units(model, mesh=None):
-    """The Policy around the model, sharded by FSDP2: each decoder layer one unit, the Policy the root, holding the
-    rest. mesh: the ranks' device mesh (bench.py --memory passes one made outside fake mode)."""
-    from torch.distributed.fsdp import fully_shard
-    for m in model.modules():
-        if type(m).__name__ in (getattr(model, "_no_split_modules", None) or []):
-            fully_shard(m, mesh=mesh)
-    return fully_shard(Policy(model), mesh=mesh)
-
-
-def replica(model, device):
-    """An unsharded copy of the model for the HF engine under torchrun: a rank's generate must not wait on others."""
-    from transformers import AutoModelForCausalLM
-    with torch.device("meta"):
-        copy_ = AutoModelForCausalLM.from_config(model.config, dtype=next(model.parameters()).dtype)
-    copy_.to_empty(device=device)
-    copy_.tie_weights()  # (to_empty gave a tied head storage of its own, which no push fills: the tie made again)
-    for name, b in copy_.named_buffers():
-        b.copy_(model.get_buffer(name))
-    return copy_
-
-
-def even_out(batches, pad_id):
-    """Micro-batches as many as on the rank with the most: the others get empty ones (one padding token with loss
-    mask 0: no loss, no count), so that FSDP's collectives in forward and backward line up across ranks."""
-    empty = Completion([pad_id], [0.0], False, [0], [0])
-    filler = [Sample([pad_id], [pad_id], [0.0], [0], [0], 0.0, 0.0, completion_values(empty, 0.0, 0.0))]
-    return batches + [filler] * (int(all_max(len(batches))) - len(batches))
-
-
-def full_weights(model, dtype, checkpoint=False):
-    """(name, whole tensor in dtype) of each weight, one at a time, for a push: under torchrun each is gathered when the
-    engine asks for it, every rank in the same order, so no rank holds the whole model twice (vLLM reloads by layer).
-    checkpoint: under the names and in the layout of the model's checkpoint, which vLLM reads, one layer at a time:
-    transformers converts some models on load (an MoE's experts fused into 3D tensors, Mixtral's modules renamed) and
-    its revert_weight_conversion is what save_pretrained writes back; a state_dict() as it is in memory would corrupt
-    the experts where the shapes happen to fit, and fail where they do not."""
-    from transformers.core_model_loading import revert_weight_conversion
-    tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
-    layer = lambda name: re.match(r"(.*?\.\d+\.)?", name).group()  # noqa: E731  ("model.layers.3.": one group)
-    for _, group in itertools.groupby(((n, t) for n, t in model.state_dict().items() if n not in tied),
-                                      key=lambda nt: layer(nt[0])):  # (a tied head is the embedding, pushed as such:
-        whole = {n: full_tensor(t).detach().to(dtype) for n, t in group}             # vLLM's Gemma 2 has no lm_head)
-        yield from (revert_weight_conversion(model, whole) if checkpoint else whole).items()
-
-# --------------------------------------------------------------------------------------------------
-# 7. Engines. One contract: submit(key, token_ids, max_tokens, seed) queues a request; step() advances generation and
+# 5. Engines. One contract: submit(key, token_ids, max_tokens, seed) queues a request; step() advances generation and
 #    returns the requests that finished, as (key, Completion), with the tokens decoded and the engine steps taken;
 #    push(model, version) loads new weights; `version` is the version it holds, `capacity` the sequences it decodes
 #    at once, `preemptions` those it preempted for want of KV cache, so far; sleep() before the trainer trains.
@@ -2019,7 +1816,8 @@ def make_engine(cfg, config, path, device, dtype, longest, n_val, model, tok, au
     """The run's engine; on a CPU vLLM's KV cache is sized here, and saved in config.json."""
     L = cfg.vllm_max_model_len or longest
     if cfg.engine == "vllm" and device.type == "cpu" and not cfg.vllm_kv_cache_mb:
-        cfg.vllm_kv_cache_mb, line = cpu_kv_cache_mb(cfg, model_sizes(config)["kv"] * dtype.itemsize, L, n_val)
+        kv_bytes = memory.model_sizes(config)["kv"] * dtype.itemsize
+        cfg.vllm_kv_cache_mb, line = memory.cpu_kv_cache_mb(cfg, kv_bytes, L, n_val, world())
         print(line, flush=True)
     if cfg.generators:  # (the split's processes: generators.py, beside this file, imports nothing of this one)
         from generators import SplitEngine
@@ -2070,7 +1868,8 @@ class HFEngine:
             return [], 0, 0
         seed = int(np.random.SeedSequence([s for *_, s in reqs]).generate_state(1)[0])
         comps, decoded = hf_generate(self.model, self.tok, [r[1] for r in reqs], [r[2] for r in reqs],
-                                     self.cfg.temperature, seed, head_product(self.cfg), self.autocast)
+                                     self.cfg.temperature, seed, self.cfg.lm_head_fp32 and self.cfg.fp32_head_product,
+                                     self.autocast)
         for c in comps:
             c.versions = [self.version] * len(c.tokens)
         return [(r[0], c) for r, c in zip(reqs, comps)], decoded, 1
@@ -2168,14 +1967,13 @@ class VLLMEngine:
             gc.freeze()  # vLLM freezes the heap once started; until then its import and start collect garbage over
             import vllm  # all of it (twice in full loading the model): frozen now, they skip what we hold
             self.llm = vllm.LLM(**kw)
-        if cfg.lm_head_fp32 and self.head_dtypes() != ["torch.float32"]:
-            die(f"--lm-head-fp32: this vLLM ({vllm.__version__}) computes the LM head in {self.head_dtypes()}, not "
-                "float32: it does not honour hf_overrides head_dtype for this model. Use a vLLM that does (0.32 "
-                "does), or pass --no-lm-head-fp32", 1)
-        split = head_product(cfg) == "split"
-        if cfg.lm_head_fp32 and not self.llm.apply_model(lambda m: engine_fp32_head(m, split))[0]:
-            die("--lm-head-fp32: this vLLM model has no lm_head and logits_processor to give a float32 head; pass "
-                "--no-lm-head-fp32", 1)
+        split = cfg.fp32_head_product == "split"
+        head = self.llm.apply_model(lambda m: engine_fp32_head(m, split))[0] if cfg.lm_head_fp32 else None
+        if cfg.lm_head_fp32 and head != "torch.float32":
+            die("--lm-head-fp32: " + (f"this vLLM ({vllm.__version__}) computes the LM head's logits in {head}, not "
+                                      "float32: it does not honour hf_overrides head_dtype for this model. Use a vLLM "
+                                      "that does (0.32 does)" if head else "this vLLM model has no lm_head and "
+                                      "logits_processor to give a float32 head") + ", or pass --no-lm-head-fp32", 1)
         # each weight push logs that rotary embeddings got no weights: they have none to get (their cache is computed)
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
             lambda r: not r.getMessage().startswith("RotaryEmbedding: Failed to load weights"))
@@ -2204,15 +2002,8 @@ class VLLMEngine:
         """Sequences to decode at once: what the KV cache holds at the running mean length of the finished sequences.
         vLLM preempts (and recomputes) one when its blocks run out (`preemptions`): the worst case, every sequence at
         the whole context, would admit one group at a time at the paper's lengths."""
-        fit = kv_capacity(self.blocks, self.kv_groups, self.mean_len) if self.blocks else self.max_seqs
+        fit = memory.kv_capacity(self.blocks, self.kv_groups, self.mean_len) if self.blocks else self.max_seqs
         return max(self.cfg.generations_per_prompt, min(self.max_seqs, fit))
-
-    def head_dtypes(self):
-        """The engine's LM-head logits' dtypes (its LogitsProcessor modules'): ['torch.float32'] with an FP32 head."""
-        found = self.llm.apply_model(lambda model: sorted({str(getattr(m, "head_dtype", None))
-                                                           for m in model.modules()
-                                                           if type(m).__name__ == "LogitsProcessor"}))[0]
-        return [str(self.llm.llm_engine.model_config.dtype) if d == "None" else d for d in found]
 
     def submit(self, key, ids, max_tokens, seed):
         self.queue.append((key, tuple(ids), max_tokens, seed))
@@ -2334,43 +2125,18 @@ def vllm_args(cfg, path, device, dtype, max_model_len, place=0, device_bytes=Non
         kw["hf_overrides"] = {"head_dtype": "float32"}
     if launched():  # one engine per rank, on cuda:LOCAL_RANK, each generating its own prompts (as TRL colocates)
         kw["distributed_executor_backend"] = "external_launcher"
+    from transformers import AutoConfig
+    conf = AutoConfig.from_pretrained(path)
     if device.type == "cpu":  # eager: compiling took 49 s for a 10% faster 135M model on 2 cores
-        from transformers import AutoConfig  # (setup sizes the cache, says so and saves it; an engine made alone here)
-        mb = cfg.vllm_kv_cache_mb or cpu_kv_cache_mb(cfg, model_sizes(AutoConfig.from_pretrained(path))["kv"] *
-                                                     dtype.itemsize, max_model_len, 0)[0]
+        mb = cfg.vllm_kv_cache_mb or memory.cpu_kv_cache_mb(  # (setup sizes it, says so and saves it; an engine
+            cfg, memory.model_sizes(conf)["kv"] * dtype.itemsize, max_model_len, 0, world())[0]  # made alone: here)
         kw.update(enforce_eager=True, kv_cache_memory_bytes=mb * 2**20, enable_chunked_prefill=False)
     else:  # the float32 head copy (engine_fp32_head) is made after vLLM sizes its KV cache: its bytes are the share's
-        from transformers import AutoConfig
-        conf = AutoConfig.from_pretrained(path)
         head = 4 * conf.vocab_size * conf.hidden_size * cfg.lm_head_fp32
         device_bytes = device_bytes or torch.cuda.get_device_properties(device).total_memory
         kw.update(gpu_memory_utilization=cfg.vllm_gpu_memory_utilization - head / device_bytes, enable_sleep_mode=
                   cfg.vllm_sleep if cfg.vllm_sleep is not None else cfg.off_policy == "ppo" or cfg.max_lag == 0)
     return kw, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_V2_MODEL_RUNNER": "0"}
-
-
-CPU_KV_SHARE = 0.25  # the most of the machine's available memory that the CPU engines' KV caches take by default
-CPU_KV_BLOCK = 128  # vLLM 0.32's KV cache block on CPU, in tokens (VLLMEngine reads the engine's own)
-
-
-def cpu_kv_cache_mb(cfg, kv_bytes, longest, n_val, available=None):
-    """--vllm-kv-cache-mb's default on a CPU and its start-up line: room for every sequence an engine decodes at once at
-    `longest` tokens (no preemption), at most CPU_KV_SHARE of the memory available (docs/engines.md)."""
-    K, P, G, engines = cfg.max_lag, cfg.prompts_per_step, cfg.generations_per_prompt, cfg.generators or world()
-    groups = (K + 1) * P if cfg.off_policy == "pipeline" else max(K, 1) * P
-    seqs = min(math.ceil(max(groups * G, n_val * cfg.eval_samples) / engines), cfg.vllm_max_num_seqs or 256)
-    if available is None:
-        with contextlib.suppress(OSError, StopIteration, ValueError):
-            with open("/proc/meminfo") as f:
-                available = 1024 * int(next(ln for ln in f if ln.startswith("MemAvailable:")).split()[1])
-    local = cfg.generators or int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # engines on this machine
-    tokens = (seqs * math.ceil(longest / CPU_KV_BLOCK) + 1) * CPU_KV_BLOCK  # (+1: vLLM's null block)
-    want, cap = tokens * kv_bytes, CPU_KV_SHARE * available / local if available else math.inf
-    mb = max(1, math.ceil(min(want, cap) / 2**20))
-    return mb, (f"scalerl: vLLM's KV cache: {mb} MiB{' an engine' * (engines > 1)}, for {seqs} sequences x {longest} "
-                f"tokens x {kv_bytes / 1024:.1f} KiB" + (f", cut to a quarter of the {available / 2**30:.1f} GiB "
-                f"available{f' over {local} engines' * (local > 1)}" if want > cap else "") +
-                "; --vllm-kv-cache-mb sets it")
 
 
 @contextlib.contextmanager
@@ -2406,16 +2172,18 @@ def quiet_stderr(verbose, log=None):
 def engine_fp32_head(model, split):
     """Inside the vLLM engine (apply_model): the FP32 LM head as the trainer computes it [Sec. 3.2], from a float32 copy
     of the head's weight or (split) its two bf16 parts (rows padded as vLLM pads the vocabulary; plain tensors, which
-    sleep mode leaves). vLLM's head_dtype alone keeps the weight in the model's dtype (logits_processor.py)."""
+    sleep mode leaves). vLLM's head_dtype alone keeps the weight in the model's dtype (logits_processor.py). Returns the
+    dtype vLLM computes the head's logits in (head_dtype, which hf_overrides sets to float32), or None where the model
+    has no lm_head and logits_processor to give it."""
     head = getattr(model, "lm_head", None) or getattr(getattr(model, "model", None), "embed_tokens", None)  # (tied:
     lp = getattr(model, "logits_processor", None)                                           # Gemma 2 has no lm_head)
     if not hasattr(head, "weight") or lp is None:
-        return False
+        return None
     w = head.weight.detach().to(torch.float32, copy=True)
     lp.fp32_head = split_bf16(w) if split else (w,)
     lp._apply_head = lambda lm_head, h, b: fp32_head_logits(h, *((None, b, lp.fp32_head) if split else
                                                                  (lp.fp32_head[0], b)))
-    return True
+    return str(getattr(lp, "head_dtype", None) or head.weight.dtype)
 
 
 def load_engine_head(model, weight):
@@ -2434,15 +2202,8 @@ def repack_tied_head(model):
         head.quant_method.process_weights_after_loading(head)
 
 
-def kv_capacity(blocks, groups, length):
-    """Sequences of `length` tokens a KV cache of `blocks` holds. groups: each KV cache group's (block size, sliding
-    window or None), on one pool (CUDA's hybrid manager: Gemma 2 has 2; a CPU, 1); one block is vLLM's null block."""
-    need = sum(math.ceil(length / b) if w is None else math.ceil(min(length, w - 1 + b) / b) + 1 for b, w in groups)
-    return (blocks - 1) // max(need, 1)
-
-
 # --------------------------------------------------------------------------------------------------
-# 8. Grading and rewards: the pool of processes that runs the reward functions with a time limit, then the rewards,
+# 6. Grading and rewards: the pool of processes that runs the reward functions with a time limit, then the rewards,
 #    fn(completion_text, answer, row) -> float. answer: the reference answer as text (gold_answer); row: the whole
 #    data row, every field as read (the built-in tasks': prompt and answer), for a reward that needs more than it.
 # --------------------------------------------------------------------------------------------------
@@ -2474,11 +2235,9 @@ class Grader:
         return p, conn
 
     def _wait_ready(self, conn):
-        try:
+        with contextlib.suppress(EOFError):  # (a worker that died starting: EOF)
             if conn.poll(120):
                 return conn.recv()
-        except EOFError:
-            pass
         die("a grading process did not start (its error is above)", 1)
 
     def __call__(self, items):
@@ -2647,7 +2406,7 @@ def completion_text(tok, tokens, specials):
 
 
 # --------------------------------------------------------------------------------------------------
-# 9. The trainer's forward pass: Policy (the model and its head, FSDP2's root), a micro-batch's tensors, the
+# 7. The trainer's forward pass: Policy (the model and its head, FSDP2's root), a micro-batch's tensors, the
 #    mismatch diagnostic, and the FP32 head's split-bf16 product (--fp32-head-product split)
 # --------------------------------------------------------------------------------------------------
 
@@ -2667,7 +2426,7 @@ class Policy(torch.nn.Module):
         hidden = self.model.get_decoder()(input_ids=x["ids"], attention_mask=x["attn"],
                                           use_cache=False).last_hidden_state
         terms = token_logprobs(hidden[x["row"], x["pos"]], self.model.get_output_embeddings(), x["targets"],
-                               cfg.temperature, head_product(cfg), cfg.logprob_chunk,
+                               cfg.temperature, cfg.lm_head_fp32 and cfg.fp32_head_product, cfg.logprob_chunk,
                                logit_transform(self.model.config))
         if layers:
             terms["routing_differs"] = moe.routing_differs(x, used, layers)
@@ -2729,11 +2488,8 @@ def batch_tensors(samples, pad_id, device):
             "fresh": tensor(s.lags is not None and not any(
                 lag for lag, m in zip(s.lags, s.mask or [1] * len(s.lags)) if m) for s in of),
             "values": {name: tensor(float(s.values[name]) for s in of) for name in samples[0].values}}
-    if samples[0].experts is not None:  # an MoE's: the generator's experts at each token's predicting position, or -1
-        e = torch.full((len(seqs), width, *samples[0].experts.shape[1:]), -1, dtype=torch.int16)
-        for k, s in enumerate(samples):
-            e[k, len(s.prompt) - 1:len(s.prompt) - 1 + len(s.tokens)] = torch.from_numpy(s.experts)
-        x["experts"] = e.to(device)
+    if samples[0].experts is not None:  # an MoE's: the generator's experts at each token's predicting position
+        x["experts"] = moe.experts_tensor(samples, width, device)
     return x
 
 
@@ -2746,10 +2502,8 @@ def mismatch_sums(logp, logp_gen, fresh, eps_max, routed=None):
     sums = {"mismatch_abs_logprob": (d.abs().sum(), n), "mismatch_kl_k3": ((torch.exp(d) - 1 - d).sum(), n),
             "mismatch_trunc_frac": ((d > math.log(eps_max)).sum(), n),
             "mismatch_fresh_abs_logprob": ((d.abs() * fresh).sum(), fresh.sum())}
-    if routed is not None:  # (NaN: no experts recorded; no data-dependent shape, for bench.py's fake tensors)
-        known, differs = (~routed[:, 0].isnan()).sum(), routed.nan_to_num(0.0)
-        sums.update(routing_mismatch_frac=((differs > 0).any(-1).sum(), known),
-                    routing_mismatch_layer_frac=(differs.sum(), known * routed.shape[1]))
+    if routed is not None:
+        sums.update(moe.routing_sums(routed))
     return sums
 
 
@@ -2798,9 +2552,9 @@ class SplitProduct(torch.autograd.Function):
         return gh, gw, None, None
 
 # --------------------------------------------------------------------------------------------------
-# 10. Metrics and the screen: the step's counts and metrics row; the Recorder, which records; the Guard around it, each
-#     of its parts one place a fork changes: watch (the warning and stop rules), checkpoint_due (the cadence),
-#     tear_down; the progress line and the rules' reasons; the live fit, W&B and --save-completions
+# 8. Metrics and the screen: the step's counts and metrics row; the Recorder, which records; the Guard around it, each
+#    of its parts one place a fork changes: watch (the warning and stop rules), checkpoint_due (the cadence),
+#    tear_down (section 1); the progress line and the rules' reasons; the live fit, W&B and --save-completions
 # --------------------------------------------------------------------------------------------------
 
 
@@ -2969,6 +2723,13 @@ class Recorder:
             self.tracker.finish()
 
 
+def best_constant_pass_rate(answers):
+    """Pass rate of always giving the most common answer (none passes a code row's ''): the floor to beat to learn."""
+    values, counts = np.unique(answers, return_counts=True)
+    counts = counts * (values != "")
+    return values[counts.argmax()], counts.max() / len(answers)
+
+
 def take_counts(state, cfg, r, seconds):
     """The step's counts, summed over the ranks, taken from the run's counters: the totals (the scaling curve's axes)
     advance by them, and the rollouts' counters and the generators' idle clocks start anew for the next step."""
@@ -3011,6 +2772,18 @@ def metrics_row(state, cfg, step, r, seconds, n):
     if (rss := trim_memory()) is not None:
         row["rss_gb"] = all_max(rss)
     return row
+
+
+def trim_memory():
+    """Hand the C heap's free memory back to the system (glibc keeps what a step frees: a run grew step after step,
+    docs/real-model.md), then return the process's resident memory in GiB, or None where /proc cannot tell."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def step_counts(state, cfg, r):
@@ -3145,21 +2918,13 @@ def collapse_reason(rows, cfg):
 
 
 def live_fit(rows):
-    """The paper's prediction as the run goes on: fit_curve.py's fit of the evaluations so far against device_hours; {}
-    while the points cannot support one (fewer than four, or at the search range's edge before the curve bends)."""
+    """The paper's prediction as the run goes on (fit_curve.live_fit: its fit of the evaluations so far, or {} while
+    they cannot support one); {} without fit_curve.py beside this file."""
     try:
         import fit_curve
     except ImportError:
         return {}
-    try:
-        f = fit_curve.fit_rows(rows, x="device_hours", bootstrap=100, seed=0)
-    except fit_curve.NotEnoughPoints:
-        return {}
-    at_bound = f["at_grid_edge"] == ["A"] and f["A"] > 0.99  # A at 1, the pass rate's own bound: not a failed fit
-    if f["at_grid_edge"] and not at_bound:
-        return {}
-    return {"fit_A": f["A"], "fit_B": f["B"], "fit_C_mid": f["C_mid"], "fit_A_ci": list(f["A_ci"]),
-            **({"fit_A_at_bound": True} if at_bound else {})}
+    return fit_curve.live_fit(rows)
 
 
 def start_wandb(cfg, out):
@@ -3187,8 +2952,8 @@ def save_completions(cfg, step, tok, data, groups, correct):
         for (prompt, answer, *_), g, rewards in zip(data, groups, correct) for c, r in zip(g, rewards)))
 
 # --------------------------------------------------------------------------------------------------
-# 11. Run directories and checkpoints: one run a directory, its lock; checkpoints written atomically; resume, exact
-#     (the synchronous loop) or with the groups in flight regenerated (the pipeline)
+# 9. Run directories and checkpoints: one run a directory, its lock; checkpoints written atomically; resume, exact
+#    (the synchronous loop) or with the groups in flight regenerated (the pipeline)
 # --------------------------------------------------------------------------------------------------
 
 
@@ -3513,11 +3278,8 @@ def file_digest(path):
     """The sha256 of a data file (None for a directory or a hub name): what a resume checks a moved --data against."""
     if not os.path.isfile(path):
         return None
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def moved_data(cfg, settings, digests, ckpt):
@@ -3597,6 +3359,140 @@ def restore(resumed, state, ckpt):
     if mine["cuda_rng"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(mine["cuda_rng"])
     return run_rows(ckpt, resumed["step"], resumed.get("row"))
+
+# --------------------------------------------------------------------------------------------------
+# 10. torchrun: one process per device. FSDP2 shards the trainer; each rank has its own engine and generates its share
+#     of each step's prompts; whatever the recipe defines over the batch is reduced over the ranks. Last, as a run in
+#     one process calls only its identities (and shares its reductions with the sections above).
+# --------------------------------------------------------------------------------------------------
+
+
+def launched():
+    """True under torchrun (or any launcher that sets RANK and WORLD_SIZE): the run is sharded, even on one rank."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def world():
+    return int(os.environ["WORLD_SIZE"]) if launched() else 1
+
+
+def rank():
+    return int(os.environ["RANK"]) if launched() else 0
+
+
+def init_distributed(cfg, device, model):
+    """Under torchrun: join the process group (NCCL and gloo on CUDA: a 30-minute timeout) and checkpoint_group's; after
+    the model is loaded (with a group, save_pretrained writes on rank 0 only: each node builds its own)."""
+    if not launched():
+        return
+    if not dist.is_initialized():
+        dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
+    checkpoint_group(model, cfg)
+    box = [cfg.out]  # each rank timed its own default name; rank 0's is the run's
+    dist.broadcast_object_list(box, src=0)
+    cfg.out = box[0]
+
+
+def shard(model, device):
+    """FSDP2 under torchrun. Only rank 0 has loaded the weights: it sends each, one at a time, and every rank keeps its
+    shard; buffers (rotary tables) go whole. Host memory holds the model once, for any number of ranks."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    empty = next(model.parameters()).is_meta
+    whole = model.state_dict() if rank() == 0 else {}  # the loaded tensors, kept while fully_shard copies shards
+    policy = fsdp_units(model)
+    if empty:
+        policy.to_empty(device=device)
+    set_model_state_dict(model, whole, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    for b in model.buffers():
+        dist.broadcast(b, src=0)
+    return policy
+
+
+def fsdp_units(model, mesh=None):
+    """The Policy around the model, sharded by FSDP2: each decoder layer one unit, the Policy the root, holding the
+    rest. mesh: the ranks' device mesh (bench.py --memory passes one made outside fake mode)."""
+    from torch.distributed.fsdp import fully_shard
+    for m in model.modules():
+        if type(m).__name__ in (getattr(model, "_no_split_modules", None) or []):
+            fully_shard(m, mesh=mesh)
+    return fully_shard(Policy(model), mesh=mesh)
+
+
+def replica(model, device):
+    """An unsharded copy of the model for the HF engine under torchrun: a rank's generate must not wait on others."""
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        copy_ = AutoModelForCausalLM.from_config(model.config, dtype=next(model.parameters()).dtype)
+    copy_.to_empty(device=device)
+    copy_.tie_weights()  # (to_empty gave a tied head storage of its own, which no push fills: the tie made again)
+    for name, b in copy_.named_buffers():
+        b.copy_(model.get_buffer(name))
+    return copy_
+
+
+def full_weights(model, dtype, checkpoint=False):
+    """(name, whole tensor in dtype) of each weight, one at a time, for a push: under torchrun each is gathered when the
+    engine asks for it, every rank in the same order, so no rank holds the whole model twice (vLLM reloads by layer).
+    checkpoint: under the names and in the layout of the model's checkpoint, which vLLM reads, one layer at a time:
+    transformers converts some models on load (an MoE's experts fused into 3D tensors, Mixtral's modules renamed) and
+    its revert_weight_conversion is what save_pretrained writes back; a state_dict() as it is in memory would corrupt
+    the experts where the shapes happen to fit, and fail where they do not."""
+    from transformers.core_model_loading import revert_weight_conversion
+    tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
+    layer = lambda name: re.match(r"(.*?\.\d+\.)?", name).group()  # noqa: E731  ("model.layers.3.": one group)
+    for _, group in itertools.groupby(((n, t) for n, t in model.state_dict().items() if n not in tied),
+                                      key=lambda nt: layer(nt[0])):  # (a tied head is the embedding, pushed as such:
+        whole = {n: full_tensor(t).detach().to(dtype) for n, t in group}             # vLLM's Gemma 2 has no lm_head)
+        yield from (revert_weight_conversion(model, whole) if checkpoint else whole).items()
+
+
+def full_tensor(t):
+    """A whole tensor from a sharded one (DTensor.full_tensor gathers it: a collective, every rank in turn)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def even_out(batches, pad_id):
+    """Micro-batches as many as on the rank with the most: the others get empty ones (one padding token with loss
+    mask 0: no loss, no count), so that FSDP's collectives in forward and backward line up across ranks."""
+    empty = Completion([pad_id], [0.0], False, [0], [0])
+    filler = [Sample([pad_id], [pad_id], [0.0], [0], [0], 0.0, 0.0, completion_values(empty, 0.0, 0.0))]
+    return batches + [filler] * (int(all_max(len(batches))) - len(batches))
+
+
+def mean_over_ranks(pairs):
+    """{name: total / count} of {name: (total, count)}, each summed over the ranks; none where the count is 0."""
+    flat = np.atleast_1d(all_sum(*(float(v) for pair in pairs.values() for v in pair))).tolist() if pairs else []
+    return {k: flat[2 * a] / flat[2 * a + 1] for a, k in enumerate(pairs) if flat[2 * a + 1]}
+
+
+def all_sum(*values):
+    """The values summed over the ranks (each holds its share of the batch), as floats: one, or a list."""
+    return _reduce(values, dist.ReduceOp.SUM)
+
+
+def all_max(*values):
+    return _reduce(values, dist.ReduceOp.MAX)
+
+
+def _reduce(values, op):
+    x = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    if world() > 1:
+        dist.all_reduce(x, op=op)
+    return x.tolist() if len(values) > 1 else x.item()
+
+
+def all_gather(*lists):
+    """Each list concatenated over the ranks, in rank order."""
+    if world() == 1:
+        return [list(x) for x in lists]
+    got = [None] * world()
+    dist.all_gather_object(got, [list(x) for x in lists])
+    return [sum((g[k] for g in got), []) for k in range(len(lists))]
+
+
+def backward_sum(loss):
+    """loss.backward() for this rank's share of a sum: FSDP2 averages the ranks' gradients, so it is scaled by W."""
+    (loss * world()).backward()
 
 
 if __name__ == "__main__":

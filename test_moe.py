@@ -189,7 +189,7 @@ def test_plan_counts_the_recorded_experts():
     batch_tensors' "experts" tensor); none for a dense model, whose plan is as before."""
     from test_scalerl import tiny_model
     cfg = S.fill_defaults(S.Config(micro_batch_tokens=1000))
-    dense = S.model_sizes(tiny_model(False).config)
+    dense = memory.model_sizes(tiny_model(False).config)
     moe = dict(dense, k=3)
     plain, planned = memory.trainer_plan(dense, cfg, 1, 10, False), memory.trainer_plan(moe, cfg, 1, 10, False)
     assert "routing" not in plain and planned["routing"] == 2 * 1000 * dense["L"] * 3

@@ -1,5 +1,5 @@
 """--reward code and sandbox.py. Hostile programs run only under an outer limit: a /usr/bin/python3 process as user
-nobody, with its own process limit, imports a copy of scalerl.py and sandbox.py and grades them with REWARDS["code"],
+nobody, with its own process limit, imports a copy of scalerl.py, sandbox.py and memory.py and grades them with REWARDS["code"],
 so that a broken sandbox fails a test, not the machine."""
 import dataclasses
 import json
@@ -56,7 +56,7 @@ HOSTILE = {  # name: (program, row, what an isolated sandbox gives: a reward, or
 }
 DRIVER = """
 import json, os, socket, sys
-sys.path[:0] = sys.argv[1:3]  # this copy of scalerl.py and sandbox.py, then the environment's packages
+sys.path[:0] = sys.argv[1:3]  # this copy of scalerl.py, sandbox.py and memory.py, then the environment's packages
 import sandbox, scalerl
 sandbox.LIMITS.update(cpu_s=2, wall_s=4, mem_mb=256, procs=8, out_kb=64)  # (smaller than the defaults: faster)
 os.environ["SECRET_TOKEN"] = %(secret)r
@@ -105,7 +105,7 @@ def hostile():
     """Each HOSTILE program graded by REWARDS['code'] (as the grading processes call it) in /usr/bin/python3 run as
     nobody under a process limit; what was left, and what nobody owns in /tmp before and after."""
     where = pathlib.Path(tempfile.mkdtemp(dir="/var/tmp"))  # (not /tmp, which the sandbox shadows; pytest's are root's)
-    for f in (sandbox.__file__, S.__file__):
+    for f in (sandbox.__file__, S.__file__, S.memory.__file__):
         shutil.copy(f, where)
     (where / "secret").write_text(SECRET)
     (where / "driver.py").write_text(DRIVER % {"secret": SECRET})
@@ -135,7 +135,7 @@ def test_hostile_programs_leave_nothing_behind(hostile):
     /tmp included), the loopback server heard nothing, and the caller did not grow (beyond 8 MB, after a warm-up)."""
     results, where, new_in_tmp = hostile
     assert results["left"] == [f"/usr/bin/python3\0-I\0-S\0{where}/sandbox.py\0True\0"] and not results["server_heard"]
-    assert sorted(os.listdir(where)) == ["driver.py", "sandbox.py", "scalerl.py", "secret"] and not new_in_tmp
+    assert sorted(os.listdir(where)) == ["driver.py", "memory.py", "sandbox.py", "scalerl.py", "secret"] and not new_in_tmp
     assert results["rss_growth"] < 8 << 20
 
 
@@ -362,7 +362,7 @@ def test_a_code_task_run_grades_in_the_sandbox_and_writes_its_rows(tmp_path):
     held-out pass rate at steps 0 and 2; its model has the code task's tokenizer."""
     where = pathlib.Path(tempfile.mkdtemp(dir="/var/tmp"))
     try:
-        for f in (sandbox.__file__, S.__file__):
+        for f in (sandbox.__file__, S.__file__, S.memory.__file__):
             shutil.copy(f, where)
         (where / "run.py").write_text("import sys\nif __name__ == '__main__':\n    sys.path[:0] = sys.argv[1:3]\n"
                                       "    import scalerl\n    scalerl.main(sys.argv[3:])\n")

@@ -1326,7 +1326,7 @@ def test_the_cpu_kv_cache_is_sized_from_the_flags(tmp_path):
     memory available. vllm_args gives vLLM that size; a typed size wins."""
     cfg = lambda **kw: S.Config(**{"prompts_per_step": 8, "generations_per_prompt": 4, "max_lag": 2,  # noqa: E731
                                    "eval_samples": 2, **kw})
-    size = lambda c, n_val=10, available=2**40: S.cpu_kv_cache_mb(c, 1024, 100, n_val, available)  # noqa: E731
+    size = lambda c, n_val=10, available=2**40: memory.cpu_kv_cache_mb(c, 1024, 100, n_val, available=available)  # noqa: E731
     mb, line = size(cfg())
     mib = lambda seqs: math.ceil((seqs + 1) * 128 * 1024 / 2**20)  # noqa: E731
     assert mb == mib(96) == 13 and "13 MiB, for 96 sequences x 100 tokens x 1.0 KiB;" in line and "quarter" not in line
@@ -1335,7 +1335,7 @@ def test_the_cpu_kv_cache_is_sized_from_the_flags(tmp_path):
     assert size(cfg(max_lag=0), n_val=100)[0] == mib(200) == 26
     assert size(cfg(vllm_max_num_seqs=50))[0] == mib(50) == 7
     assert size(cfg(generators=2))[0] == mib(48) == 7
-    assert S.cpu_kv_cache_mb(cfg(max_lag=0), 1024, 129, 0, 2**40)[0] == math.ceil((32 * 2 + 1) * 128 / 1024) == 9
+    assert memory.cpu_kv_cache_mb(cfg(max_lag=0), 1024, 129, 0, available=2**40)[0] == math.ceil((32 * 2 + 1) * 128 / 1024) == 9
     mb, line = size(cfg(), available=16 * 2**20)
     assert mb == 4 and "cut to a quarter of the 0.0 GiB available" in line
     assert size(cfg(generators=2), available=16 * 2**20)[0] == 2  # the quarter split between the 2 engines
@@ -1344,8 +1344,8 @@ def test_the_cpu_kv_cache_is_sized_from_the_flags(tmp_path):
     LlamaConfig(vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
                 num_key_value_heads=2).save_pretrained(path)
     kv = 2 * 3 * 2 * 16 * 4  # K and V, 3 layers, 2 KV heads of 64 / 4, float32
-    assert S.model_sizes(LlamaConfig.from_pretrained(path))["kv"] * 4 == kv
-    want = S.cpu_kv_cache_mb(cfg(), kv, 64, 0)[0]
+    assert memory.model_sizes(LlamaConfig.from_pretrained(path))["kv"] * 4 == kv
+    want = memory.cpu_kv_cache_mb(cfg(), kv, 64, 0)[0]
     for c, mb in ((cfg(), want), (cfg(vllm_kv_cache_mb=7), 7)):
         assert S.vllm_args(c, path, torch.device("cpu"), torch.float32, 64)[0]["kv_cache_memory_bytes"] == mb * 2**20
 
@@ -1594,7 +1594,7 @@ def test_fp32_head_is_checked_at_engine_start_and_pushed_in_float32(default_mode
     cfg = S.validate(S.fill_defaults(cfg))
     path = S.build_tiny_model(os.environ["XDG_CACHE_HOME"] + "/scalerl", 0, False)
     engine = S.VLLMEngine(cfg, path, torch.device("cpu"), torch.bfloat16, 64)
-    assert engine.head_dtypes() == ["torch.float32"]
+    assert engine.llm.apply_model(lambda m: str(m.logits_processor.head_dtype))[0] == "torch.float32"
     model = copy.deepcopy(default_model[0])
     head = model.get_output_embeddings().weight
     with torch.no_grad():
@@ -1615,7 +1615,7 @@ def test_fp32_head_is_checked_at_engine_start_and_pushed_in_float32(default_mode
     monkeypatch.setattr(vllm, "LLM", lambda **kw: real(**{k: v for k, v in kw.items() if k != "hf_overrides"}))
     with pytest.raises(S.ScaleRLError) as e:
         S.VLLMEngine(cfg, path, torch.device("cpu"), torch.bfloat16, 64)
-    assert e.value.status == 1 and "computes the LM head in ['torch.bfloat16'], not float32" in str(e.value)
+    assert e.value.status == 1 and "computes the LM head's logits in torch.bfloat16, not float32" in str(e.value)
 
 
 def test_vllm_arguments_pin_the_path_ci_runs_also_on_cuda(vllm_engine, monkeypatch):
@@ -2345,6 +2345,7 @@ def test_the_script_ends_its_process_itself_with_the_runs_exit_status(tmp_path):
     shutdown (which waited 2.5 s in native code after a vLLM engine): an atexit hook never runs, and the exit status is
     the run's (here 2, bad input, its one line on stderr). main(argv), as tests and bench.py call it, returns."""
     script = (f"import atexit, runpy, sys; atexit.register(lambda: print('shutdown ran', flush=True)); "
+              f"sys.path.insert(0, {HERE!r}); "  # (as `python scalerl.py` has it: memory.py beside it)
               f"sys.argv = ['scalerl.py', '--steps', '-1']; runpy.run_path({os.path.join(HERE, 'scalerl.py')!r}, "
               "run_name='__main__')")
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
@@ -3507,7 +3508,7 @@ GiB, H100 = 2**30, 79.2 * 2**30
 def qwen_sizes(name):
     from transformers import Qwen2Config
     V, H, L, I, heads, kv, tied = QWEN[name]
-    return S.model_sizes(Qwen2Config(vocab_size=V, hidden_size=H, num_hidden_layers=L, intermediate_size=I,
+    return memory.model_sizes(Qwen2Config(vocab_size=V, hidden_size=H, num_hidden_layers=L, intermediate_size=I,
                                      num_attention_heads=heads, num_key_value_heads=kv, tie_word_embeddings=tied))
 
 
@@ -3604,7 +3605,7 @@ def test_memory_plan_of_an_moe_by_hand():
     V, H, Ie, L, heads, kv, d, E, k = 4096, 512, 512, 4, 8, 2, 128, 32, 4
     experts = E * 3 * H * Ie
     layer = H * heads * d + 2 * H * kv * d + heads * d * H + 2 * d + E * H + experts + 2 * H
-    sizes = S.model_sizes(Qwen3MoeConfig(**MOE))
+    sizes = memory.model_sizes(Qwen3MoeConfig(**MOE))
     assert sizes["params"] == 2 * V * H + L * layer + H and sizes["layer"] == layer
     assert (sizes["I"], sizes["k"], sizes["E"], sizes["experts"], sizes["A"]) == (k * Ie, k, E, experts, heads * d)
     T, kept = 8192, 37 * H + 8 * k * Ie + 10 * (heads * d - H) + 5 * k * H + 10 * E
@@ -4200,10 +4201,10 @@ def test_kv_capacity_counts_every_kv_cache_group_by_hand():
     attention, and a sliding window of 4,096 tokens; blocks of 16) hold half the sequences one group would at 1,000
     tokens; at 8,192 the window's group needs 258 blocks where a full group needs 512."""
     full, window = (16, None), (16, 4096)
-    assert S.kv_capacity(1271, [full], 1000) == 1270 // 63 == 20  # ceil(1000 / 16) = 63
-    assert S.kv_capacity(1271, [full, window], 1000) == 1270 // (63 + 64) == 10  # the window's: 63 + 1
-    assert S.kv_capacity(10_000, [full, window], 8192) == 9999 // (512 + 258) == 12  # ceil(4111 / 16) + 1 = 258
-    assert S.kv_capacity(10_000, [full, full], 8192) == 9999 // 1024 == 9
+    assert memory.kv_capacity(1271, [full], 1000) == 1270 // 63 == 20  # ceil(1000 / 16) = 63
+    assert memory.kv_capacity(1271, [full, window], 1000) == 1270 // (63 + 64) == 10  # the window's: 63 + 1
+    assert memory.kv_capacity(10_000, [full, window], 8192) == 9999 // (512 + 258) == 12  # ceil(4111 / 16) + 1 = 258
+    assert memory.kv_capacity(10_000, [full, full], 8192) == 9999 // 1024 == 9
 
 
 def test_the_vllm_engine_counts_its_preemptions(tmp_path):
@@ -4603,6 +4604,8 @@ def forked(tmp_path, edits, replaces=()):
     """scalerl.py with the edits and replacements of fork_source applied, imported as a module of its own."""
     path = tmp_path / "scalerl_fork.py"
     path.write_text(fork_source(edits, replaces))
+    for module in ("memory.py", "moe.py", "sandbox.py", "generators.py"):  # (the modules beside it, as in a clone)
+        shutil.copy(os.path.join(HERE, module), tmp_path)
     spec = importlib.util.spec_from_file_location("scalerl_fork", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules["scalerl_fork"] = mod  # (dataclasses look their module up)
