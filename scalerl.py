@@ -51,8 +51,8 @@ per trained token (logp, logp_gen, A, weight: batch_tensors); train_step's compu
 CPU; `python scalerl.py --model DIR_OR_HUB_ID --data FILE` trains a real model on a math dataset;
 `torchrun --nproc-per-node 8 scalerl.py ...` shards the trainer with FSDP2 and gives each rank its own engine and its
 share of every step's prompts (what the recipe defines over the batch is reduced over the ranks: all_sum, all_max).
-Part I (the recipe) reads top to bottom: config, rl_step, then its components in the order it calls them, then
-run(). Part II is plumbing: nothing in it changes the recipe (command line, data, grading, engines, checkpoints).
+Part I (the recipe) reads top to bottom: config, run() (the loop), rl_step, then its components in the order it calls
+them. Part II is plumbing: nothing in it changes the recipe (command line, data, grading, engines, checkpoints).
 """
 import argparse
 import collections
