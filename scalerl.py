@@ -793,10 +793,10 @@ def push_weights(state, cfg):
 #  10. torchrun                     ranks and their sums, FSDP2's shards, the weights gathered for a push
 # Beside this file: memory.py (the memory plan), moe.py (an MoE's routing), sandbox.py (the code reward's sandbox),
 # generators.py (the generator-trainer split). Within a section a function comes before those it calls, and a run's
-# route from main through one step reads down the file (bench.py --route counts its jumps back) but for the calls into
-# Part I, which comes first to be read in one sitting (Part II builds and drives it: the optimiser, Rollouts, the
-# reference models, rollout's requests, the FP32 head's logits), for step_seed (2), which an engine shares with the
-# recipe, and for the Guard's call back to tear_down (1), the run's end beside its start.
+# route from main through one step reads down the file (bench.py --route lists its jumps back) but for 8 calls into
+# Part I, which comes first to be read in one sitting while Part II builds and drives it (main's run, make_optimizer,
+# Rollouts, frozen_models, rollout's add and wait, the FP32 head's logits, token_logprobs), for step_seed (2), which
+# the vLLM engine shares with the recipe, and for the Guard's call back to tear_down (1), the run's end.
 # ==================================================================================================
 
 # --------------------------------------------------------------------------------------------------
