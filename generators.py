@@ -4,7 +4,7 @@ N generator processes decode while the trainer trains, each a VLLMEngine (scaler
 generator i takes GPU LOCAL_WORLD_SIZE + i, on a CPU each process an equal share of the cores. The trainer hands them
 requests through a queue and its weights through one safetensors file in shared memory, and reads their finished
 completions back as Reports. SplitEngine keeps scalerl.py's engine contract (submit, step, push, abort, close, sleep,
-version, capacity, preemptions; see its section 7), so the recipe's loop runs unchanged on it: PipelineRL-k's lag
+version, capacity, preemptions; see its section 5), so the recipe's loop runs unchanged on it: PipelineRL-k's lag
 bound holds as in one process (docs/off-policy.md). scalerl.py's make_engine imports this file only for --generators.
 This file imports nothing of scalerl.py: make_engine hands SplitEngine the engine class each generator runs, the
 weights a push writes, and the error class the run reports a failed generator with.

@@ -92,7 +92,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import memory  # beside this file: the memory plan, the CPU engine's KV cache, the trainer's peak (section 5)
+import memory  # beside this file: the memory plan, the CPU engine's KV cache, the trainer's peak (section 4)
 
 try:  # the code reward's sandbox (--reward code), beside this file: a copy of this file alone runs all but that reward
     import sandbox
