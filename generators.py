@@ -26,7 +26,6 @@ import torch
 import torch.distributed as dist
 
 
-
 def rank_world():
     """(this trainer's rank, the trainer's ranks): under torchrun its process group's, in one process (0, 1)."""
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)

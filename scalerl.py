@@ -2845,7 +2845,7 @@ def pass_rates(state, cfg, ids, correct):
 
 def val_text(row):
     """' | val 0.512', and each task's where the row has them: ' | val 0.512 (code 0.430, math 0.594)'."""
-    tasks = ", ".join(f"{k[14:]} {v:.3f}" for k, v in row.items() if k.startswith("val_pass_rate_"))
+    tasks = ", ".join(f"{k[len('val_pass_rate_'):]} {v:.3f}" for k, v in row.items() if k.startswith("val_pass_rate_"))
     return f" | val {row['val_pass_rate']:.3f}" + f" ({tasks})" * bool(tasks)
 
 
