@@ -1,22 +1,37 @@
-"""Runs untrusted Python programs against their tests, for --reward code. Each program gets fresh Linux namespaces
-(user, mount, network, PID, IPC, UTS) entered with unshare(2) through ctypes, and rlimits: standard library only, it
-imports without torch and needs no system package (why not bubblewrap: docs/data-and-rewards.md). Per calling process:
-  Z, the zygote: /usr/bin/python3 started once with an empty environment in a session of its own; a root caller's
-     becomes nobody (RLIMIT_NPROC does not bind root). Forks A per run and never reads a request itself, so that no
-     row's tests stay in the memory a later program is forked from.
-  A, the warden: reads the request; enters the namespaces (its own uid mapped: not root there), whose root is
-     read-only (/usr, /dev/null and kin, a size-limited tmpfs /tmp: the only writable place, gone with them; no home,
-     no project, no machine files) and the network a loopback that is down; drops every capability; forks C; kills
-     it at the wall time; reports what C printed and whether it completed.
-  C, the program: PID 1 of its namespace, so that every process it made dies with it (daemons too) and none can
-     signal a process outside. Under rlimits, it runs the program, its tests in the same interpreter, then writes a
-     token known to A and C only: a program that ends early (sys.exit, os._exit, a swallowed exception) cannot pass.
-     (A program that reads the harness's frames could find it: in-process asserts cannot be made unforgeable;
-     stdin/stdout tests, compared outside the sandbox, are.)
-Not isolated (--weak-sandbox), A skips the namespaces: C runs in a temporary directory under the rlimits only."""
-import builtins
+"""The code reward's sandbox. A policy is an optimiser pointed at its grader, so the program it writes is hostile: no
+code of the program runs where its verdict is decided. The promises, each with what enforces it:
+  verdict   The row's tests run in the warden (A), the program in a process of its own (C), which answers the tests'
+            calls (judge.py: both sides). Arguments and results cross as plain data alone (None, bool, int, float,
+            complex, str, bytes, and lists, tuples, dicts, sets, frozensets of these: exact types, nested at most 64
+            deep, out_kb a message), decoded by A itself. C is forked before the tests are read: they never were in
+            its memory, nor is the verdict. The program's exception reaches the tests as its nearest built-in type
+            (StopIteration as RuntimeError, as PEP 479 does: a call cannot end a loop of the tests').
+  hacks     A result that is not plain data, a program that ends before or during its tests, or a message that C's
+            harness does not send: 0, the mark named ("hack: ..."), whatever the tests catch.
+  rows      A check(candidate) row needs its entry point, and tests must name a function of the program (checked
+            as the data is read, judge.row_tests); tests that pass with no call are an error. A HumanEval row's
+            helpers (poly) are its prompt's, run in A, not the program's.
+  files     Mount namespace: a read-only root of /usr and the libraries, /dev/null and kin, a tmpfs /tmp of file_mb
+            (the only writable place); no /proc, home, project or machine files.
+  network   Network namespace, its loopback down; seccomp: sockets of AF_UNIX alone (no vsock, netlink, packet).
+  processes PID namespace, C its init: it sees no other process; seccomp: no fork, vfork or clone of a process
+            (threads only), no ptrace, process_vm_*, pidfd_getfd, namespace or mount.
+  memory    One process, so RLIMIT_AS (mem_mb) bounds all of the program's memory, its threads' too; seccomp: no
+            memory files (memfd), SysV shared memory or queues, POSIX queues, io_uring; its files: file_mb in /tmp.
+  keyring   seccomp: no add_key, request_key or keyctl: nothing passes to the next program, or to the caller.
+  time      RLIMIT_CPU (cpu_s) in C; the wall time (wall_s) over the run, A's timer, then C killed.
+  privilege User namespace, its uid mapped (not root there), no capability, no_new_privs; a root caller's programs
+            run as nobody (RLIMIT_NPROC does not bind root). A confines itself as well once it has forked C.
+The processes: Z, the zygote (/usr/bin/python3 -I -S, one per calling process, an empty environment), forks A per
+run and never reads a request, so that no row's tests stay in memory that a later program is forked from. A reads
+the program's part of the request, splices the tests' part into a memory file, enters the namespaces, forks C,
+confines itself, judges and answers. C confines itself, runs the program (a stdin/stdout row: on its input; the
+caller compares its output), then answers A's calls. Not isolated (--weak-sandbox, where the machine has no user
+namespaces), A skips the namespaces: C runs in a temporary directory, under the rlimits and the filter alone, this
+user's files and processes in its reach."""
 import contextlib
 import ctypes
+import fcntl
 import functools
 import gc
 import json
@@ -24,57 +39,53 @@ import os
 import resource
 import select
 import signal
+import struct
 import sys
 import tempfile
 
+if __name__ == "__main__":  # the zygote (python3 -I: no directory of scripts on its path)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import judge  # noqa: E402  (the call boundary's two sides, beside this file)
+
 LIMITS = {"cpu_s": 5, "wall_s": 8.0, "mem_mb": 512, "procs": 16, "file_mb": 16, "out_kb": 1024}
-NOBODY = 65534
-PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+NOBODY, PYTHON = 65534, "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 NEWNS, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET = 0x20000, 0x4000000, 0x8000000, 0x10000000, 0x20000000, 0x40000000
 RDONLY, NOSUID, NODEV, REMOUNT, BIND, REC, PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 38
-SYS_PIVOT_ROOT, SYS_CAPSET = {"x86_64": (155, 126), "aarch64": (41, 91)}.get(os.uname().machine, (-1, -1))
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 1, 4, 24, 38, 22
+CALLS = {  # the kernel's numbers. Denied (x86_64's order): fork vfork ptrace process_vm_readv/writev pidfd_getfd
+    # add_key request_key keyctl unshare setns mount umount2 pivot_root chroot memfd_create memfd_secret io_uring_*
+    # userfaultfd bpf perf_event_open shmget msgget semget mq_open kexec_load kexec_file_load init/finit_module
+    # open_by_handle_at (aarch64 has no fork, vfork, kexec_file_load)
+    "x86_64": dict(arch=0xC000003E, pivot_root=155, capset=126, clone=56, socket=41, socketpair=53, prctl=157,
+                   denied=[57, 58, 101, 310, 311, 438, 248, 249, 250, 272, 308, 165, 166, 155, 161, 319, 447, 425,
+                           426, 427, 323, 321, 298, 29, 68, 64, 240, 246, 320, 175, 313, 304]),
+    "aarch64": dict(arch=0xC00000B7, pivot_root=41, capset=91, clone=220, socket=198, socketpair=199, prctl=167,
+                    denied=[117, 270, 271, 438, 217, 218, 219, 97, 268, 40, 39, 41, 51, 279, 447, 425, 426, 427, 282,
+                            280, 241, 194, 186, 190, 180, 104, 105, 273, 265])}
+SYS = CALLS.get(os.uname().machine)
 libc = ctypes.CDLL(None, use_errno=True)
 
 
 class SandboxError(Exception):
-    """The sandbox failed, or a program hit one of its limits: the completion scores 0, counted as a grading error."""
+    """The sandbox failed, a program hit a limit, or its row cannot be graded: 0, counted as a grading error."""
 
 
-def row_tests(row):
-    """(tests, entry_point, inputs, outputs) of a code row, or a string: why it has none. tests/test/test_list: Python
-    run after the program (MBPP's asserts; HumanEval's `def check(candidate)`, called with the row's entry_point);
-    inputs/outputs: stdin and expected stdout (APPS, CodeContests, LiveCodeBench); input_output: those as JSON."""
-    t = next(filter(None, map(row.get, ("tests", "test", "test_list"))), None)
-    t = "\n".join(t) if isinstance(t, list) and all(isinstance(s, str) for s in t) else t
-    if isinstance(t, str) and t.strip():
-        entry = row.get("entry_point") if "def check(" in t else None
-        return (t, entry, None, None) if entry is None or str(entry).isidentifier() else (
-            f"'entry_point' {entry!r} is not a function name, for the tests' check(candidate)")
-    io = row.get("input_output", row)
-    with contextlib.suppress(TypeError, ValueError):
-        io = json.loads(io)
-    ins, outs = (io.get(k) if isinstance(io, dict) else None for k in ("inputs", "outputs"))
-    if not (isinstance(ins, list) and isinstance(outs, list) and ins and len(ins) == len(outs)
-            and all(isinstance(s, str) for s in ins + outs)):
-        return "no tests: 'tests', 'test' or 'test_list', or 'inputs' and 'outputs' (or 'input_output'), as strings"
-    return None, None, ins, outs
-
-
-def passes(code, row, **limits):
-    """Whether the program passes every test of its row; SandboxError when a run hit a limit or the sandbox failed.
-    Outputs are compared line by line, trailing whitespace (and trailing empty lines) ignored."""
-    tests, entry, ins, outs = row_tests(row)
+def verdict(code, row, **limits):
+    """(passed, why) of a program on its row: why None where it passed, else why not ("hack: ..." for a hack's mark).
+    SandboxError where a run hit a limit, the sandbox failed, or the row cannot be graded. Outputs are compared line
+    by line, trailing whitespace (and trailing empty lines) ignored; each input a run, until one fails."""
+    tests = judge.row_tests(row)
+    if isinstance(tests, str):
+        raise SandboxError(f"the row cannot be graded: {tests}")
+    tests, entry, modules, ins, outs = tests
     lines = lambda text: [s.rstrip() for s in text.rstrip().splitlines()]  # noqa: E731
     end = os.times().elapsed + {**LIMITS, **limits}["wall_s"]  # (the row's runs share its wall time)
-    runs = ((run(code, tests, entry, stdin, isolated(), **{**limits, "wall_s": max(0.0, end - os.times().elapsed)}),
-             stdin, want) for stdin, want in zip(ins or [None], outs or [None]))  # (one at a time, until one fails)
-    return all(r["ok"] and (stdin is None or lines(r["out"]) == lines(want)) for r, stdin, want in runs)
-
-
-def _check(ret, what):
-    if ret != 0:
-        raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+    for k, (stdin, want) in enumerate(zip(ins or [None], outs or [None])):
+        r = run(code, tests, entry, stdin, isolated(), prompt=row.get("prompt") if entry else None, modules=modules,
+                **{**limits, "wall_s": max(0.0, end - os.times().elapsed)})
+        if not r["ok"] or stdin is not None and lines(r["out"]) != lines(want):
+            return False, r["reason"] or f"wrong output on input {k + 1} of {len(ins)}"
+    return True, None
 
 
 def _mount(src, target, fstype, flags, data=None):
@@ -82,11 +93,18 @@ def _mount(src, target, fstype, flags, data=None):
            f"mount {target}")
 
 
+def _check(ret, what):
+    if ret != 0:
+        raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+
+
 def _isolate(file_mb):
     """A: new user, mount, PID (for its children), network, IPC and UTS namespaces; the root a read-only tmpfs, mounted
     over /tmp there (the machine's /tmp is left as it is), holding read-only binds of what the interpreter needs,
-    /dev's harmless devices and a writable tmpfs /tmp of file_mb; the machine's root detached; no capability left."""
+    /dev's harmless devices and a writable tmpfs /tmp of file_mb; the machine's root detached."""
     uid, gid = os.getuid(), os.getgid()
+    if SYS is None:
+        raise OSError(f"no system call numbers for {os.uname().machine} (the seccomp filter)")
     _check(libc.unshare(NEWUSER | NEWNS | NEWPID | NEWNET | NEWIPC | NEWUTS), "unshare (user namespaces)")
     for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
         with open(f"/proc/self/{name}", "w") as f:
@@ -109,80 +127,113 @@ def _isolate(file_mb):
     _mount("tmpfs", root + "/tmp", "tmpfs", NOSUID | NODEV, f"mode=0777,size={file_mb}m")
     _mount(None, root, None, REMOUNT | RDONLY | NOSUID | NODEV)
     os.chdir(root)
-    _check(libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "pivot_root")  # the old root now lies on top of the new one:
+    _check(libc.syscall(SYS["pivot_root"], b".", b"."), "pivot_root")  # the old root now lies on top of the new one:
     _check(libc.umount2(b".", 2), "umount old root")  # MNT_DETACH, and it is gone
     os.chdir("/tmp")
-    cap = 0  # no capability left (unshare gave a full set in the new user namespace), none to regain, no setuid
+
+
+def _seccomp():
+    """The filter, in classic BPF: another machine's calls kill; a denied call EPERM; clone3 ENOSYS (threads fall back
+    to clone); clone for a thread alone, no CLONE_NEW*; socket and socketpair of AF_UNIX alone (else EAFNOSUPPORT);
+    prctl(PR_SET_PDEATHSIG) EPERM, so that C dies with A."""
+    ld, ret, jeq = (lambda k: (0x20, 0, 0, k)), (lambda k: (6, 0, 0, k)), (lambda k, t, f: (0x15, t, f, k))
+    allow, eperm, enosys, eafnosupport = 0x7FFF0000, 0x50001, 0x50026, 0x50061
+    prog = [ld(4), jeq(SYS["arch"], 1, 0), ret(0x80000000), ld(0), (0x35, 0, 1, 0x40000000), ret(enosys)]  # (x32)
+    for nr in SYS["denied"]:
+        prog += [jeq(nr, 0, 1), ret(eperm)]
+    prog += [jeq(435, 0, 1), ret(enosys), jeq(SYS["clone"], 0, 5), ld(16), (0x45, 2, 0, 0x7E020000),
+             (0x45, 0, 1, 0x10000), ret(allow), ret(eperm)]  # (jset: a CLONE_NEW* flag, then CLONE_THREAD)
+    for nr, arg, yes, no in ((SYS["socket"], 1, allow, eafnosupport), (SYS["socketpair"], 1, allow, eafnosupport),
+                             (SYS["prctl"], PR_SET_PDEATHSIG, eperm, allow)):
+        prog += [jeq(nr, 0, 4), ld(16), jeq(arg, 0, 1), ret(yes), ret(no)]
+    return b"".join(struct.pack("=HBBI", *ins) for ins in prog + [ret(allow)])
+
+
+FILTER = ctypes.create_string_buffer(_seccomp() if SYS else b"")  # (made once, in the zygote: fewer pages per fork)
+FPROG = struct.pack("HxxxxxxP", len(FILTER.raw) // 8, ctypes.addressof(FILTER))  # struct sock_fprog
+
+
+def _confine(lim, judge=False):
+    """C, and A once it has forked C: no capability (the user namespace gave a full set), none to regain; the rlimits
+    (A's time is the wall time); the filter."""
+    cap = 0
     while libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
         cap += 1
-    _check(libc.syscall(SYS_CAPSET, (0x20080522).to_bytes(4, "little") + bytes(4), bytes(24)), "capset")
+    libc.syscall(SYS["capset"], (0x20080522).to_bytes(4, "little") + bytes(4), bytes(24)) if SYS else None
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    for res, n in ((resource.RLIMIT_AS, lim["mem_mb"] << 20), (resource.RLIMIT_NPROC, lim["procs"] + 3),
+                   (resource.RLIMIT_FSIZE, lim["file_mb"] << 20), (resource.RLIMIT_CORE, 0),
+                   (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_MSGQUEUE, 0), (resource.RLIMIT_CPU, lim["cpu_s"])):
+        if res != resource.RLIMIT_CPU or not judge:  # (CPU: SIGXCPU, then SIGKILL a second later)
+            resource.setrlimit(res, (n, n + (res == resource.RLIMIT_CPU)))
+    _check(libc.prctl(PR_SET_SECCOMP, 2, FPROG, 0, 0) if SYS else 0, "seccomp")
 
 
-def _program(job, out, report, token):
-    """C: a process group of its own (A kills it); stdin, stdout (a memory file; /dev/null with asserts), the report
-    file as fd 3 and nothing else open; the rlimits; the program, then its tests in the same interpreter, then the
-    token. The program's globals are its own; the harness's functions are taken first."""
-    os.setpgid(0, 0)
+def _program(job, out, calls, answers):
+    """C: stdin (a memory file), stdout (with a stdin row a memory file, else /dev/null), fd 3 from A, fd 4 to A,
+    nothing else open; confined; then the program and its side of the call boundary (judge.serve)."""
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # A gone: C dies
-    fd, lim = os.memfd_create("stdin"), job["limits"]
-    os.write(fd, (job["stdin"] or "").encode())
-    os.lseek(fd, 0, 0)
-    for src, dst in ((fd, 0), (out, 1), (os.open("/dev/null", os.O_WRONLY), 2), (report, 3)):
-        os.dup2(src, dst)
-    os.closerange(4, 1 << 16)
-    for res, n in ((resource.RLIMIT_CPU, lim["cpu_s"]), (resource.RLIMIT_AS, lim["mem_mb"] << 20),
-                   (resource.RLIMIT_NPROC, lim["procs"] + 3), (resource.RLIMIT_FSIZE, lim["file_mb"] << 20),
-                   (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NOFILE, 64)):
-        resource.setrlimit(res, (n, n + (res == resource.RLIMIT_CPU)))  # CPU: SIGXCPU, then SIGKILL a second later
-    run, write, flush, g = exec, os.write, sys.stdout.flush, {"__name__": "__main__", "__builtins__": builtins}
-    try:
-        try:
-            run(compile(job["code"], "solution.py", "exec"), g)
-        except SystemExit as e:  # sys.exit() ends a stdin/stdout program well; with asserts, its tests did not run
-            if job["stdin"] is None or e.code not in (None, 0):
-                raise
-        if job["tests"]:
-            run(compile(job["tests"], "tests.py", "exec"), g)
-        if job["entry"]:
-            g["check"](g[job["entry"]])
-        flush()
-        write(3, token)
-    except (MemoryError, BlockingIOError, RecursionError) as e:  # a limit hit: the grader counts it as an error
-        write(3, b"!" + type(e).__name__.encode())
-    finally:
-        os._exit(0)
+    os.setpgid(0, 0)  # (a group of its own: a signal to its group reaches no one else)
+    stdin, null, io = os.memfd_create("stdin"), os.open("/dev/null", os.O_RDWR), job["stdin"] is not None
+    os.write(stdin, (job["stdin"] or "").encode())
+    os.lseek(stdin, 0, 0)
+    for k, fd in enumerate([fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in (stdin, out if io else null, null, calls,
+                                                                           answers)]):
+        os.dup2(fd, k)
+    os.closerange(5, 1 << 16)
+    _confine(job["limits"])
+    judge.serve(job["code"], io, job["limits"]["out_kb"] << 10)
 
 
 def _warden(isolated):
-    """A: one request from fd 0, its answer on fd 1. C writes into memory files that A reads once C is gone: a flood
-    (bounded by the file-size limit) costs A only the bytes it reads, and a process that C left (not isolated) holds
-    no pipe for A to wait on. Not isolated, C's working directory is a temporary directory, removed at the end, and A
-    kills C's process group: what did not leave it."""
-    job, token = json.loads(sys.stdin.buffer.readline()), os.urandom(16).hex().encode()  # (one line: none read ahead)
-    lim, out, report = job["limits"], os.memfd_create("out"), os.memfd_create("report")
+    """A: the request from fd 0, the tests' part spliced into a memory file (so never in A's memory when it forks C);
+    the namespaces; C; confined, the verdict within the wall time; the answer on fd 1. C's output is a memory file
+    that A reads once C is gone: a flood (bounded by the file-size limit) costs A only the bytes it reads."""
+    job = json.loads(judge.read(0, int.from_bytes(judge.read(0, 8), "little")))
+    spec, n = os.memfd_create("tests"), int.from_bytes(judge.read(0, 8), "little")
+    while n:
+        n -= os.splice(0, spec, n)
+    lim, out, late = job["limits"], os.memfd_create("out"), []
     try:
         with contextlib.nullcontext() if isolated else tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as cwd:
             _isolate(lim["file_mb"]) if isolated else os.chdir(cwd)
-            libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # (not isolated, the program could otherwise ptrace A)
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # Z gone: A, then C, die (unshare cleared it)
+            calls, answers = os.pipe(), os.pipe()
             c = os.fork()
             if c == 0:
-                _program(job, out if job["stdin"] is not None else os.open("/dev/null", os.O_WRONLY), report, token)
-            os.setpgid(c, c)  # (as C does: whichever comes first, the kill below reaches C's group)
-            in_time = select.select([os.pidfd_open(c)], [], [], lim["wall_s"])[0]
-            with contextlib.suppress(ProcessLookupError):  # isolated, C is init: its namespace dies with it
-                os.killpg(c, signal.SIGKILL)
-            status = os.waitpid(c, 0)[1]
-        printed, said, cap = os.pread(out, (lim["out_kb"] << 10) + 1, 0), os.pread(report, 64, 0), lim["out_kb"] << 10
-        why = ("over the wall time" if not in_time else
-               f"the program wrote over {lim['out_kb']} KB" if len(printed) > cap else
-               f"the program was killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else
-               f"the program hit a limit ({said[1:].decode(errors='replace')})" if said[:1] == b"!" else None)
-        answer = {"ok": said == token and why is None, "out": printed.decode(errors="replace"), "why": why}
+                try:  # (whatever the program does, C ends here: it never returns into A's code)
+                    _program(job, out, calls[0], answers[1])
+                finally:
+                    os._exit(0)
+            os.close(calls[0])
+            os.close(answers[1])
+            _confine(lim, judge=True)
+            libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # (after the rlimits, whose change of credentials resets it)
+            signal.signal(signal.SIGALRM, functools.partial(_late, late))
+            signal.setitimer(signal.ITIMER_REAL, lim["wall_s"], 0.05)  # (and again, until the tests stop)
+            with contextlib.suppress(judge.Stop):
+                try:
+                    said = judge.judge(json.loads(os.pread(spec, os.fstat(spec).st_size, 0)), job["stdin"] is not None,
+                                  c, calls[1], answers[0], lim["out_kb"] << 10)
+                finally:  # (no alarm after this: a late one would stop A itself)
+                    signal.signal(signal.SIGALRM, signal.SIG_IGN)
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):  # (isolated, C is init: all its die)
+                os.kill(c, signal.SIGKILL)
+                os.waitpid(c, 0)
+        said, printed = {"error": "over the wall time"} if late else said, os.pread(out, (lim["out_kb"] << 10) + 1, 0)
+        why = said.get("error") or (f"the program wrote over {lim['out_kb']} KB" if len(printed) > lim["out_kb"] << 10
+                                    else None)
+        answer = {"ok": bool(said.get("passed")) and why is None, "out": printed.decode(errors="replace"),
+                  "why": why, "reason": said.get("why")}
     except Exception as e:  # noqa: BLE001  (a failure of the sandbox itself, reported to the caller)
-        answer = {"ok": False, "out": "", "why": f"sandbox: {e}"}
+        answer = {"ok": False, "out": "", "why": f"sandbox: {type(e).__name__}: {e}", "reason": None}
     os.write(1, json.dumps(answer).encode() + b"\n")
+
+
+def _late(late, *_):
+    late.append(True)
+    raise judge.Stop
 
 
 def _zygote(isolated):
@@ -199,25 +250,29 @@ def _zygote(isolated):
     requests.register(0, select.POLLIN)
     while requests.poll()[0][1] & select.POLLIN:  # (the caller gone and nothing to read: POLLHUP alone)
         if os.fork() == 0:
-            _warden(isolated)
-            os._exit(0)
+            try:
+                _warden(isolated)
+            finally:
+                os._exit(0)
         os.wait()  # (A has read its request when it ends)
 
 
 ZYGOTES = {}  # (this process's pid, isolated): its zygote, started at its first program
 
 
-def run(code, tests=None, entry=None, stdin=None, isolated=True, **limits):
-    """One run of a program, given stdin or (None) with its output discarded: {"ok", "out", "why"}; SandboxError where
-    it hit a limit or the sandbox failed. `isolated` False runs it with rlimits only."""
+def run(code, tests=None, entry=None, stdin=None, isolated=True, prompt=None, modules=(), **limits):
+    """One run of a program: with stdin, {"ok": it ran to its end, "out": its output}; else (None) against its tests,
+    {"ok": it passed, "reason": why not ("hack: ..." for a hack's mark)}. SandboxError where it hit a limit, the
+    sandbox failed or the row cannot be graded. `isolated` False runs it without the namespaces."""
     import subprocess  # (here, not at the top: the zygote, a megabyte smaller without it, forks faster)
     limits, key = {**LIMITS, **limits}, (os.getpid(), isolated)
     if key not in ZYGOTES or ZYGOTES[key].poll() is not None:
-        ZYGOTES[key] = subprocess.Popen([PYTHON, "-I", "-S", os.path.abspath(__file__), str(isolated)], env={},
+        ZYGOTES[key] = subprocess.Popen([PYTHON, "-I", "-S", "-B", os.path.abspath(__file__), str(isolated)], env={},
                                         cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
-    zygote, job = ZYGOTES[key], dict(code=code, tests=tests, entry=entry, stdin=stdin, limits=limits)
+    zygote, parts = ZYGOTES[key], (dict(code=code, stdin=stdin, limits=limits),
+                                   dict(tests=tests, entry=entry, prompt=prompt, modules=list(modules)))
     try:
-        zygote.stdin.write(json.dumps(job).encode() + b"\n")
+        zygote.stdin.write(b"".join(len(m).to_bytes(8, "little") + m for m in map(str.encode, map(json.dumps, parts))))
         zygote.stdin.flush()
         ready = select.select([zygote.stdout], [], [], limits["wall_s"] + 10)[0]
         answer = json.loads(zygote.stdout.readline() or "null") if ready else None
@@ -235,7 +290,7 @@ def run(code, tests=None, entry=None, stdin=None, isolated=True, **limits):
 def missing():
     """What the machine lacks for the isolation (a line), or '' when programs can run isolated."""
     try:
-        return run("pass", wall_s=30) and ""
+        return run("pass", stdin="", wall_s=30) and ""
     except SandboxError as e:
         return str(e)
 

@@ -231,8 +231,8 @@ def evaluate(state, cfg, step):
                      ids=ids)
     rollouts.ahead += rollouts.train_seconds - before
     rollouts.decoded = rollouts.steps = rollouts.seconds = 0  # the other metrics count training steps only
-    correct, _, errors = score(state.tok, groups, [state.val[i] for i in ids], state.grader, cfg)
-    save_completions(cfg, step, state.tok, [state.val[i] for i in ids], groups, correct)  # with the flag (Part II)
+    correct, rewards, errors = score(state.tok, groups, [state.val[i] for i in ids], state.grader, cfg)
+    save_completions(cfg, step, state.tok, [state.val[i] for i in ids], groups, correct, rewards)  # the flag's (II)
     return pass_rates(state, cfg, ids, correct), errors  # {"val_pass_rate": ..., and per task} (Part II)
 
 # --------------------------------------------------------------------------------------------------
@@ -335,6 +335,7 @@ class Completion:
     versions: list        # weight version (optimiser updates so far) that sampled each token
     interrupted: bool = False
     experts: object = None  # MoE: the experts routing each token's predicting position [tokens, layers, k] (-1: none)
+    verdict: str = None   # the reward's word on it (score), where it gives one: code's 'passed', why not, 'hack: ...'
 
 
 @dataclass
@@ -433,30 +434,33 @@ def next_request(c, budget, cfg, think_end):
 
 def score(tok, groups, data, grader, cfg):
     """Correctness and reward of every completion: two arrays [n_prompts, G], and the grading errors. data: each
-    group's (prompt, answer, row[, reward]) item; its reward sees the completion's text, the answer and the whole row. A
-    completion that did not end by itself (EOS) has no final answer: 0, ungraded. --length-control penalty adds the
-    overlong penalty to the correct answers only (as the paper ablated it); otherwise reward = correct."""
+    group's (prompt, answer, row[, reward]) item, which its reward sees with the completion's text; a reward gives a
+    number, or (number, verdict): the verdict is kept on the completion. Correct is full marks, 1 (a partial credit is
+    reward, not a pass). A completion that did not end (no EOS) has no final answer: 0, ungraded. --length-control
+    penalty adds the overlong penalty to the correct answers only (as the paper ablated it)."""
     specials, items, where = special_ids(tok), [], []
     for i, (g, (_, *item)) in enumerate(zip(groups, data)):
         for j, c in enumerate(g):
             if c.finished:  # the stop token that ends it is not part of the text graded
                 items.append((completion_text(tok, c.tokens, specials), *item))
                 where.append((i, j))
-    rewards, errors = grader(items)
-    correct = np.zeros((len(groups), len(groups[0]) if groups else 0))
-    for (i, j), r in zip(where, rewards):
-        correct[i, j] = r
-    if cfg.length_control != "penalty":
-        return correct, correct, errors
-    pen = np.array([[overlong_penalty(len(c.tokens), cfg.max_len, cfg.cache_len) for c in g] for g in groups])
-    return correct, correct + correct * pen, errors
+    grades, errors = grader(items)  # (reward, verdict) of each
+    rewards = np.zeros((len(groups), len(groups[0]) if groups else 0))
+    for (i, j), (r, verdict) in zip(where, grades):
+        rewards[i, j], groups[i][j].verdict = r, verdict
+    correct = (rewards >= 1).astype(float)
+    pen = np.array([[overlong_penalty(len(c.tokens), cfg.max_len, cfg.cache_len) for c in g] for g in groups]) \
+        if cfg.length_control == "penalty" else 0.0
+    return correct, rewards + correct * pen, errors
 
 
 def rollout_metrics(groups, correct, rewards):
     """What the step's completions did, {name: (total, count)}: metrics_row logs total / count, each summed over the
     ranks (no value where count is 0). groups: every drawn prompt's G Completions, the filtered too; correct, rewards:
     score's arrays [prompts, G]. A fork's metric over the rollouts goes here (docs/fork.md)."""
-    return {"reward_mean": (rewards.sum(), rewards.size)}
+    verdicts = [c.verdict for g in groups for c in g if c.verdict and not c.verdict.startswith("error:")]  # code's
+    return {"reward_mean": (rewards.sum(), rewards.size),  # hack_frac: of those, the share with a hack's mark
+            "hack_frac": (sum(v.startswith("hack:") for v in verdicts), len(verdicts))}
 
 
 def overlong_penalty(length, max_len, cache_len):
@@ -553,8 +557,7 @@ def completion_values(c, correct, reward):
     return {"correct": float(correct), "reward": float(reward), "length": sum(c.mask)}  # length: sampled tokens
 
 # --------------------------------------------------------------------------------------------------
-# 4. Curriculum [Sec. 3.2]: epochs over the training prompts, with No-Positive-Resampling (next_prompts is section
-#    1's: admit draws from it)
+# 4. Curriculum [Sec. 3.2]: epochs over the training prompts, with No-Positive-Resampling (admit draws next_prompts)
 
 
 @dataclass
@@ -911,8 +914,8 @@ def start_notes(cfg, tasks=None):
         lacks = (cfg.weak_sandbox or cfg.reward != "code") and sandbox.missing()  # (the probe: once, where it matters)
         if lacks and not cfg.weak_sandbox:
             die(f"code rows: this machine cannot isolate programs ({lacks}); --weak-sandbox runs them anyway")
-        isolation = "namespaces (user, mount, network, PID, IPC, UTS) and rlimits" if not lacks else (
-            f"rlimits only, not isolated (--weak-sandbox; {lacks})")
+        isolation = "namespaces (user, mount, network, PID, IPC, UTS), seccomp and rlimits" if not lacks else (
+            f"seccomp and rlimits only, not isolated (--weak-sandbox; {lacks})")
         print(f"scalerl: code sandbox: {isolation}", flush=True)
     if cfg.engine == "hf" and cfg.off_policy == "pipeline" and cfg.max_lag > 0:
         print("scalerl: --engine hf cannot stream; running the synchronous loop (--max-lag 0)", flush=True)
@@ -1553,10 +1556,11 @@ def gold_answer(answer):
 
 def row_reward(row, default):
     """The reward that grades a --data row: its `reward` field where that is text, else code where it has tests in one
-    of the code formats (sandbox.row_tests), else --reward's (`default`)."""
+    of the code formats (judge.row_tests; usable or not: row_problem says why not), else --reward's (`default`)."""
     if isinstance(row, dict) and isinstance(row.get("reward"), str):
         return row["reward"]
-    return "code" if isinstance(row, dict) and sandbox and not isinstance(sandbox.row_tests(row), str) else default
+    return "code" if isinstance(row, dict) and sandbox and sandbox.judge.row_tests(row) != sandbox.judge.NO_TESTS else \
+        default
 
 
 def row_problem(row, pk, ak, reward=None):
@@ -1577,7 +1581,7 @@ def row_problem(row, pk, ak, reward=None):
         return f"empty prompt '{pk}'"
     if ak is None:  # a code row: its tests instead of an answer
         return "a code row needs sandbox.py beside scalerl.py" if sandbox is None else \
-            tests if isinstance(tests := sandbox.row_tests(row), str) else None
+            tests if isinstance(tests := sandbox.judge.row_tests(row), str) else None
     if a is None:
         return f"'{ak}' is null" if ak in row else f"no '{ak}' field (choose another with --answer-key)"
     if isinstance(a, bool) or not isinstance(a, (str, int, float)):
@@ -2241,9 +2245,9 @@ class Grader:
         die("a grading process did not start (its error is above)", 1)
 
     def __call__(self, items):
-        """Rewards of (text, answer, row) items (or (text, answer) pairs), and the error messages."""
+        """(reward, verdict) of each (text, answer, row) item (or (text, answer) pair), and the error messages."""
         out = self._in_workers(items) if self.procs else [grade_one(self.fn, *item) for item in items]
-        return [r for r, _ in out], [e for _, e in out if e]
+        return [(r, v) for r, v, _ in out], [e for *_, e in out if e]
 
     def _in_workers(self, items):
         """Each item to the first free worker, due `timeout` s after it is sent, its answer collected by _collect."""
@@ -2263,17 +2267,18 @@ class Grader:
         return out
 
     def _collect(self, w, deadline):
-        """Worker w's answer, or (0, why) once it died or overran (it is replaced), or None while it may still answer.
-        (The answer is asked for now, not before the wait: replacing a process takes time.)"""
+        """Worker w's answer, or (0, "error: why", why) once it died or overran (it is replaced), or None while it may
+        still answer. (The answer is asked for now, not before the wait: replacing a process takes time.)"""
         proc, conn = self.procs[w]
         if conn.poll():
             with contextlib.suppress(EOFError):
                 return conn.recv()
-            result = (0.0, "the grading process died")
+            why = "the grading process died"
         elif time.monotonic() > deadline:
-            result = (0.0, f"grading took over {self.timeout:g} s")
+            why = f"grading took over {self.timeout:g} s"
         else:
             return None
+        result = (0.0, f"error: {why}", why)
         proc.kill()
         proc.join()
         conn.close()
@@ -2300,12 +2305,14 @@ def _grading_worker(conn, fn):
 
 
 def grade_one(fn, text, answer, row=None, reward=None):
-    """(reward, error message or None): an exception in the reward function costs its completion only. An item that
-    names its reward (a --data row's, row_reward) is graded by REWARDS[reward], else by fn."""
+    """(reward, verdict, error message or None): the reward function's number, or its (number, verdict); an exception
+    in it costs its completion only (0, "error: ..."). An item that names its reward (a --data row's, row_reward) is
+    graded by REWARDS[reward], else by fn."""
     try:
-        return float((REWARDS[reward] if reward else fn)(text, answer, row)), None
+        r = (REWARDS[reward] if reward else fn)(text, answer, row)
+        return (float(r[0]), r[1], None) if isinstance(r, tuple) else (float(r), None, None)
     except Exception as e:  # noqa: BLE001
-        return 0.0, f"{type(e).__name__}: {e}"
+        return 0.0, f"error: {type(e).__name__}: {e}", f"{type(e).__name__}: {e}"
 
 
 def reward_last_digit(completion_text, answer, row=None):
@@ -2372,14 +2379,15 @@ def reward_exact(completion_text, answer, row=None):
 
 def reward_code(completion_text, answer, row):
     """Code reward, binary [Sec. 2: unit tests]: the last fenced code block after the reasoning (```python or bare
-    ```), run with its row's tests in sandbox.py's sandbox; 1 only when every test ran and passed. A program that hit
-    a limit (time, memory, processes, output) raises: 0, counted as a grading error. A row whose "expression" field is
+    ```), run against its row's tests by sandbox.py, whose verdict is decided outside the program's process; 1 only
+    when every test passed. Returns (reward, verdict): 'passed', why not, or 'hack: ...' for a hack's mark. A program
+    that hit a limit (time, memory, output) raises: 0, counted as a grading error. A row whose "expression" field is
     true (--task code's) takes the whole answer after the reasoning as a Python expression: the program prints it."""
     text = completion_text.rpartition("</think>")[2]
-    if row.get("expression") is True:
-        return float(sandbox.passes(f"print(eval({text.strip()!r}))", row))
     blocks = re.findall(r"```(?:python|py)?[ \t]*\n(.*?)```", text, re.S)
-    return float(bool(blocks) and sandbox.passes(blocks[-1], row))
+    code = f"print(eval({text.strip()!r}))" if row.get("expression") is True else blocks[-1] if blocks else None
+    passed, why = sandbox.verdict(code, row) if code is not None else (False, "no code block")
+    return float(passed), why or "passed"
 
 
 REWARDS = {"digit": reward_last_digit, "math": reward_math, "exact": reward_exact, "code": reward_code}
@@ -2855,6 +2863,7 @@ def progress_line(row, steps):
         val += f" (A \u2192 {row['fit_A']:.2f})"
     elif "fit_A" in row:
         val += f" (A {row['fit_A']:.3f} [{row['fit_A_ci'][0]:.3f}, {row['fit_A_ci'][1]:.3f}])"
+    val += f" | hack {row['hack_frac']:.2f}" if "hack_frac" in row else ""
     return (f"step {row['step']:>4}/{steps} | reward {row['reward_mean']:.3f}{val} | zero-var "
             f"{row['zero_variance_frac']:.2f} | active {row['active_prompts']:>3} | npr {row['npr_removed']:>4} | "
             f"lag {row['lag_mean']:.1f}/{row['lag_max']} | intr {row['interrupted_frac']:.2f} | trunc "
@@ -2938,9 +2947,10 @@ def start_wandb(cfg, out):
             f"{' '.join(str(e).split())[:200]}); WANDB_MODE=offline logs without network", 1)
 
 
-def save_completions(cfg, step, tok, data, groups, correct):
-    """--save-completions: one evaluation's completions, a JSON line each, the text as score() grades it; written whole
-    (a failed write is one line). Under torchrun rank r > 0 writes its share to step_N.rank<r>.jsonl."""
+def save_completions(cfg, step, tok, data, groups, correct, rewards):
+    """--save-completions: one evaluation's completions, a JSON line each, the text as score() grades it, its reward,
+    whether it is correct and the reward's verdict (docs/outputs.md); written whole (a failed write is one line).
+    Under torchrun rank r > 0 writes its share to step_N.rank<r>.jsonl."""
     if not cfg.save_completions:
         return
     path = os.path.join(cfg.out, "completions", f"step_{step:06d}" + (f".rank{rank()}" if rank() else "") + ".jsonl")
@@ -2948,8 +2958,9 @@ def save_completions(cfg, step, tok, data, groups, correct):
     specials = special_ids(tok)
     write_atomically(path, "".join(json.dumps({
         "prompt": prompt, "answer": answer, "completion": completion_text(tok, c.tokens, specials),
-        "finished": c.finished, "interrupted": c.interrupted, "reward": float(r)}) + "\n"
-        for (prompt, answer, *_), g, rewards in zip(data, groups, correct) for c, r in zip(g, rewards)))
+        "finished": c.finished, "interrupted": c.interrupted, "reward": float(r), "correct": bool(ok),
+        "verdict": c.verdict}) + "\n" for (prompt, answer, *_), g, oks, rs in zip(data, groups, correct, rewards)
+        for c, ok, r in zip(g, oks, rs)))
 
 # --------------------------------------------------------------------------------------------------
 # 9. Run directories and checkpoints: one run a directory, its lock; checkpoints written atomically; resume, exact

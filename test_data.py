@@ -142,17 +142,19 @@ def test_a_hanging_or_failing_grader_costs_its_completion_only():
     limit of 600 s that none of them comes near."""
     grader = S.Grader(flaky_reward, workers=2, timeout=1.0)
     try:
-        assert grader([("hang", "")]) == ([0.0], ["grading took over 1 s"])
+        assert grader([("hang", "")]) == ([(0.0, "error: grading took over 1 s")], ["grading took over 1 s"])
         grader.timeout = 600.0
         items = [("a", "a"), ("b", "c"), ("raise", ""), ("exit", ""), ("d", "d"), ("e", "e")]
-        rewards, errors = grader(items)
-        assert rewards == [1, 0, 0, 0, 1, 1]
+        grades, errors = grader(items)
+        assert grades == [(1, None), (0, None), (0, "error: ValueError: bad input"),
+                          (0, "error: the grading process died"), (1, None), (1, None)]  # (reward, verdict)
         assert sorted(errors) == ["ValueError: bad input", "the grading process died"]
-        assert grader([("f", "f")] * 5) == ([1.0] * 5, [])  # the killed processes were replaced
+        assert grader([("f", "f")] * 5) == ([(1.0, None)] * 5, [])  # the killed processes were replaced
     finally:
         grader.close()
     in_process = S.Grader(flaky_reward, workers=0, timeout=1.0)
-    assert in_process([("raise", ""), ("a", "a")]) == ([0.0, 1.0], ["ValueError: bad input"])
+    assert in_process([("raise", ""), ("a", "a")]) == ([(0.0, "error: ValueError: bad input"), (1.0, None)],
+                                                       ["ValueError: bad input"])
 
 
 def test_math_grading_over_processes_agrees_with_the_table_and_survives_a_real_hang():
@@ -162,12 +164,12 @@ def test_math_grading_over_processes_agrees_with_the_table_and_survives_a_real_h
     grader = S.Grader(S.reward_math, workers=2, timeout=600.0)
     hang = ("\\boxed{9^{9^{9^{9}}}}", "1")  # sympy evaluates the tower: without a time limit, it never returns
     try:
-        rewards, errors = grader([(t, a) for t, a, _ in MATH_CASES])
-        assert rewards == [v for _, _, v in MATH_CASES] and errors == []
+        grades, errors = grader([(t, a) for t, a, _ in MATH_CASES])
+        assert grades == [(v, None) for _, _, v in MATH_CASES] and errors == []
         grader.timeout = 2.0
-        assert grader([hang]) == ([0], ["grading took over 2 s"])
+        assert grader([hang]) == ([(0, "error: grading took over 2 s")], ["grading took over 2 s"])
         grader.timeout = 600.0
-        assert grader([MATH_CASES[0][:2]] * 3) == ([MATH_CASES[0][2]] * 3, [])
+        assert grader([MATH_CASES[0][:2]] * 3) == ([(MATH_CASES[0][2], None)] * 3, [])
     finally:
         grader.close()
 

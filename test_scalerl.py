@@ -929,6 +929,40 @@ def test_penalty_is_added_to_correct_answers_only(default_model):
 
 
 @pytest.mark.quick
+def test_a_partial_credit_is_reward_not_a_pass(default_model):
+    """A shaped reward (half credit for a wrong digit) is what the advantages see, but correct counts full marks only,
+    and correct is what the held-out pass rate, NPR and so the fit read: by hand, rewards 1, 0.5, 0.5, 0 and correct
+    1, 0, 0, 0, so the pass rate is 1/4 (0.5 were the reward read as correct)."""
+    _, tok = default_model
+    half = lambda text, answer, row: 1.0 if text[-1:] == answer else 0.5 if text[-1:].isdigit() else 0.0  # noqa
+    digits = lambda text: [tok.convert_tokens_to_ids(ch) for ch in text] + [tok.eos_token_id]  # noqa: E731
+    groups = [[S.Completion(digits(t), [0.0] * 2, True, [1] * 2, [0] * 2) for t in ("7", "3", "4", "x")]]
+    correct, rewards, errors = S.score(tok, groups, [("5:", "7", {})], S.Grader(half, 0, 1.0), S.Config())
+    assert rewards.tolist() == [[1, 0.5, 0.5, 0]] and correct.tolist() == [[1, 0, 0, 0]] and errors == []
+    assert S.pass_rates(types.SimpleNamespace(val=[("5:", "7", {})]), S.Config(reward="digit"), [0], correct) == {
+        "val_pass_rate": 0.25}
+    assert S.compute_advantages(rewards, "none").tolist() == [[0.5, 0.0, 0.0, -0.5]]  # (mean 0.5)
+
+
+@pytest.mark.quick
+def test_hack_frac_is_the_share_of_verdicts_with_a_hacks_mark():
+    """rollout_metrics' hack_frac: of the completions graded with a verdict (the code reward's), not counting grading
+    errors, those whose verdict bears a hack's mark; none where no completion has a verdict (a math or digit run: no
+    column), and the progress line shows it where the row has it."""
+    C = lambda verdict: S.Completion([5], [0.0], True, [1], [0], verdict=verdict)  # noqa: E731
+    groups = [[C("passed"), C("hack: the program ended during its tests (SystemExit)"), C(None),
+               C("error: SandboxError: over the wall time")], [C("AssertionError: "), C("hack: x"), C(None), C(None)]]
+    zeros = np.zeros((2, 4))
+    assert S.rollout_metrics(groups, zeros, zeros)["hack_frac"] == (2, 4)
+    assert S.mean_over_ranks(S.rollout_metrics([[C(None)] * 4] * 2, zeros, zeros)) == {"reward_mean": 0.0}
+    row = {"step": 3, "reward_mean": 0.0, "zero_variance_frac": 0.0, "active_prompts": 0, "npr_removed": 0,
+           "lag_mean": 0.0, "lag_max": 0, "interrupted_frac": 0.0, "truncated_frac": 0.0,
+           "mean_completion_tokens": 1.0, "loss": 0.0, "grad_norm": 0.0, "step_seconds": 1.0, "gen_seconds": 0.5,
+           "train_seconds": 0.5, "sync_seconds": 0.0}
+    assert " | hack " not in S.progress_line(row, 10)
+    assert S.progress_line({**row, "hack_frac": 0.5}, 10).startswith("step    3/10 | reward 0.000 | hack 0.50 | ")
+
+@pytest.mark.quick
 def test_the_stop_token_is_not_graded_when_the_tokenizer_names_another_eos():
     """SmolLM2's tokenizer converted from GGUF names <|im_start|> as its eos; the model ends at <|im_end|>, an added
     token marked special but not among all_special_ids. That stop token is left out of the text graded (and of the
@@ -4621,11 +4655,12 @@ def test_the_readme_fork_example_reward_runs_as_written(tmp_path):
     try:
         assert checked(module=fork, argv=["--reward", "number"]).reward == "number"
         grader = fork.Grader(fork.REWARDS["number"], 0, 10.0)
-        rewards, errors = grader([("<think>7 and 9</think> it is 1,234", "1234", {}),
+        grades, errors = grader([("<think>7 and 9</think> it is 1,234", "1234", {}),
                                   ("<think>12</think> 13", "12", {}),
                                   ("<think>12</think> 13", "12", {"tolerance": 1}), ("12", "12.0", {"tolerance": "0"}),
                                   ("<think>9</think>", "9", {}), ("3", "three", {})])
-        assert list(rewards) == [1.0, 0.0, 1.0, 1.0, 0.0, 0.0] and len(errors) == 1 and "ValueError" in errors[0]
+        assert [r for r, _ in grades] == [1.0, 0.0, 1.0, 1.0, 0.0, 0.0]
+        assert len(errors) == 1 and "ValueError" in errors[0]
     finally:
         sys.modules.pop("scalerl_fork")
 
