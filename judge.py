@@ -45,6 +45,11 @@ def row_tests(row):
     return None, None, [], ins, outs
 
 
+def has_tests(row):
+    """Whether a row has tests in one of the formats, usable or not (row_tests says why not)."""
+    return row_tests(row) != NO_TESTS
+
+
 def program_names(tests):
     """(the names that the tests use and neither bind nor find among the built-ins and standard modules: the
     program's; whether they define check(); the standard modules they use unimported), or why they are not Python."""

@@ -71,7 +71,7 @@ class SandboxError(Exception):
 
 
 def verdict(code, row, **limits):
-    """(passed, why) of a program on its row: why None where it passed, else why not ("hack: ..." for a hack's mark).
+    """(reward, verdict) of a program on its row: (1.0, "passed"), else 0.0 and why not ("hack: ..." a hack's mark).
     SandboxError where a run hit a limit, the sandbox failed, or the row cannot be graded. Outputs are compared line
     by line, trailing whitespace (and trailing empty lines) ignored; each input a run, until one fails."""
     tests = judge.row_tests(row)
@@ -84,8 +84,8 @@ def verdict(code, row, **limits):
         r = run(code, tests, entry, stdin, isolated(), prompt=row.get("prompt") if entry else None, modules=modules,
                 **{**limits, "wall_s": max(0.0, end - os.times().elapsed)})
         if not r["ok"] or stdin is not None and lines(r["out"]) != lines(want):
-            return False, r["reason"] or f"wrong output on input {k + 1} of {len(ins)}"
-    return True, None
+            return 0.0, r["reason"] or f"wrong output on input {k + 1} of {len(ins)}"
+    return 1.0, "passed"
 
 
 def _mount(src, target, fstype, flags, data=None):

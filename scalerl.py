@@ -438,16 +438,13 @@ def score(tok, groups, data, grader, cfg):
     number, or (number, verdict): the verdict is kept on the completion. Correct is full marks, 1 (a partial credit is
     reward, not a pass). A completion that did not end (no EOS) has no final answer: 0, ungraded. --length-control
     penalty adds the overlong penalty to the correct answers only (as the paper ablated it)."""
-    specials, items, where = special_ids(tok), [], []
-    for i, (g, (_, *item)) in enumerate(zip(groups, data)):
-        for j, c in enumerate(g):
-            if c.finished:  # the stop token that ends it is not part of the text graded
-                items.append((completion_text(tok, c.tokens, specials), *item))
-                where.append((i, j))
-    grades, errors = grader(items)  # (reward, verdict) of each
+    specials = special_ids(tok)  # (the stop token that ends a completion is not part of the text graded)
+    done = [(i, j, c, item) for i, (g, (_, *item)) in enumerate(zip(groups, data)) for j, c in enumerate(g)
+            if c.finished]
+    grades, errors = grader([(completion_text(tok, c.tokens, specials), *item) for _, _, c, item in done])
     rewards = np.zeros((len(groups), len(groups[0]) if groups else 0))
-    for (i, j), (r, verdict) in zip(where, grades):
-        rewards[i, j], groups[i][j].verdict = r, verdict
+    for (i, j, c, _), (r, verdict) in zip(done, grades):  # (reward, verdict) of each
+        rewards[i, j], c.verdict = r, verdict
     correct = (rewards >= 1).astype(float)
     pen = np.array([[overlong_penalty(len(c.tokens), cfg.max_len, cfg.cache_len) for c in g] for g in groups]) \
         if cfg.length_control == "penalty" else 0.0
@@ -459,8 +456,8 @@ def rollout_metrics(groups, correct, rewards):
     ranks (no value where count is 0). groups: every drawn prompt's G Completions, the filtered too; correct, rewards:
     score's arrays [prompts, G]. A fork's metric over the rollouts goes here (docs/fork.md)."""
     verdicts = [c.verdict for g in groups for c in g if c.verdict and not c.verdict.startswith("error:")]  # code's
-    return {"reward_mean": (rewards.sum(), rewards.size),  # hack_frac: of those, the share with a hack's mark
-            "hack_frac": (sum(v.startswith("hack:") for v in verdicts), len(verdicts))}
+    hacks = sum(v.startswith("hack:") for v in verdicts)  # hack_frac: of those, the share with a hack's mark
+    return {"reward_mean": (rewards.sum(), rewards.size), "hack_frac": (hacks, len(verdicts))}
 
 
 def overlong_penalty(length, max_len, cache_len):
@@ -794,12 +791,12 @@ def push_weights(state, cfg):
 #   8. Metrics and the screen       Guard (the rules, the cadence, signals), Recorder (the records), metrics_row
 #   9. Run directories, checkpoints the lock, checkpoints written atomically, resume
 #  10. torchrun                     ranks and their sums, FSDP2's shards, the weights gathered for a push
-# Beside this file: memory.py (the memory plan), moe.py (an MoE's routing), sandbox.py (the code reward's sandbox),
-# generators.py (the generator-trainer split). Within a section a function comes before those it calls, and a run's
-# route from main through one step reads down the file (bench.py --route lists its jumps back) but for 8 calls into
-# Part I, which comes first to be read in one sitting while Part II builds and drives it (main's run, make_optimizer,
-# Rollouts, frozen_models, rollout's add and wait, the FP32 head's logits, token_logprobs), for step_seed (2), which
-# the vLLM engine shares with the recipe, and for the Guard's call back to tear_down (1), the run's end.
+# Beside this file: memory.py (the memory plan), moe.py (an MoE's routing), sandbox.py and judge.py (the code reward's
+# sandbox and verdict), generators.py (the generator-trainer split). Within a section a function comes before those it
+# calls, and a run's route from main through one step reads down the file (bench.py --route lists its jumps back) but
+# for 8 calls into Part I, which comes first to be read in one sitting while Part II builds and drives it (main's run,
+# make_optimizer, Rollouts, frozen_models, rollout's add and wait, the FP32 head's logits, token_logprobs), for
+# step_seed (2), which the vLLM engine shares with the recipe, and for the Guard's call back to tear_down (1).
 # ==================================================================================================
 
 # --------------------------------------------------------------------------------------------------
@@ -1253,9 +1250,8 @@ def refusals(cfg):
         f"--prompts-per-step {cfg.prompts_per_step} exceeds --train-size {cfg.train_size}")
     yield not accepts(REWARDS[cfg.reward], "text", "answer", {}), (  # (else an error worth 0 on every completion)
         f"--reward {cfg.reward}: {REWARDS[cfg.reward].__name__} must take (completion_text, answer, row)")
-    yield cfg.reward == "code" and sandbox is None, "--reward code needs sandbox.py, its sandbox, beside scalerl.py"
-    missing = cfg.reward == "code" and not cfg.weak_sandbox and sandbox.missing()  # (what the machine lacks, or '')
-    yield missing, (
+    yield cfg.reward == "code" and sandbox is None, "--reward code needs sandbox.py and judge.py beside scalerl.py"
+    yield (missing := cfg.reward == "code" and not cfg.weak_sandbox and sandbox.missing()), (  # (what it lacks, or '')
         f"--reward code: this machine cannot isolate programs ({missing}); --weak-sandbox runs them anyway")
     yield cfg.reward == "math" and importlib.util.find_spec("math_verify") is None, (
         "--reward math needs math-verify: pip install math-verify (it is in requirements.txt)")
@@ -1559,8 +1555,7 @@ def row_reward(row, default):
     of the code formats (judge.row_tests; usable or not: row_problem says why not), else --reward's (`default`)."""
     if isinstance(row, dict) and isinstance(row.get("reward"), str):
         return row["reward"]
-    return "code" if isinstance(row, dict) and sandbox and sandbox.judge.row_tests(row) != sandbox.judge.NO_TESTS else \
-        default
+    return "code" if isinstance(row, dict) and sandbox and sandbox.judge.has_tests(row) else default
 
 
 def row_problem(row, pk, ak, reward=None):
@@ -1580,7 +1575,7 @@ def row_problem(row, pk, ak, reward=None):
     if not p.strip():
         return f"empty prompt '{pk}'"
     if ak is None:  # a code row: its tests instead of an answer
-        return "a code row needs sandbox.py beside scalerl.py" if sandbox is None else \
+        return "a code row needs sandbox.py and judge.py beside scalerl.py" if sandbox is None else \
             tests if isinstance(tests := sandbox.judge.row_tests(row), str) else None
     if a is None:
         return f"'{ak}' is null" if ak in row else f"no '{ak}' field (choose another with --answer-key)"
@@ -2278,13 +2273,12 @@ class Grader:
             why = f"grading took over {self.timeout:g} s"
         else:
             return None
-        result = (0.0, f"error: {why}", why)
         proc.kill()
         proc.join()
         conn.close()
         self.procs[w] = self._spawn()
         self._wait_ready(self.procs[w][1])
-        return result
+        return 0.0, f"error: {why}", why
 
     def close(self):
         for p, _ in self.procs:
@@ -2305,9 +2299,8 @@ def _grading_worker(conn, fn):
 
 
 def grade_one(fn, text, answer, row=None, reward=None):
-    """(reward, verdict, error message or None): the reward function's number, or its (number, verdict); an exception
-    in it costs its completion only (0, "error: ..."). An item that names its reward (a --data row's, row_reward) is
-    graded by REWARDS[reward], else by fn."""
+    """(reward, verdict, error or None) of a completion by REWARDS[reward] (an item's own, row_reward) or else fn, which
+    gives a number or (number, verdict); an exception in it costs its completion only: 0, verdict "error: ..."."""
     try:
         r = (REWARDS[reward] if reward else fn)(text, answer, row)
         return (float(r[0]), r[1], None) if isinstance(r, tuple) else (float(r), None, None)
@@ -2378,16 +2371,14 @@ def reward_exact(completion_text, answer, row=None):
 
 
 def reward_code(completion_text, answer, row):
-    """Code reward, binary [Sec. 2: unit tests]: the last fenced code block after the reasoning (```python or bare
-    ```), run against its row's tests by sandbox.py, whose verdict is decided outside the program's process; 1 only
-    when every test passed. Returns (reward, verdict): 'passed', why not, or 'hack: ...' for a hack's mark. A program
-    that hit a limit (time, memory, output) raises: 0, counted as a grading error. A row whose "expression" field is
-    true (--task code's) takes the whole answer after the reasoning as a Python expression: the program prints it."""
+    """Code reward, binary [Sec. 2: unit tests], (reward, verdict): the last fenced code block after the reasoning
+    (```python or bare ```) against its row's tests in sandbox.py, which decides outside the program's process; 1 when
+    every test passed, else why not ('hack: ...': a hack's mark); a limit hit raises (0, a grading error). A row whose
+    "expression" is true (--task code's) takes the answer after the reasoning as a Python expression, printed."""
     text = completion_text.rpartition("</think>")[2]
     blocks = re.findall(r"```(?:python|py)?[ \t]*\n(.*?)```", text, re.S)
     code = f"print(eval({text.strip()!r}))" if row.get("expression") is True else blocks[-1] if blocks else None
-    passed, why = sandbox.verdict(code, row) if code is not None else (False, "no code block")
-    return float(passed), why or "passed"
+    return sandbox.verdict(code, row) if code is not None else (0.0, "no code block")
 
 
 REWARDS = {"digit": reward_last_digit, "math": reward_math, "exact": reward_exact, "code": reward_code}
@@ -2948,9 +2939,8 @@ def start_wandb(cfg, out):
 
 
 def save_completions(cfg, step, tok, data, groups, correct, rewards):
-    """--save-completions: one evaluation's completions, a JSON line each, the text as score() grades it, its reward,
-    whether it is correct and the reward's verdict (docs/outputs.md); written whole (a failed write is one line).
-    Under torchrun rank r > 0 writes its share to step_N.rank<r>.jsonl."""
+    """--save-completions: one evaluation's completions, a JSON line each (docs/outputs.md), the text as score() grades
+    it; written whole (a failed write is one line). Under torchrun rank r > 0 writes its share to step_N.rank<r>.jsonl."""
     if not cfg.save_completions:
         return
     path = os.path.join(cfg.out, "completions", f"step_{step:06d}" + (f".rank{rank()}" if rank() else "") + ".jsonl")

@@ -2498,7 +2498,7 @@ def test_reward_workers_and_timeout_reach_the_grader_in_a_run(tmp_path, monkeypa
     assert made == [(S.reward_last_digit, 1, 4.5, 1, 4.5)] and len(rows) == 2
     assert len(graded) == 3 and all(items for items, _ in graded)  # step 0's evaluation, step 1, its evaluation
     for items, out in graded:
-        assert out == [(S.reward_last_digit(t, a), None) for t, a, _ in items]
+        assert out == [(S.reward_last_digit(t, a), None, None) for t, a, _ in items]  # (reward, verdict, error)
     with pytest.raises(S.ScaleRLError, match="--reward-workers 0 grades in this process with no time limit"):
         checked(["--reward", "math", "--reward-workers", "0"])
     assert checked(["--reward", "math", "--reward-workers", "1"]).reward_workers == 1
@@ -2601,10 +2601,10 @@ def test_contradictory_flags_are_refused():
 
 
 def test_a_copy_of_the_script_alone_refuses_the_code_reward_in_one_line(monkeypatch):
-    """scalerl.py copied without sandbox.py (a fork's single file) imports and runs all but --reward code, which it
-    refuses naming what is missing (before: the import of sandbox failed every run of such a copy)."""
+    """scalerl.py copied without sandbox.py and judge.py (a fork's single file) imports and runs all but --reward code,
+    which it refuses naming what is missing (before: the import of sandbox failed every run of such a copy)."""
     monkeypatch.setattr(S, "sandbox", None)
-    with pytest.raises(S.ScaleRLError, match="--reward code needs sandbox.py, its sandbox, beside scalerl.py"):
+    with pytest.raises(S.ScaleRLError, match="--reward code needs sandbox.py and judge.py beside scalerl.py"):
         S.validate(S.fill_defaults(S.Config(reward="code")))
     S.validate(S.fill_defaults(S.Config()))
 
@@ -4638,7 +4638,7 @@ def forked(tmp_path, edits, replaces=()):
     """scalerl.py with the edits and replacements of fork_source applied, imported as a module of its own."""
     path = tmp_path / "scalerl_fork.py"
     path.write_text(fork_source(edits, replaces))
-    for module in ("memory.py", "moe.py", "sandbox.py", "generators.py"):  # (the modules beside it, as in a clone)
+    for module in ("memory.py", "moe.py", "sandbox.py", "judge.py", "generators.py"):  # (beside it, as in a clone)
         shutil.copy(os.path.join(HERE, module), tmp_path)
     spec = importlib.util.spec_from_file_location("scalerl_fork", path)
     mod = importlib.util.module_from_spec(spec)
@@ -4860,14 +4860,14 @@ def test_the_fork_page_rollout_metric_example_runs_as_written_in_one_place(tmp_p
     """docs/fork.md, the rollout metric: one hunk; rollout_metrics gives (total, count) of the correct completions'
     lengths (by hand here); in a run the correct_tokens column is that mean over the step's completions as
     rollout_metrics received them, on the steps with a correct completion, and absent on the others."""
-    assert len(fork_page_pieces("rollout-metric")["1"]) == 2
+    assert len(fork_page_pieces("rollout-metric")["1"]) == 3
     fork, hunks = forked_with_hunks(tmp_path, "rollout-metric")
     try:
         assert hunks == 1
         c = lambda n: S.Completion([7] * n, [0.0] * n, True, [1] * n, [0] * n)  # noqa: E731
         groups, correct = [[c(3), c(5)], [c(10), c(4)]], np.array([[1.0, 0.0], [1.0, 1.0]])
         got = fork.rollout_metrics(groups, correct, correct * 0.5)
-        assert got == {"reward_mean": (1.5, 4), "correct_tokens": (3 + 10 + 4, 3)}
+        assert got == {"reward_mean": (1.5, 4), "hack_frac": (0, 0), "correct_tokens": (3 + 10 + 4, 3)}
         seen, real = [], fork.rollout_metrics
         fork.rollout_metrics = lambda g, cor, rew: seen.append((g, cor)) or real(g, cor, rew)
         fork.score = lambda tok, groups, *a: (lambda r: (r, r, []))(  # every other completion right, as if ended
