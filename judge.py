@@ -229,9 +229,10 @@ def judge(spec, io, c, calls, answers, cap):
             return {"why": f"the program defines no function {spec['entry']}()"}
         g = {"__name__": "__main__", "__builtins__": builtins, **{n: __import__(n) for n in spec["modules"]},
              **{n: proxy(n) for n in exported if not hasattr(builtins, n) and n not in spec["modules"]}}
-        if spec["entry"] and spec["prompt"]:  # a HumanEval prompt: its helpers (poly, encode_cyclic) are the row's
-            with contextlib.suppress(Exception):
+        if spec["entry"] and spec["prompt"]:  # a HumanEval prompt: its helpers (poly, encode_cyclic) are the row's,
+            with contextlib.suppress(Exception):  # its entry point (a stub there, named by some tests) the program's
                 exec(compile(spec["prompt"], "prompt.py", "exec"), g)
+            g[spec["entry"]] = proxy(spec["entry"])
         exec(compile(spec["tests"], "tests.py", "exec"), g)
         if spec["entry"]:
             g["check"](proxy(spec["entry"]))

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -23,7 +24,8 @@ ADD = {"test_list": ["assert add(1, 2) == 3", "assert add(-4, 4) == 0", "assert 
                      "assert all(add(i, 1) == i + 1 for i in range(4))"]}
 PROMPT = 'def helper(x):\n    return 2 * x\n\n\ndef twice(x):\n    """helper(x), as it is written above."""\n'
 HE = {"prompt": PROMPT, "entry_point": "twice",  # HumanEval's format, a helper of the prompt's in its tests (as poly)
-      "test": "def check(candidate):\n    for x in range(4):\n        assert candidate(x) == helper(x)\n"}
+      "test": "def check(candidate):\n    for x in range(4):\n        assert candidate(x) == helper(x)\n"
+              "    assert twice(5) == 10\n"}  # (the entry point by its name too, as HumanEval/33's tests do)
 PARSE = {"test_list": ["try:\n    parse('x')\nexcept ValueError:\n    pass\nelse:\n    raise AssertionError('none')",
                        "assert parse('12') == 12"]}  # the program's exception, caught by the tests
 MAP = {"test_list": ["assert all(map(lambda x: add(x, 0) == x, range(3)))", "assert add(2, 2) == 4"]}
@@ -297,6 +299,58 @@ def test_hostile_programs_leave_nothing_behind(hostile):
 ])
 def test_code_reward_formats(text, row, reward):
     assert CODE(text, "", row)[0] == reward
+
+
+MBPP = [  # rows as MBPP publishes them (its original and its sanitized form), each with its reference solution
+    {"task_id": 2, "text": "Write a function to find the similar elements from the given two tuple lists.",
+     "code": "def similar_elements(test_tup1, test_tup2):\r\n  res = tuple(set(test_tup1) & set(test_tup2))\r\n"
+             "  return (res) ", "test_setup_code": "", "challenge_test_list": [],
+     "test_list": ["assert similar_elements((3, 4, 5, 6),(5, 7, 4, 10)) == (4, 5)",
+                   "assert similar_elements((1, 2, 3, 4),(5, 4, 3, 7)) == (3, 4)"]},
+    {"task_id": 3, "text": "Write a python function to identify non-prime numbers.",
+     "code": "import math\r\ndef is_not_prime(n):\r\n    result = False\r\n    for i in range(2,int(math.sqrt(n)) + 1):"
+             "\r\n        if n % i == 0:\r\n            result = True\r\n    return result",
+     "test_list": ["assert is_not_prime(2) == False", "assert is_not_prime(10) == True", "assert is_not_prime(35) == True"],
+     "test_setup_code": "", "challenge_test_list": []},
+    {"task_id": 4, "prompt": "Write a function to find the n largest integers from a given list of numbers, returned in "
+                             "descending order.",
+     "code": "import heapq as hq\ndef heap_queue_largest(nums,n):\n  largest_nums = hq.nlargest(n, nums)\n"
+             "  return largest_nums", "test_imports": [],
+     "test_list": ["assert heap_queue_largest( [25, 35, 22, 85, 14, 65, 75, 22, 58],3)==[85, 75, 65]"]},
+    {"task_id": 17, "prompt": "Write a function that returns the perimeter of a square given its side length.",
+     "code": "def square_perimeter(a):\n  return 4*a", "test_imports": ["import math"],
+     "test_list": ["assert math.isclose(square_perimeter(10), 40)", "assert square_perimeter(4)==16"]},
+]
+
+
+@pytest.mark.parametrize("row", MBPP, ids=lambda r: f"mbpp-{r['task_id']}")
+def test_mbpp_rows_grade_as_published(row):
+    """MBPP's rows, in both of its forms, as a --data file holds them: the reference scores 1, returning None and the
+    always-equal object score 0 (the latter with its mark), as every HumanEval problem does under bench.py
+    --humaneval."""
+    name = row["code"].split("def ", 1)[1].split("(")[0]
+    args = row["code"].split(f"def {name}(", 1)[1].split(")")[0]
+    assert CODE(f"```python\n{row['code']}\n```", "", row) == (1.0, "passed")
+    assert CODE(f"```python\ndef {name}({args}):\n    return None\n```", "", row)[0] == 0.0
+    reward, verdict = CODE(f"```python\nclass E:\n{EQ}def {name}({args}):\n    return E()\n```", "", row)
+    assert reward == 0.0 and verdict == "hack: a call returned a solution.E, not plain data"
+
+
+@pytest.mark.parametrize("row, why", [
+    ({"test": "def check(candidate):\n    assert candidate(1) == 2\n"}, "the tests define check(candidate), and "
+                                                                       "the row has no 'entry_point' to call it with"),
+    ({"test_list": ["assert 1", "assert len('ab') == 2"]}, "the tests call no function of the program: they could "
+                                                           "pass without it"),
+    ({"tests": "assert f(1) == = 2"}, "the tests are not Python (SyntaxError: invalid syntax (<unknown>, line 1))"),
+    ({"test": "def check(candidate):\n    assert candidate(1)\n", "entry_point": "not a name"},
+     "'entry_point' 'not a name' is not a function name"),
+])
+def test_rows_whose_tests_cannot_judge_a_program_are_refused_when_read(tmp_path, row, why):
+    """A code row whose tests could pass without the program, or cannot run, is refused as the data is read, the row
+    named (it is code whatever --reward says: a row with tests in a code format is graded as code)."""
+    path = write_rows(tmp_path / "d.jsonl", [{"prompt": "p", "test_list": ["assert f(1) == 2"]}, {"prompt": "q", **row}])
+    with pytest.raises(S.ScaleRLError, match=re.escape(f"1 of 2 rows are unusable; line 2: {why}")):
+        S.load_rows(path, S.Config())
 
 
 def test_a_code_row_needs_tests_not_an_answer(tmp_path):
