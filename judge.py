@@ -224,7 +224,7 @@ def judge(spec, io, c, calls, answers, cap):
             return said(m, "before its tests")
         if io:
             return {"passed": True}
-        exported = {n for n in m[1] if type(n) is str and n.isidentifier()}
+        exported = {n for n in m[1] if type(n) is str and n.isidentifier() and not n.startswith("__")}
         if spec["entry"] and spec["entry"] not in exported:
             return {"why": f"the program defines no function {spec['entry']}()"}
         g = {"__name__": "__main__", "__builtins__": builtins, **{n: __import__(n) for n in spec["modules"]},
