@@ -1308,6 +1308,10 @@ REAL_FLAGS = ["--system-prompt", REAL_SYSTEM, "--instruction", ' End with "Answe
               "--warmup-steps", "2", "--eval-every", "2", "--eval-samples", "2", "--save-every", "4",
               "--save-completions", "--vllm-kv-cache-mb", "1024"]
 REAL_STEPS, REAL_VAL = 32, 40
+CODE_FLAGS = ["--prompts-per-step", "8", "--generations-per-prompt", "8", "--max-new-tokens", "128",  # code, mix
+              "--answer-budget", "16", "--lr", "3e-5", "--warmup-steps", "2", "--eval-every", "2", "--eval-samples", "2",
+              "--save-every", "4", "--save-completions", "--vllm-kv-cache-mb", "1024"]
+MIX_VAL = 16  # held-out problems of each domain, --real-task code and mix
 REAL_CUTS = (1 / 2, 1 / 3)  # fits on the first half and the first third of each run's compute, predicting its end
 
 
@@ -1329,15 +1333,28 @@ def carry_problems(seed=0):
     return arithmetic_problems(seed=seed, a_values=range(11, 60), b_values=range(2, 10))
 
 
-def real_model_data(out):
-    """OUT/data/val.jsonl and OUT/data/train.jsonl, disjoint prompts, each three quarters sums of 1..5
+def real_model_data(out, task="sums"):
+    """OUT/data/val.jsonl and OUT/data/train.jsonl, disjoint prompts. sums: three quarters sums of 1..5
     (arithmetic_problems) and one quarter two-digit sums (carry_problems), every row with its "kind" (easy, hard):
-    REAL_VAL held out, then every other easy problem and a third as many hard ones trained on, in a drawn order."""
+    REAL_VAL held out, then every other easy problem and a third as many hard ones trained on, in a drawn order.
+    code: code_task's problems, MIX_VAL held out (its kind: the family's category). mix: those, and as many sums as
+    code problems, held out and trained on, each sum a chat of its own with REAL_SYSTEM and graded by exact."""
     easy = [{**r, "kind": "easy"} for r in arithmetic_problems()]
     hard = [{**r, "kind": "hard"} for r in carry_problems()]
-    n_hard = REAL_VAL // 4
-    val, train = easy[:REAL_VAL - n_hard] + hard[:n_hard], easy[REAL_VAL - n_hard:]
+    n_hard = (REAL_VAL if task == "sums" else MIX_VAL) // 4
+    n_val = REAL_VAL if task == "sums" else MIX_VAL
+    val, train = easy[:n_val - n_hard] + hard[:n_hard], easy[n_val - n_hard:]
     train += hard[n_hard:n_hard + len(train) // 3]
+    if task != "sums":
+        import code_task
+        code_train, code_val = code_task.problems(n_val=MIX_VAL)
+        code = lambda rows: [{"prompt": r["prompt"], "test": r["test"], "entry_point": r["entry_point"],  # noqa: E731
+                              "kind": r["category"]} for r in rows]
+        chat = lambda rows: [{"prompt": [{"role": "system", "content": REAL_SYSTEM}, {  # noqa: E731
+            "role": "user", "content": r["prompt"] + ' End with "Answer: N".'}], "answer": r["answer"],
+            "reward": "exact", "kind": r["kind"]} for r in rows]
+        sums = train[:len(code_train) * 3 // 4] + train[-(len(code_train) - len(code_train) * 3 // 4):]  # 3:1
+        val, train = code(code_val) + chat(val) * (task == "mix"), code(code_train) + chat(sums) * (task == "mix")
     for part in (val, train):
         random.Random(len(part)).shuffle(part)
     d = os.path.join(out, "data")
@@ -1348,12 +1365,14 @@ def real_model_data(out):
     return os.path.join(d, "train.jsonl"), os.path.join(d, "val.jsonl")
 
 
-def real_command(model, out, seed, script=SCALERL, arm=()):
-    """The scalerl.py command line of seed `seed`'s run, OUT/seedS: the recipe's defaults, REAL_FLAGS's sizes, then the
-    arm's flags (`bench.py --real-model DIR --out OUT -- FLAGS`: one change to the study, in a directory of its own)."""
+def real_command(model, out, seed, script=SCALERL, arm=(), task="sums"):
+    """The scalerl.py command line of seed `seed`'s run, OUT/seedS: the recipe's defaults, REAL_FLAGS's sizes (code and
+    mix: CODE_FLAGS's, the rows naming their rewards and carrying their prompts), then the arm's flags (`bench.py
+    --real-model DIR --out OUT -- FLAGS`: one change to the study, in a directory of its own)."""
     train, val = (os.path.join(out, "data", f"{n}.jsonl") for n in ("train", "val"))
-    return [sys.executable, script, "--model", model, "--data", train, "--val-data", val, *REAL_FLAGS,
-            "--steps", str(REAL_STEPS), "--seed", str(seed), "--out", os.path.join(out, f"seed{seed}"), *arm]
+    return [sys.executable, script, "--model", model, "--data", train, "--val-data", val,
+            *(REAL_FLAGS if task == "sums" else CODE_FLAGS), "--steps", str(REAL_STEPS), "--seed", str(seed), "--out",
+            os.path.join(out, f"seed{seed}"), *arm]
 
 
 def real_seeds(args):
@@ -1365,15 +1384,15 @@ def bench_real(args, arm=()):
     """Write the problems, run the seeds one after the other (a finished run is skipped, an interrupted one resumed
     from its last checkpoint), then summarise them (real_summary). arm: scalerl.py flags added to every seed's command
     (run by --script, a fork's copy where the arm is a fork)."""
-    check_command(real_command(args.real_model, args.out, 0, args.script, arm))
-    real_model_data(args.out)
+    check_command(real_command(args.real_model, args.out, 0, args.script, arm, args.real_task))
+    real_model_data(args.out, args.real_task)
     t_start, ran, seeds = time.time(), 0, real_seeds(args)
     for k, seed in enumerate(seeds):
         d = os.path.join(args.out, f"seed{seed}")
         if run_finished(d, REAL_STEPS):
             print(f"real-model: seed {seed}: finished before, skipped", flush=True)
             continue
-        cmd = real_command(args.real_model, args.out, seed, args.script, arm)
+        cmd = real_command(args.real_model, args.out, seed, args.script, arm, args.real_task)
         if scalerl.list_checkpoints(d):  # interrupted: go on from its last checkpoint (its flags are saved there)
             cmd = [*cmd[:2], "--resume", "auto", "--out", d, "--steps", str(REAL_STEPS)]
         else:
@@ -1433,11 +1452,12 @@ def real_table(runs):
     return lines
 
 
-def real_fits(runs, bootstrap):
+def real_fits(runs, bootstrap, y="val_pass_rate"):
     """The paper's fit and its prediction [Sec. 2], per seed: R(C) fitted to the held-out pass rate against the run's
     model FLOPs (R0: its step-0 evaluation; the first 1.5% of the compute left out, as in every fit here), A, B and
     C_mid with bootstrap intervals; then fitted again on the evaluations up to each of REAL_CUTS of the run's final
-    compute, predicting its last evaluation. Returns (Markdown lines, {seed: the numbers})."""
+    compute, predicting its last evaluation. y: the column fitted (a domain's, val_pass_rate_code). Returns (Markdown
+    lines, {seed: the numbers})."""
     import numpy as np
     import fit_curve
     ci = lambda f, k: " [{:.3g}, {:.3g}]".format(*f[k + "_ci"]) if f[k + "_ci"] else ""  # noqa: E731
@@ -1446,13 +1466,13 @@ def real_fits(runs, bootstrap):
              "|---|" + "---|" * (6 + len(REAL_CUTS))]
     out = {}
     for seed, (rows, _) in sorted(runs.items()):
-        ev = [r for r in rows if "val_pass_rate" in r]
-        f = fit_curve.fit_rows(ev, x="flops", bootstrap=bootstrap, name=f"seed {seed}")
-        x_end, final = ev[-1]["flops"], ev[-1]["val_pass_rate"]
+        ev = [r for r in rows if y in r]
+        f = fit_curve.fit_rows(ev, x="flops", y=y, bootstrap=bootstrap, name=f"seed {seed}")
+        x_end, final = ev[-1]["flops"], ev[-1][y]
         preds, cut_fits = {}, {}
         for cut in REAL_CUTS:
             try:
-                g = fit_curve.fit_rows(ev, x="flops", bootstrap=0, fit_until=cut * x_end, name=f"seed {seed}")
+                g = fit_curve.fit_rows(ev, x="flops", y=y, bootstrap=0, fit_until=cut * x_end, name=f"seed {seed}")
                 preds[cut] = float(fit_curve.curve(np.array([x_end]), g["R0"], g["A"], g["B"], g["C_mid"])[0])
                 cut_fits[f"{cut:g}"] = {k: g[k] for k in ("R0", "A", "B", "C_mid")}
             except fit_curve.NotEnoughPoints:  # fewer than 4 evaluations up to the cut
@@ -1504,10 +1524,85 @@ def real_figure(runs, fits, path):
     plt.close(fig)
 
 
+DOMAINS = {"code": {"code": "val_pass_rate"}, "mix": {"code": "val_pass_rate_code", "math": "val_pass_rate_exact"}}
+
+
+def domain_summary(args):
+    """--real-task code or mix: per seed, each domain's held-out pass rate at step 0 and at the end, hack_frac over
+    the run (its mean over the steps and its largest) and the times; each domain's curve fitted and predicted from its
+    first half and third (real_fits on its column); OUT/real-model.png, a panel per seed with a curve per domain (the
+    fit to all of it solid, to its first half dashed); OUT/summary.json."""
+    import numpy as np
+    import fit_curve
+    domains, runs = DOMAINS[args.real_task], {}
+    for seed in real_seeds(args):
+        runs[seed] = [r for r in read_metrics(os.path.join(args.out, f"seed{seed}")) if r["step"] <= REAL_STEPS], {}
+    head = "".join(f"{d}, step 0 | {d}, last | " for d in domains)
+    lines, cols = [f"| seed | {head}hack_frac, mean | hack_frac, max | generation s/step | training s/step |",
+                   "|---|" + "---|" * (2 * len(domains) + 4)], []
+    for seed, (rows, _) in sorted(runs.items()):
+        ev, steps = [r for r in rows if "val_pass_rate" in r], [r for r in rows if r["step"] > 0]
+        hacks = [r["hack_frac"] for r in steps if "hack_frac" in r] or [0.0]
+        cols.append([v for col in domains.values() for v in (ev[0][col], ev[-1][col])] + [
+            float(np.mean(hacks)), max(hacks), *(float(np.mean([r[k] for r in steps])) for k in ("gen_seconds",
+                                                                                                 "train_seconds"))])
+        lines.append(f"| {seed} | " + " | ".join(f"{v:.3f}" for v in cols[-1][:-2]) +
+                     f" | {cols[-1][-2]:.1f} | {cols[-1][-1]:.1f} |")
+    c = np.array(cols)
+    sd = c.std(axis=0, ddof=1) if len(c) > 1 else np.zeros(c.shape[1])
+    lines.append("| mean ± sd | " + " | ".join(f"{m:.3f} ± {e:.3f}" for m, e in zip(c.mean(0)[:-2], sd[:-2]))
+                 + f" | {c.mean(0)[-2]:.1f} | {c.mean(0)[-1]:.1f} |")
+    out, fits = ["\n".join(lines)], {}
+    for domain, col in domains.items():
+        try:
+            fit_lines, fits[domain] = real_fits(runs, args.bootstrap, y=col)
+        except fit_curve.InputError as e:  # (too few evaluations: no fit)
+            fit_lines, fits[domain] = [f"no fit: {e}"], {}
+        out.append(f"{domain}, the held-out pass rate ({col}) against the model FLOPs, fitted per seed:\n\n"
+                   + "\n".join(fit_lines))
+    print("\n\n".join(out))
+    domain_figure(runs, domains, fits, os.path.join(args.out, "real-model.png"))
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump({"task": args.real_task, "arm": getattr(args, "arm", []), "table": lines,
+                   "fits": {d: {str(k): v for k, v in f.items()} for d, f in fits.items()}}, f, indent=1)
+    return lines, fits
+
+
+def domain_figure(runs, domains, fits, path):
+    """A panel per seed: each domain's held-out pass rate against the model FLOPs, its fit to all of it (solid) and to
+    its first half (dashed), drawn forward to the end."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import fit_curve
+    fig, axes = plt.subplots(1, len(runs), figsize=(4 * len(runs), 3.6), sharey=True, squeeze=False)
+    for ax, (seed, (rows, _)) in zip(axes[0], sorted(runs.items())):
+        for (domain, col), color in zip(domains.items(), ("C0", "C1")):
+            ev = [r for r in rows if col in r]
+            x, y = np.array([r["flops"] for r in ev]), np.array([r[col] for r in ev])
+            ax.plot(x, y, "o", ms=4, color=color, label=f"{domain}, held out")
+            grid, f = np.linspace(x[1], x[-1], 200), fits[domain].get(seed)
+            half = f and f["cut_fits"].get(f"{REAL_CUTS[0]:g}")
+            for g, style, what in ((f, "-", "fit"), (half, "--", f"fit on {REAL_CUTS[0]:.0%}")):
+                if g:
+                    ax.plot(grid, fit_curve.curve(grid, g["R0"], g["A"], g["B"], g["C_mid"]), style, color=color,
+                            label=f"{domain}, {what}: A {g['A']:.2f}")
+        ax.axvline(REAL_CUTS[0] * x[-1], color="grey", ls=":", lw=1)
+        ax.set(title=f"seed {seed}", xlabel="model FLOPs", ylim=(0, 1.05))
+        ax.legend(fontsize=6, loc="upper left")
+    axes[0][0].set_ylabel("held-out pass rate")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def real_summary(args):
     """The table (real_table, with the pass rate of each kind of problem at the end), each seed's held-out curve fitted
     and predicted from its first half and third (real_fits), and the figure, OUT/real-model.png (real_figure);
-    OUT/summary.json."""
+    OUT/summary.json. (--real-task code and mix: domain_summary.)"""
+    if getattr(args, "real_task", "sums") != "sums":
+        return domain_summary(args)
     runs = {}
     with open(os.path.join(args.out, "data", "val.jsonl")) as f:
         kinds = {r["prompt"]: r.get("kind", "all") for r in map(json.loads, f)}
@@ -1577,6 +1672,8 @@ def run_bench(argv):
                    "final compute and report how well that predicts the rest (docs/scaling-curve.md: 0.25 0.33 0.5)")
     p.add_argument("--real-model", metavar="DIR", help="SmolLM2-135M-Instruct (a directory or hub id) learning arithmetic "
                    "word problems, 3 seeds, with the table, the fit and the figure (docs/real-model.md)")
+    p.add_argument("--real-task", choices=["sums", "code", "mix"], default="sums", help="--real-model: the problems: "
+                   "sums (docs/real-model.md), code (code_task.py's functions) or mix (the two in one run)")
     p.add_argument("--memory", nargs="?", const="", metavar="MODEL", help="the trainer's memory, executed at full size "
                    "on fake tensors against the memory plan: MODEL (a shape or a model directory) with --ranks, "
                    "--seq-len and scalerl.py's flags after --; without MODEL, the grid of docs/benchmarks.md")
@@ -1612,7 +1709,8 @@ def run_bench(argv):
     if own:
         scalerl.die(f"{' '.join(own)} after --: the study sets {'it' if len(own) == 1 else 'them'} for each of its runs "
                     "(--out, --seeds and --seed-list are bench.py's own flags)")
-    args.out = args.out or ("runs/learn" if args.learn else "runs/real-model" if args.real_model else "runs/loo")
+    args.out = args.out or ("runs/learn" if args.learn else "runs/loo" if not args.real_model else "runs/real-model" +
+                            ("" if args.real_task == "sums" else "-" + args.real_task))
     if args.seeds is not None and args.seeds < 1:
         scalerl.die(f"--seeds must be >= 1 (got {args.seeds})")
     args.seeds = args.seeds or (8 if args.learn else 3)

@@ -1789,6 +1789,94 @@ def test_real_model_problems_are_every_sum_once_with_disjoint_held_out_prompts(t
     assert not {r["prompt"] for r in val} & {r["prompt"] for r in train}
 
 
+def test_the_code_task_holds_out_knob_values_and_every_reference_passes():
+    """code_task.py's problems, HumanEval's format: the prompt gives the function's signature and docstring, the tests
+    are check(candidate) with the entry point, their expected values the reference's. Every family is held out, and a
+    family's held-out problems take first-knob values that none of its trained ones takes (so no prompt and no
+    function name is in both); difficulty from one line to ten. Through REWARDS["code"], as a completion: every
+    reference scores 1; returning None scores 0, and the always-equal object 0 with its hack's mark."""
+    import code_task
+    train, val = code_task.problems()
+    assert len(val) == 40 and {r["family"] for r in val} == {f["name"] for f in code_task.FAMILIES}
+    for fam in code_task.FAMILIES:
+        first = next(iter(fam["params"]))
+        held = {r["knobs"][first] for r in val if r["family"] == fam["name"]}
+        assert held and not held & {r["knobs"][first] for r in train if r["family"] == fam["name"]}
+    assert not {r["prompt"] for r in val} & {r["prompt"] for r in train}
+    assert not {r["entry_point"] for r in val} & {r["entry_point"] for r in train}
+    lines = [r["canonical_solution"].count("\n") for r in train + val]
+    assert min(lines) == 1 and max(lines) >= 10
+    for r in val[:2]:  # the format, read back
+        sig = re.fullmatch(r"Write a Python function `(\w+)\((.*)\) -> \w+`\. (.+) Reply with one ```python code "
+                           r"block\.", r["prompt"])
+        assert sig and sig[1] == r["entry_point"] and r["test"].startswith("def check(candidate):\n    assert ")
+    grade = lambda body, r: S.grade_one(S.REWARDS["code"], f"```python\n{r['stub']}{body}```", "", r)  # noqa: E731
+    eq = "    class E:\n        def __eq__(self, other):\n            return True\n    return E()\n"
+    for r in train + val:
+        assert grade(r["canonical_solution"], r) == (1.0, "passed", None), r["entry_point"]
+        assert grade("    return None\n", r)[0] == 0.0
+        assert grade(eq, r)[:2] == (0.0, "hack: a call returned a solution." + r["entry_point"] + ".<locals>.E, "
+                                          "not plain data")
+
+
+@pytest.mark.quick
+def test_the_mix_study_holds_out_each_domain_apart(tmp_path):
+    """bench.py --real-model --real-task mix: MIX_VAL held-out problems of each domain, the code task's and as many
+    sums as code problems trained on (three quarters easy), each sum a chat of its own (REAL_SYSTEM, the "Answer: N"
+    instruction) graded by exact, each code row by its tests; no prompt of a domain both held out and trained on.
+    --real-task code: the code rows alone."""
+    import bench
+    read = lambda p: [json.loads(x) for x in open(p)]  # noqa: E731
+    train, val = map(read, bench.real_model_data(str(tmp_path / "mix"), "mix"))
+    code = lambda rows: [r for r in rows if "test" in r]  # noqa: E731
+    sums = lambda rows: [r for r in rows if "test" not in r]  # noqa: E731
+    assert len(code(val)) == len(sums(val)) == bench.MIX_VAL and len(sums(train)) == len(code(train)) == 201
+    assert sum(r["kind"] == "hard" for r in sums(val)) == bench.MIX_VAL // 4
+    assert sum(r["kind"] == "easy" for r in sums(train)) == 201 * 3 // 4
+    for r in sums(train + val):
+        assert r["reward"] == "exact" and r["prompt"][0] == {"role": "system", "content": bench.REAL_SYSTEM}
+        assert r["prompt"][1]["content"].endswith(' End with "Answer: N".')
+    key = lambda r: json.dumps(r["prompt"])  # noqa: E731
+    assert not {key(r) for r in val} & {key(r) for r in train}
+    rows = S.load_rows(str(tmp_path / "mix" / "data" / "val.jsonl"), S.Config())
+    assert sorted(reward for *_, reward in rows) == ["code"] * bench.MIX_VAL + ["exact"] * bench.MIX_VAL
+    train, val = map(read, bench.real_model_data(str(tmp_path / "code"), "code"))
+    assert len(val) == bench.MIX_VAL and len(train) == 201 and all("test" in r for r in train + val)
+
+
+@pytest.mark.quick
+def test_the_domain_summary_reads_each_domains_curve_by_hand(tmp_path, capsys):
+    """bench.py's summary of a code or mix study, on two seeds' made-up rows: each domain's held-out pass rate at step
+    0 and at the end, hack_frac's mean over the steps and its largest, the times, and the mean ± sd over seeds; each
+    domain's curve fitted (an exact R(C) curve here: its A found), the figure written."""
+    import bench
+    import fit_curve
+    curves = {"val_pass_rate_code": (0.02, 0.4, 1.5, 3e15), "val_pass_rate_exact": (0.1, 0.9, 2.0, 2e15)}
+    for seed in (0, 1):
+        d = tmp_path / f"seed{seed}"
+        d.mkdir()
+        rows = []
+        for step in range(0, 33):
+            x = 1e14 * (step + 1) * (seed + 1)
+            row = {"step": step, "flops": x, "gen_seconds": 2.0 + seed, "train_seconds": 1.0,
+                   "hack_frac": 0.25 if step == 5 else 0.0}
+            if step % 2 == 0:
+                row.update({k: float(fit_curve.curve(np.array([x]), *v)[0]) for k, v in curves.items()})
+                row["val_pass_rate"] = row["val_pass_rate_code"]
+            rows.append(row if step else {k: v for k, v in row.items() if k not in ("hack_frac", "gen_seconds")})
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = types.SimpleNamespace(out=str(tmp_path), real_task="mix", seed_list=[0, 1], seeds=2, bootstrap=0)
+    lines, fits = bench.domain_summary(args)
+    first = [float(v) for v in lines[2].strip("| ").split(" | ")][1:]  # seed 0's row
+    want = [curves[c] for c in ("val_pass_rate_code", "val_pass_rate_exact")]
+    ends = [float(fit_curve.curve(np.array([x]), *w)[0]) for w in want for x in (1e14, 3.3e15)]  # steps 0 and 32
+    assert first[:4] == pytest.approx(ends, abs=6e-4) and first[4:] == [round(0.25 / 32, 3), 0.25, 2.0, 1.0]
+    assert lines[-1].startswith("| mean ± sd | ") and "2.5 | 1.0 |" in lines[-1]
+    for domain, (_, a, _, _) in zip(("code", "math"), want):
+        assert fits[domain][0]["A"] == pytest.approx(a, abs=0.02)
+    assert (tmp_path / "real-model.png").read_bytes()[:4] == b"\x89PNG"
+
+
 @pytest.mark.quick
 def test_real_model_table_splits_format_and_arithmetic_by_hand(tmp_path):
     """completion_shares: a pass rate is (answered share) x (right among the answered), an answer being what the grader
