@@ -95,16 +95,17 @@ def bench_route(rest):
     with tempfile.TemporaryDirectory() as tmp:
         sys.setprofile(profile)
         try:
-            scalerl.main(["--steps", "1", "--out", os.path.join(tmp, "run"), *(rest or [
-                "--engine", "hf", "--prompts-per-step", "4", "--val-size", "4", "--eval-samples", "1"])])
+            scalerl.main(["--steps", "1", "--out", os.path.join(tmp, "run"), *(rest or [  # (a random policy's groups
+                "--engine", "hf", "--prompts-per-step", "4", "--val-size", "4", "--eval-samples", "1",  # are flat:
+                "--no-zero-variance-filter"])])  # unfiltered, the step trains, and the update is on the route)
         finally:
             sys.setprofile(None)
     back = [r for r in route if r[3] < r[1]]
     for a, la, b, lb in back:
         print(f"bench: back {'into Part I' if lb < part2 else 'in Part II '}: {a} (line {la}) -> {b} (line {lb})")
-    inside = sum(lb >= part2 for *_, lb in back)
+    inside, trained = sum(lb >= part2 for *_, lb in back), any(b == "train_step" for _, _, b, _ in route)
     print(f"bench: route of {len(route)} functions, {len(back)} jumps back: {inside} within Part II, "
-          f"{len(back) - inside} into Part I")
+          f"{len(back) - inside} into Part I; train_step {'on the route' if trained else 'NOT on the route'}")
 
 
 def build(shape, path):

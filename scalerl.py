@@ -24,7 +24,7 @@ Each component can be switched to the alternative the paper ablates:
   advantage norm         --adv-norm batch|prompt|none                              compute_advantages
   loss aggregation       --loss-agg prompt|sample|token                            completion_weights
   No-Positive-Resampling --npr-threshold 0.9 (>= 1 disables it)                   removal_rule, next_prompts
-  loss                   --loss cispo|dapo|gspo                                    cispo_loss, dapo_loss, gspo_loss
+  loss                   --loss cispo|dapo|gspo                                    cispo_loss, clipped_loss
   FP32 LM head           --lm-head-fp32 / --no-lm-head-fp32                        fp32_head_logits, _chunk_terms
 
 The objective, as the paper writes it [Sec. 4]. For each prompt x of the batch, G completions y_1..y_G sampled by
@@ -162,9 +162,10 @@ class Recipe:
                             "(a sequence-level ratio, clipped)", ["cispo", "dapo", "gspo"])
     eps_max: float = flag(5.0, "CISPO: truncation of the importance weight from above (the paper: 4, 5 and 8 alike)",
                           above=0)
-    eps_low: float = flag(0.0, "DAPO/GSPO: lower clip, ratio >= 1 - eps_low (0: the loss's own, dapo 0.2, gspo 3e-4)",
-                          at_least=0, below=1)
-    eps_high: float = flag(0.0, "DAPO/GSPO: upper clip, ratio <= 1 + eps_high (0: dapo 0.28, gspo 4e-4)", at_least=0)
+    eps_low: float = flag(None, "DAPO/GSPO: lower clip, ratio >= 1 - eps_low (default: the loss's own, dapo 0.2, gspo "
+                                "3e-4; 0: no lower clip)", at_least=0, below=1)
+    eps_high: float = flag(None, "DAPO/GSPO: upper clip, ratio <= 1 + eps_high (default: dapo 0.28, gspo 4e-4)",
+                           at_least=0)
     lm_head_fp32: bool = flag(True, "compute the LM head (hidden -> logits) in float32, trainer and generator")
     routing_replay: bool = flag(False, "MoE: routing replay (R3, arXiv 2510.11370): the trainer's forward routes each "
                                      "sampled token to the experts the generator routed it to (docs/moe.md)")
@@ -208,7 +209,7 @@ def run(cfg):
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 val, val_errors = evaluate(state, cfg, step)
                 row, errors = {**row, **val}, errors + val_errors
-                row.update(live_fit(guard.rows + [row]) if cfg.live_fit and rank() == 0 else {})  # predicted A
+                row.update(live_fit(guard.rows + [row]) if cfg.live_fit else {})  # the predicted A (Part II)
             guard.step_done(row, errors)  # recorded, the stop rules, the checkpoint cadence
             if guard.signalled():  # Ctrl-C or SIGTERM during the step: checkpoint it, say how to resume, stop
                 guard.stop_here()
@@ -536,7 +537,7 @@ def completion_weights(groups_lengths, agg):
 
 @dataclass
 class Sample:
-    """One completion of the training batch (sequence_logprobs needs only prompt and tokens)."""
+    """One completion of the training batch, and what the loss knows of it (batch_tensors makes the tensors)."""
     prompt: list                # prompt token ids
     tokens: list                # completion token ids
     gen_logprobs: list = None   # the generator's log pi_gen of each token
@@ -666,10 +667,8 @@ def policy_loss(logp, logp_gen, A, weight, seq, cfg, **terms):
     rho = gspo_ratio(logp, logp_gen, seq) if cfg.loss == "gspo" else torch.exp(logp - logp_gen)
     if cfg.loss == "cispo":  # ScaleRL: -sg(min(rho, eps_max)) * A * log pi_train; every token keeps its gradient
         token_loss = cispo_loss(logp, rho, A, cfg.eps_max)
-    elif cfg.loss == "dapo":  # PPO's clipped surrogate, -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A)
-        token_loss = dapo_loss(rho, A, cfg.eps_low, cfg.eps_high)
-    else:  # gspo: the same surrogate on one ratio per completion
-        token_loss = gspo_loss(rho, A, cfg.eps_low, cfg.eps_high)
+    else:  # dapo: PPO's clipped surrogate on the token's ratio; gspo: the same on one ratio per completion
+        token_loss = clipped_loss(rho, A, cfg.eps_low, cfg.eps_high)
     r = rho.detach()  # clip_frac: the share of tokens whose weight CISPO truncated, or whose gradient PPO's min clipped
     clipped = r > cfg.eps_max if cfg.loss == "cispo" else ((r > 1 + cfg.eps_high) & (A > 0)) | \
         ((r < 1 - cfg.eps_low) & (A < 0))
@@ -685,9 +684,12 @@ def cispo_loss(logp, ratio, adv, eps_max):
     return -torch.clamp(ratio.detach(), max=eps_max) * adv * logp
 
 
-def dapo_loss(ratio, adv, eps_low, eps_high):
-    """DAPO / PPO token loss with asymmetric clipping (the ablated alternative): -min(rho A, clip(rho) A), rho =
-    pi_train / pi_gen (`ratio`, with its gradient). Tokens whose clipped term is the minimum get no gradient."""
+def clipped_loss(ratio, adv, eps_low, eps_high):
+    """PPO's clipped token loss, -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) (`ratio` with its gradient), the
+    two losses the paper ablated: DAPO's, rho = pi_train / pi_gen, asymmetric (0.2 below, 0.28 above); GSPO's, rho
+    gspo_ratio's one ratio per completion, with GSPO's own narrow range (3e-4 below, 4e-4 above). A token (a GSPO
+    completion) whose clipped term is the minimum gets no gradient. GSPO averages over each sequence's tokens
+    (--loss-agg sample); with ScaleRL's prompt average each token of a prompt weighs the same."""
     return -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
 
 
@@ -701,13 +703,6 @@ def gspo_ratio(logp, logp_gen, seq):
     mean = torch.zeros_like(d).index_add_(0, seq, d) / n
     return torch.exp(mean[seq] + logp - logp.detach())
 
-
-def gspo_loss(ratio, adv, eps_low, eps_high):
-    """GSPO token loss (the third loss the paper ablated): PPO's clipped objective -min(s A, clip(s) A) on the
-    sequence-level ratio s of gspo_ratio (`ratio`), with GSPO's own narrow range (3e-4 below, 4e-4 above). A
-    completion whose clipped term is the minimum gets no gradient. GSPO averages over each sequence's tokens
-    (--loss-agg sample); with ScaleRL's prompt average each token of a prompt weighs the same."""
-    return -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
 
 
 def token_logprobs(hidden, head, targets, temperature, fp32=True, chunk=1024, post=None):
@@ -791,12 +786,14 @@ def push_weights(state, cfg):
 #   8. Metrics and the screen       Guard (the rules, the cadence, signals), Recorder (the records), metrics_row
 #   9. Run directories, checkpoints the lock, checkpoints written atomically, resume
 #  10. torchrun                     ranks and their sums, FSDP2's shards, the weights gathered for a push
-# Beside this file: memory.py (the memory plan), moe.py (an MoE's routing), sandbox.py and judge.py (the code reward's
-# sandbox and verdict), generators.py (the generator-trainer split). Within a section a function comes before those it
-# calls, and a run's route from main through one step reads down the file (bench.py --route lists its jumps back) but
-# for 8 calls into Part I, which comes first to be read in one sitting while Part II builds and drives it (main's run,
-# make_optimizer, Rollouts, frozen_models, rollout's add and wait, the FP32 head's logits, token_logprobs), for
-# step_seed (2), which the vLLM engine shares with the recipe, and for the Guard's call back to tear_down (1).
+# Beside this file: memory.py (the memory plan), moe.py (an MoE's routing: called from load_model, check_architecture,
+# hf_generate, VLLMEngine's start and push, Policy.forward, batch_tensors, mismatch_sums), sandbox.py and
+# judge.py (the code reward's sandbox and verdict), generators.py (the generator-trainer split). Within a section a
+# function comes before those it calls, and a run's route from main through one step reads down the file (bench.py
+# --route lists its jumps back) but for 8 calls into Part I, which comes first to be read in one sitting while Part II
+# builds and drives it (main's run, make_optimizer, Rollouts, frozen_models, rollout's add and wait, the FP32 head's
+# logits, token_logprobs), for step_seed (2), which the vLLM engine shares with the recipe, and for the Guard's call
+# back to tear_down (1).
 # ==================================================================================================
 
 # --------------------------------------------------------------------------------------------------
@@ -1148,8 +1145,8 @@ def fill_defaults(cfg):
         cfg.mask_truncated = bool(cfg.model)
     if cfg.activation_checkpointing is None:
         cfg.activation_checkpointing = bool(cfg.model)
-    cfg.eps_low = cfg.eps_low or {"gspo": 3e-4}.get(cfg.loss, 0.2)
-    cfg.eps_high = cfg.eps_high or {"gspo": 4e-4}.get(cfg.loss, 0.28)
+    cfg.eps_low = {"gspo": 3e-4}.get(cfg.loss, 0.2) if cfg.eps_low is None else cfg.eps_low  # (0: no clip below)
+    cfg.eps_high = {"gspo": 4e-4}.get(cfg.loss, 0.28) if cfg.eps_high is None else cfg.eps_high
     cfg.answer_budget = cfg.answer_budget or max(2, cfg.max_new_tokens // 8)
     if tuple(cfg.think_budget) == (0, 0):  # the paper's 10k-12k of a 14k budget, scaled
         hi = max(1, cfg.max_new_tokens - cfg.answer_budget)
@@ -2038,16 +2035,16 @@ class VLLMEngine:
         from vllm import SamplingParams
         from vllm.inputs.engine import tokens_input
         from vllm.sampling_params import RequestOutputKind
-        runs, last = [], {}
+        batches, last = [], {}  # a batch: one request's completions, of consecutive seeds
         for key, ids, max_tokens, seed in self.queue:
-            run = last.get((ids, max_tokens))
-            if run is None or run[2] + len(run[3]) != seed:
-                run = last[ids, max_tokens] = [ids, max_tokens, seed, []]
-                runs.append(run)
-            run[3].append(key)
-        if runs and self.asleep:
+            batch = last.get((ids, max_tokens))
+            if batch is None or batch[2] + len(batch[3]) != seed:
+                batch = last[ids, max_tokens] = [ids, max_tokens, seed, []]
+                batches.append(batch)
+            batch[3].append(key)
+        if batches and self.asleep:
             raise RuntimeError("the engine's weights were discarded by sleep, and no push has reloaded them")
-        for ids, max_tokens, seed, keys in runs:
+        for ids, max_tokens, seed, keys in batches:
             rid, self.serial = str(self.serial), self.serial + 1
             params = SamplingParams(n=len(keys), temperature=self.cfg.temperature, top_p=1.0, top_k=0,
                                     max_tokens=max_tokens, logprobs=0, seed=seed if self.seeded else None,
@@ -2834,11 +2831,11 @@ def checkpoint_due(rows, cfg):
 
 def pass_rates(state, cfg, ids, correct):
     """{"val_pass_rate": ...} over every rank's held-out prompts (this rank's: `ids`, graded `correct`), and where they
-    are of several tasks (math and code rows: a task is the reward grading an item, a --data row's own or --reward's)
-    each task's, "val_pass_rate_<task>" (fit_curve.py fits each)."""
-    tasks = [x[3] if len(x) > 3 else cfg.reward for x in state.val]
-    mine, split = np.array([tasks[i] for i in ids], dtype=object), sorted(set(tasks)) * (len(set(tasks)) > 1)
-    per = {f"val_pass_rate_{t}": (correct[mine == t].sum(), correct[mine == t].size) for t in split}
+    are graded by several rewards (math and code rows: an item's reward is its --data row's own, or --reward) each
+    reward's, "val_pass_rate_<reward>" (fit_curve.py fits each: the paper's curve per domain)."""
+    rewards = [x[3] if len(x) > 3 else cfg.reward for x in state.val]
+    mine, split = np.array([rewards[i] for i in ids], dtype=object), sorted(set(rewards)) * (len(set(rewards)) > 1)
+    per = {f"val_pass_rate_{r}": (correct[mine == r].sum(), correct[mine == r].size) for r in split}
     return mean_over_ranks({"val_pass_rate": (correct.sum(), correct.size), **per})
 
 
@@ -2919,7 +2916,9 @@ def collapse_reason(rows, cfg):
 
 def live_fit(rows):
     """The paper's prediction as the run goes on (fit_curve.live_fit: its fit of the evaluations so far, or {} while
-    they cannot support one); {} without fit_curve.py beside this file."""
+    they cannot support one); {} without fit_curve.py beside this file, and on ranks but the first (which writes)."""
+    if rank():
+        return {}
     try:
         import fit_curve
     except ImportError:

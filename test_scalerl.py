@@ -82,7 +82,7 @@ def test_dapo_clipping_by_hand():
     adv = [1.0, -1.0, -1.0, 1.0, 1.0]
     logp_gen = torch.zeros(5, dtype=torch.float64)
     logp = torch.tensor([math.log(r) for r in rho], dtype=torch.float64, requires_grad=True)
-    loss = S.dapo_loss(torch.exp(logp - logp_gen), torch.tensor(adv, dtype=torch.float64), eps_low, eps_high)
+    loss = S.clipped_loss(torch.exp(logp - logp_gen), torch.tensor(adv, dtype=torch.float64), eps_low, eps_high)
     # -min(rho*A, clip(rho, 0.8, 1.28)*A) for each token, by hand
     expected = [-1.28, 1.5, 0.8, -0.5, -1.1]
     assert loss.detach().tolist() == pytest.approx(expected, abs=1e-12)
@@ -117,7 +117,7 @@ def test_gspo_ratio_and_loss_by_hand():
     s = S.gspo_ratio(logp, logp_gen, seq)
     want_s = [math.exp(0.0003)] * 2 + [math.exp(0.003)] * 3 + [math.exp(-0.001)] * 2
     assert s.tolist() == pytest.approx(want_s, rel=1e-12)
-    loss = S.gspo_loss(s, adv, el, eh)
+    loss = S.clipped_loss(s, adv, el, eh)
     clip = lambda x: min(max(x, 1 - el), 1 + eh)  # noqa: E731
     want = [-min(si * a, clip(si) * a) for si, a in zip(want_s, adv.tolist())]
     assert loss.tolist() == pytest.approx(want, rel=1e-12)
@@ -130,6 +130,26 @@ def test_gspo_ratio_and_loss_by_hand():
     total, metrics = S.policy_loss(logp.detach(), logp_gen, adv, torch.ones(7, dtype=torch.float64), seq, cfg)
     assert total.item() == pytest.approx(sum(want)) and metrics["clip_frac"][0] == 4  # completions 1 and 2's tokens
 
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("loss", ["dapo", "gspo"])
+def test_a_zero_clip_is_a_value_that_reaches_the_loss(loss, tmp_path):
+    """--eps-low 0 and --eps-high 0 mean a clip at 1 on that side (unset is the loss's own range, dapo 0.2 / 0.28, gspo
+    3e-4 / 4e-4): parsed, filled and recorded as 0, and policy_loss clips at exactly 1. By hand, one-token completions
+    (a GSPO ratio is then the token's): rho 1.5 with A = 1 gives -min(1.5, 1) = -1, rho 0.5 with A = -1 gives
+    -min(-0.5, -1) = 1, rho 1.2 with A = -1 gives -min(-1.2, -1) = 1.2; the first two clipped."""
+    cfg = S.fill_defaults(S.parse_args(["--loss", loss, "--eps-low", "0", "--eps-high", "0"]))
+    assert (cfg.eps_low, cfg.eps_high) == (0.0, 0.0)
+    assert (S.fill_defaults(S.parse_args(["--loss", loss, "--eps-high", "0"])).eps_low,
+            S.fill_defaults(S.parse_args(["--loss", loss])).eps_high) == ((0.2, 0.28) if loss == "dapo" else (3e-4, 4e-4))
+    logp = torch.log(torch.tensor([1.5, 0.5, 1.2], dtype=torch.float64))
+    total, metrics = S.policy_loss(logp, torch.zeros(3, dtype=torch.float64), torch.tensor([1.0, -1.0, -1.0]),
+                                   torch.ones(3), torch.tensor([0, 1, 2]), cfg)
+    assert total.item() == pytest.approx(-1 + 1 + 1.2) and metrics["clip_frac"] == (2, 3)
+    rows = S.run(small_cfg(tmp_path, engine="hf", steps=1, loss=loss, eps_low=0.0, eps_high=0.0, eval_every=100))
+    config = json.load(open(tmp_path / "run" / "config.json"))
+    assert (config["eps_low"], config["eps_high"]) == (0.0, 0.0) and len(rows) == 2
 
 # ---------------------------------------------------------------------------------------------- aggregation
 def reference_aggregate(token_losses, agg):
@@ -1096,8 +1116,8 @@ def test_train_step_uses_the_configured_loss_and_measures_the_mismatch(loss, def
     adv = torch.tensor([s.advantage for s in samples for _ in s.tokens], dtype=torch.float64)
     seq = torch.tensor([k for k, s in enumerate(samples) for _ in s.tokens])
     ratio = (lp - gen).exp()
-    want = {"cispo": lambda: S.cispo_loss(lp, ratio, adv, 1.5), "dapo": lambda: S.dapo_loss(ratio, adv, 0.2, 0.28),
-            "gspo": lambda: S.gspo_loss(S.gspo_ratio(lp, gen, seq), adv, 3e-4, 4e-4)}[loss]().sum().item() * 0.05
+    want = {"cispo": lambda: S.cispo_loss(lp, ratio, adv, 1.5), "dapo": lambda: S.clipped_loss(ratio, adv, 0.2, 0.28),
+            "gspo": lambda: S.clipped_loss(S.gspo_ratio(lp, gen, seq), adv, 3e-4, 4e-4)}[loss]().sum().item() * 0.05
     m = copy.deepcopy(model)
     opt = torch.optim.SGD(m.parameters(), lr=0.0)
     out = S.train_step(m, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), samples, cfg, tok.pad_token_id)
@@ -1108,7 +1128,7 @@ def test_train_step_uses_the_configured_loss_and_measures_the_mismatch(loss, def
     assert out["mismatch_kl_k3"] == pytest.approx((d.exp() - 1 - d).mean().item(), rel=1e-4)
     assert out["mismatch_trunc_frac"] == pytest.approx((d > math.log(1.5)).double().mean().item())
     assert out["mismatch_trunc_frac"] > 0
-    others = {"cispo": S.dapo_loss(ratio, adv, 0.2, 0.28), "dapo": S.cispo_loss(lp, ratio, adv, 1.5),
+    others = {"cispo": S.clipped_loss(ratio, adv, 0.2, 0.28), "dapo": S.cispo_loss(lp, ratio, adv, 1.5),
               "gspo": S.cispo_loss(lp, ratio, adv, 1.5)}[loss].sum().item() * 0.05
     assert abs(others - want) > 1e-3  # the losses really differ here, so the check above tells them apart
 
@@ -1132,12 +1152,12 @@ def test_the_switches_reach_the_components_in_a_run(tmp_path, monkeypatch):
             return real(*a, **kw)
         monkeypatch.setattr(S, name, wrapped)
 
-    for name in ("dapo_loss", "cispo_loss", "compute_advantages", "completion_weights"):
+    for name in ("clipped_loss", "cispo_loss", "compute_advantages", "completion_weights"):
         spy(name)
     S.run(small_cfg(tmp_path, engine="hf", steps=2, loss="dapo", adv_norm="prompt", loss_agg="token",
                     zero_variance_filter=False, eval_every=100))
-    assert seen[("dapo_loss", ())] > 0 and not seen[("cispo_loss", ())]
-    assert set(k for k in seen if k[0] != "dapo_loss") == {("compute_advantages", ("prompt",)),
+    assert seen[("clipped_loss", ())] > 0 and not seen[("cispo_loss", ())]
+    assert set(k for k in seen if k[0] != "clipped_loss") == {("compute_advantages", ("prompt",)),
                                                            ("completion_weights", ("token",))}
 
 
@@ -4775,7 +4795,7 @@ def test_the_readme_fork_example_dataset_runs_as_written(tmp_path, monkeypatch):
 
 @pytest.mark.quick
 def test_the_readme_fork_example_loss_runs_as_written(tmp_path):
-    """README, Fork it, your loss: the function after gspo_loss, the branch first in policy_loss and the choice
+    """README, Fork it, your loss: the function after clipped_loss, the branch first in policy_loss and the choice
     added: --loss reinforce gives -sum(weight * A * log pi), and a run trains with it."""
     fork = forked(tmp_path, *example_edits("loss"))
     try:
@@ -4808,7 +4828,7 @@ def fork_page_pieces(name):
 
 def example_edits(name):
     """The edits and replacements (fork_source) that put an example where its page says: the README's reward (the
-    function beside the others, the table entry after the table) and loss (the function after gspo_loss, the branch
+    function beside the others, the table entry after the table) and loss (the function after clipped_loss, the branch
     first in policy_loss, the choice added); docs/fork.md's, piece 1 after the field lm_head_fp32 of Recipe, 2 in
     place of the return of frozen_models, token_terms or rollout_metrics or before removal_rule's return None, 3
     before the return of policy_loss."""
