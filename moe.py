@@ -137,24 +137,21 @@ def capture_routing(llm):
     a dense model. vLLM 0.32 returns them (enable_return_routed_experts) only from its model runner V2, which needs
     Triton (a CPU has none): the routers' own capture hook keeps a forward's experts (eager only), then each request's
     last row, the position that predicts the token it samples, goes under its request's id."""
-    from vllm.model_executor.layers.fused_moe.layer import MoERunner
+    import vllm_seam  # (vLLM's internals, beside this file)
     rows, step = {}, {}
 
-    def install(worker):
-        runner, execute = worker.model_runner, worker.model_runner.execute_model
+    def record(n, ids):  # after each engine step: the tokens scheduled per request, the requests in the batch's order
+        ends = np.cumsum([n[r] for r in ids]) - 1
+        for r, e in zip(ids, torch.stack([step[k] for k in sorted(step)], 1)[ends].tolist() if step else []):
+            index, _, request = r.rpartition("-")[0].rpartition("_")  # f"{index}_{request}-{suffix}" (n > 1)
+            rows.setdefault((request, int(index or 0)), []).append(e)
+        step.clear()
 
-        def execute_and_record(scheduled, *args, **kw):
-            out, n = execute(scheduled, *args, **kw), scheduled.num_scheduled_tokens
-            ids = [r for r in runner.input_batch.req_ids if r in n]  # the batch's requests, in its order
-            ends = np.cumsum([n[r] for r in ids]) - 1
-            for r, e in zip(ids, torch.stack([step[k] for k in sorted(step)], 1)[ends].tolist() if step else []):
-                index, _, request = r.rpartition("-")[0].rpartition("_")  # f"{index}_{request}-{suffix}" (n > 1)
-                rows.setdefault((request, int(index or 0)), []).append(e)
-            step.clear()
-            return out
-        runners = [m for m in runner.get_model().modules() if isinstance(m, MoERunner)]
-        for m in runners:
-            m.router.set_capture_fn(lambda ids, layer=m.layer_id: step.__setitem__(layer, ids))
-        runner.execute_model = execute_and_record if runners else execute
-        return bool(runners)
+    def install(worker):
+        layers = vllm_seam.moe_layers(worker)
+        for capture, layer in layers:
+            capture(lambda ids, layer=layer: step.__setitem__(layer, ids))
+        if layers:
+            vllm_seam.after_each_step(worker, record)
+        return bool(layers)
     return rows if llm.collective_rpc(install)[0] else None

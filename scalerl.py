@@ -93,6 +93,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import memory  # beside this file: the memory plan, the CPU engine's KV cache, the trainer's peak (section 4)
+import vllm_seam  # beside this file: vLLM's internals that the engine uses, each checked at start-up (section 5)
 
 try:  # the code reward's sandbox (--reward code), beside this file: a copy of this file alone runs all but that reward
     import sandbox
@@ -1766,9 +1767,9 @@ def load_model(cfg, device, path=None, empty=False):
 
 
 def check_architecture(cfg, config, path):
-    """A model that the trainer (a causal-LM class of transformers) or the vLLM engine has no class for, or an MoE
-    without moe.py, is refused, named, before any weight loads (vLLM's registry costs the import of vLLM, which its
-    engine pays anyway)."""
+    """A model that the trainer (a causal-LM class of transformers) or the vLLM engine has no class for, an MoE without
+    moe.py, or a vLLM without an internal scalerl uses (vllm_seam.py), is refused, named, before any weight loads;
+    another vLLM than the one tested is one line (vLLM's registry costs its import, which its engine pays anyway)."""
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     arch = (getattr(config, "architectures", None) or [type(config).__name__])[0]
@@ -1779,8 +1780,12 @@ def check_architecture(cfg, config, path):
         die(f"{path}: a Mixture-of-Experts ({arch}) needs moe.py, its routing and experts, beside scalerl.py")
     if cfg.engine == "vllm":
         import vllm
-        from vllm.model_executor.models.registry import ModelRegistry
-        if arch not in ModelRegistry.get_supported_archs():
+        cpu = cfg.device == "cpu" or cfg.device == "auto" and not torch.cuda.is_available()  # (an MoE's capture)
+        other, missing = vllm_seam.check(vllm.__version__, ("always",) + ("refresh_kv",) * cfg.refresh_kv +
+                                         ("moe",) * bool(cpu and getattr(config, "num_experts_per_tok", None)))
+        if missing or other:
+            die(missing, 1) if missing else print(other, flush=True)
+        if not vllm_seam.supported(arch):
             die(f"{path}: vLLM {vllm.__version__} cannot run its architecture {arch}; use a model vLLM supports, or "
                 "--engine hf")
 
@@ -1975,18 +1980,9 @@ class VLLMEngine:
             lambda r: not r.getMessage().startswith("RotaryEmbedding: Failed to load weights"))
         self.core, self.cfg, self.asleep, self.serial, self.live = self.llm.llm_engine, cfg, False, 0, {}
         self.queue = []  # submitted, not yet sent to the engine
-        scheduler = self.core.engine_core.engine_core.scheduler  # (the in-process engine core's)
-        kv = scheduler.kv_cache_config  # the KV cache's blocks, and each group's block size and sliding window
-        self.blocks, self.kv_groups = kv.num_blocks, [(g.kv_cache_spec.block_size, getattr(
-            g.kv_cache_spec, "sliding_window", None) if type(g.kv_cache_spec).__name__ == "SlidingWindowSpec" else None)
-            for g in kv.kv_cache_groups]
-        self.max_seqs = self.core.vllm_config.scheduler_config.max_num_seqs
-        self.preemptions, preempt = 0, scheduler._preempt_request  # sequences vLLM preempted (recomputed) for room
-
-        def counted(*args, **kw):
-            self.preemptions += 1
-            return preempt(*args, **kw)
-        scheduler._preempt_request = counted
+        self.blocks, self.kv_groups, self.max_seqs = vllm_seam.kv_cache(self.llm)  # its blocks; each group's block
+        self.preemptions = 0  # sequences vLLM preempted (to recompute) for room   # size and sliding window
+        vllm_seam.count_preemptions(self.llm, self)
         self.mean_len, self.seen = max_model_len / 2, 0  # sequences' mean length, a guess until some have ended
         self.version = 0
         self.core.set_weight_version("0")
@@ -2033,8 +2029,6 @@ class VLLMEngine:
         one request with n = their number, seeded first seed + i as before: vLLM prepares it once, a cost per request
         as large as the decoding (profiled on the built-in task at 32 x 16 completions of 4 tokens)."""
         from vllm import SamplingParams
-        from vllm.inputs.engine import tokens_input
-        from vllm.sampling_params import RequestOutputKind
         batches, last = [], {}  # a batch: one request's completions, of consecutive seeds
         for key, ids, max_tokens, seed in self.queue:
             batch = last.get((ids, max_tokens))
@@ -2048,9 +2042,9 @@ class VLLMEngine:
             rid, self.serial = str(self.serial), self.serial + 1
             params = SamplingParams(n=len(keys), temperature=self.cfg.temperature, top_p=1.0, top_k=0,
                                     max_tokens=max_tokens, logprobs=0, seed=seed if self.seeded else None,
-                                    detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+                                    detokenize=False, output_kind=vllm_seam.final_only())
             # the cache salt keeps prefix-cache blocks computed with older weights from being reused by new requests
-            self.core.add_request(rid, tokens_input(list(ids), cache_salt=f"v{self.version}"), params)
+            self.core.add_request(rid, vllm_seam.tokens(ids, self.version), params)
             self.live[rid] = keys, len(ids)
         self.queue = []
 
@@ -2067,7 +2061,7 @@ class VLLMEngine:
         """push's work, from an iterator of (name, tensor) and a function returning the float32 head (or None)."""
         if moe:
             self.llm.apply_model(moe.forget_moe_kernels)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        vllm_seam.reload_weights(self.llm, weights)
         if head is not None:
             w = head()
             self.llm.apply_model(lambda m: load_engine_head(m, w))
@@ -2077,7 +2071,7 @@ class VLLMEngine:
         self.core.set_weight_version(str(version))
         if self.cfg.refresh_kv and self.live:  # (it preempts every running sequence: not for want of room, not counted)
             before = self.preemptions
-            self.core.reset_prefix_cache(reset_running_requests=True)
+            vllm_seam.reprefill(self.llm)
             self.preemptions = before
 
     def abort(self):
@@ -2094,7 +2088,7 @@ class VLLMEngine:
             with contextlib.suppress(Exception):
                 self.llm.wake_up()
             self.asleep = False
-        self.core.engine_core.shutdown()
+        vllm_seam.shutdown(self.llm)
 
     def sleep(self):
         """vLLM sleep mode (CUDA, nothing in flight): while training, free the KV cache and discard the weights (level
@@ -2172,20 +2166,18 @@ def engine_fp32_head(model, split):
     dtype vLLM computes the head's logits in (head_dtype, which hf_overrides sets to float32), or None where the model
     has no lm_head and logits_processor to give it."""
     head = getattr(model, "lm_head", None) or getattr(getattr(model, "model", None), "embed_tokens", None)  # (tied:
-    lp = getattr(model, "logits_processor", None)                                           # Gemma 2 has no lm_head)
-    if not hasattr(head, "weight") or lp is None:
+    if not hasattr(head, "weight"):                                                         # Gemma 2 has no lm_head)
         return None
     w = head.weight.detach().to(torch.float32, copy=True)
-    lp.fp32_head = split_bf16(w) if split else (w,)
-    lp._apply_head = lambda lm_head, h, b: fp32_head_logits(h, *((None, b, lp.fp32_head) if split else
-                                                                 (lp.fp32_head[0], b)))
-    return str(getattr(lp, "head_dtype", None) or head.weight.dtype)
+    model.fp32_head = parts = split_bf16(w) if split else (w,)  # (load_engine_head copies a push's head into them)
+    found, dtype = vllm_seam.head_product(model, lambda h, b: fp32_head_logits(h, *((None, b, parts) if split else
+                                                                                  (parts[0], b))))
+    return str(dtype or head.weight.dtype) if found else None
 
 
 def load_engine_head(model, weight):
     """Inside the vLLM engine: copy the trainer's float32 head (`weight`) into what engine_fp32_head made."""
-    lp = model.logits_processor
-    for mine, new in zip(lp.fp32_head, split_bf16(weight) if len(lp.fp32_head) == 2 else (weight,)):
+    for mine, new in zip(model.fp32_head, split_bf16(weight) if len(model.fp32_head) == 2 else (weight,)):
         mine[:new.shape[0]].copy_(new)
 
 
@@ -2194,8 +2186,8 @@ def repack_tied_head(model):
     weight for oneDNN when the model loads (cpu_linear), and a tied head, which shares the embedding's weight, gets no
     weights of its own in a push (the embedding does), so its pack would stay the initial weights': it is made again."""
     head, embed = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
-    if hasattr(head, "cpu_linear") and embed is not None and head.weight is embed.weight:
-        head.quant_method.process_weights_after_loading(head)
+    if head is not None and embed is not None and head.weight is embed.weight:
+        vllm_seam.repack_if_cpu_linear(head)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1638,6 +1638,57 @@ def test_an_architecture_the_trainer_or_vllm_cannot_run_is_refused_by_name(tmp_p
     assert not any((tmp_path / o).exists() for o in ("o1", "o2"))
 
 
+def test_every_vllm_internal_is_named_and_checked_in_the_source_it_was_read_from(tmp_path):
+    """vllm_seam.py: each internal of vLLM's that scalerl uses is in the installed vLLM (the version it was read from),
+    found in its source without importing it; a wheel is read the same way, and one whose file lacks a method, whose
+    class lacks an attribute or a field, or whose function lacks a parameter, is named for each: the check reads what
+    it says it reads. (The real wheels' verdicts: docs/engines.md.)"""
+    import zipfile
+    import vllm_seam
+    assert vllm_seam.installed_version() == vllm_seam.TESTED == "0.32.0" and vllm_seam.problems() == []
+    wheel = tmp_path / "vllm-9.9.9-py3-none-any.whl"
+    drop = {"v1/core/sched/scheduler.py": ("def _preempt_request(", "def _preempt_request_gone("),
+            "outputs.py": ("weight_versions:", "weight_spans:"),
+            "inputs/engine.py": ("cache_salt", "salt"),
+            "v1/engine/core.py": ("self.scheduler", "self.sched")}
+    with zipfile.ZipFile(wheel, "w") as z:
+        for rel in {rel for rel, *_ in vllm_seam.INTERNALS}:
+            text = vllm_seam.installed_source(rel)
+            if rel in drop:
+                text = text.replace(*drop[rel])
+            if rel != "model_executor/layers/utils.py":  # (a file that is not there at all)
+                z.writestr("vllm/" + rel, text)
+    assert vllm_seam.problems(vllm_seam.wheel_source(str(wheel))) == [
+        ("EngineCore.scheduler", "no attribute scheduler in EngineCore"),
+        ("Scheduler._preempt_request", "no method _preempt_request in Scheduler"),
+        ("CompletionOutput.weight_versions", "no field weight_versions in CompletionOutput"),
+        ("tokens_input", "no parameter cache_salt in tokens_input() in vllm/inputs/engine.py"),
+        ("cpu_linear", "vllm/model_executor/layers/utils.py is not there")]
+    assert [n for n, _ in vllm_seam.problems(vllm_seam.wheel_source(str(wheel)), when=("moe",))] == []
+
+
+def test_another_vllm_is_one_line_and_a_missing_internal_refused_before_any_weight_loads(tmp_path, monkeypatch, capsys):
+    """Another vLLM version than the one scalerl was read against: one line naming both, and the run trains. An
+    internal that is missing (here the scheduler's _preempt_request, dropped from the source read): one line naming it
+    and the version it was read from, status 1, before any weight loads (load_model is never reached)."""
+    need_vllm()
+    import vllm
+    import vllm_seam
+    monkeypatch.setattr(vllm, "__version__", "0.99.0")
+    rows = S.run(small_cfg(tmp_path, engine="vllm", steps=1, eval_every=100, max_lag=0, zero_variance_filter=False,
+                           out=str(tmp_path / "a")))  # (unfiltered: a random policy's flat groups train)
+    assert "scalerl: vLLM 0.99.0 is installed; scalerl was read against and tested with 0.32.0" in capsys.readouterr().out
+    assert [r["step"] for r in rows] == [0, 1] and rows[1]["train_tokens"] > 0
+    real = vllm_seam.installed_source
+    monkeypatch.setattr(vllm_seam, "installed_source", lambda rel: real(rel).replace("def _preempt_request(", "def x("))
+    monkeypatch.setattr(S, "load_model", lambda *a, **kw: pytest.fail("a weight was loaded"))
+    with pytest.raises(S.ScaleRLError, match=r"^vLLM 0.99.0: Scheduler._preempt_request, which scalerl uses \(the "
+                                             r"preemptions column\), is missing or has changed: no method "
+                                             r"_preempt_request in Scheduler \(read from vLLM 0.32.0") as e:
+        S.run(small_cfg(tmp_path, engine="vllm", steps=1, out=str(tmp_path / "b")))
+    assert e.value.status == 1
+
+
 def test_fp32_head_is_checked_at_engine_start_and_pushed_in_float32(default_model, monkeypatch):
     """With --lm-head-fp32 the engine's LM head computes in float32 from the trainer's float32 weights: in a bfloat16
     engine its weight after a push is the trainer's head bit for bit (vLLM's own head would hold it rounded to
@@ -1655,7 +1706,7 @@ def test_fp32_head_is_checked_at_engine_start_and_pushed_in_float32(default_mode
         head.add_(torch.randn_like(head) * 1e-3)  # float32 values that bfloat16 cannot hold
     assert not torch.equal(head.bfloat16().float(), head)
     engine.push(model, 1)
-    got = engine.llm.apply_model(lambda m: (m.logits_processor.fp32_head[0].cpu(), m.lm_head.weight.cpu()))[0]
+    got = engine.llm.apply_model(lambda m: (m.fp32_head[0].cpu(), m.lm_head.weight.cpu()))[0]
     assert got[0].dtype == torch.float32 and torch.equal(got[0][:head.shape[0]], head.detach())
     assert got[1].dtype == torch.bfloat16 and not torch.equal(got[1][:head.shape[0]].float(), head.detach())
     # the engine's logits are the float32 product of its hidden states with that weight: its greedy token is the
@@ -4746,7 +4797,7 @@ def forked(tmp_path, edits, replaces=()):
     """scalerl.py with the edits and replacements of fork_source applied, imported as a module of its own."""
     path = tmp_path / "scalerl_fork.py"
     path.write_text(fork_source(edits, replaces))
-    for module in ("memory.py", "moe.py", "sandbox.py", "judge.py", "generators.py"):  # (beside it, as in a clone)
+    for module in ("memory.py", "vllm_seam.py", "moe.py", "sandbox.py", "judge.py", "generators.py"):  # (as in a clone)
         shutil.copy(os.path.join(HERE, module), tmp_path)
     spec = importlib.util.spec_from_file_location("scalerl_fork", path)
     mod = importlib.util.module_from_spec(spec)
