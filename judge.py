@@ -170,7 +170,7 @@ class Stop(BaseException):
     """A: the tests stop here (the verdict is recorded first, so catching this changes nothing)."""
 
 
-def judge(spec, io, c, calls, answers, cap):
+def judge(spec, io, c, calls, answers, cap, cpu_s=float("inf")):
     """A: the verdict, {"passed": True}, {"why": ...} or {"error": ...}. The tests run in globals where each function
     that the program defines is a proxy (a built-in's name never is), the standard modules they use unimported are
     imported, and a HumanEval prompt's helpers are the row's; a proxy's call is a message to C."""
@@ -191,8 +191,10 @@ def judge(spec, io, c, calls, answers, cap):
         if not select.select([pidfd], [], [], 1.0)[0]:
             os.kill(c, signal.SIGKILL)
             stop("hack: the harness touched (the program closed its channel)")
-        status = os.waitpid(c, 0)[1]
-        stop({"error": f"the program was killed by signal {os.WTERMSIG(status)}"} if os.WIFSIGNALED(status) else
+        _, status, usage = os.wait4(c, 0)
+        cpu = usage.ru_utime + usage.ru_stime >= cpu_s  # (the init of its namespace, SIGXCPU passes it by: SIGKILL)
+        stop({"error": f"over the CPU time ({cpu_s} s)" if cpu else f"the program was killed by signal "
+              f"{os.WTERMSIG(status)}"} if os.WIFSIGNALED(status) else
              f"the program ended with status {status >> 8}" if io and status else {"passed": True} if io else
              f"hack: the program ended {when} (its process exited)")
 

@@ -214,7 +214,7 @@ def _warden(isolated):
             with contextlib.suppress(judge.Stop):
                 try:
                     said = judge.judge(json.loads(os.pread(spec, os.fstat(spec).st_size, 0)), job["stdin"] is not None,
-                                  c, calls[1], answers[0], lim["out_kb"] << 10)
+                                  c, calls[1], answers[0], lim["out_kb"] << 10, lim["cpu_s"])
                 finally:  # (no alarm after this: a late one would stop A itself)
                     signal.signal(signal.SIGALRM, signal.SIG_IGN)
                     signal.setitimer(signal.ITIMER_REAL, 0)
