@@ -149,7 +149,8 @@ class Recipe:
                                   "</think>", "interrupt: text appended to an interrupted completion")
     think_end: str = flag("</think>", "interrupt: the marker that closes the reasoning")
     max_len: int = flag(0, "penalty: L_max, longer correct answers get -1 (0: --max-new-tokens)", at_least=0)
-    cache_len: int = flag(0, "penalty: L_cache, the linear penalty zone before L_max (0: L_max / 5)", at_least=0)
+    cache_len: int = flag(None, "penalty: L_cache, the linear penalty zone before L_max (default: L_max / 5; 0: none, "
+                                "-1 at once past L_max)", at_least=0)
     mask_truncated: bool = flag(None, "leave completions that did not end (no EOS within the limits) out of the group "
                                     "mean, the zero-variance test, the batch std and the loss (the paper's 'effective "
                                     "batch after excluding truncated samples'). Default: on with --model; off for the "
@@ -464,8 +465,8 @@ def rollout_metrics(groups, correct, rewards):
 
 def overlong_penalty(length, max_len, cache_len):
     """DAPO's soft overlong punishment (the length-control alternative the paper ablated): 0 up to
-    L_max - L_cache tokens, then falling linearly to -1 at L_max, and -1 beyond."""
-    return min(0.0, max(-1.0, (max_len - cache_len - length) / cache_len))
+    L_max - L_cache tokens, then falling linearly to -1 at L_max, and -1 beyond (L_cache 0: -1 at once past L_max)."""
+    return min(0.0, max(-1.0, (max_len - cache_len - length) / cache_len)) if cache_len else -float(length > max_len)
 
 # --------------------------------------------------------------------------------------------------
 # 3. The batch [Sec. 3.2]: truncated completions out, zero-variance filtering, advantages, aggregation
@@ -1154,7 +1155,7 @@ def fill_defaults(cfg):
         cfg.think_budget = (max(1, hi - hi // 6), hi)
     cfg.think_budget = tuple(cfg.think_budget)
     cfg.max_len = cfg.max_len or cfg.max_new_tokens
-    cfg.cache_len = cfg.cache_len or max(1, cfg.max_len // 5)
+    cfg.cache_len = max(1, cfg.max_len // 5) if cfg.cache_len is None else cfg.cache_len
     if not cfg.data:
         cfg.train_size, cfg.val_size = cfg.train_size or 4096, cfg.val_size or 200
     if cfg.reward == "auto":
@@ -1224,8 +1225,8 @@ def refusals(cfg):
         "it must be smaller")
     yield min(lo, hi) < 0 or interrupt and not 1 <= lo <= hi < cfg.max_new_tokens, (
         f"--think-budget {lo} {hi}: need 1 <= LO <= HI < --max-new-tokens ({cfg.max_new_tokens})")
-    yield cfg.length_control == "penalty" and not 0 < cfg.cache_len < cfg.max_len <= cfg.max_new_tokens, (
-        f"--cache-len {cfg.cache_len} --max-len {cfg.max_len}: need 0 < L_cache < L_max <= --max-new-tokens")
+    yield cfg.length_control == "penalty" and not 0 <= cfg.cache_len < cfg.max_len <= cfg.max_new_tokens, (
+        f"--cache-len {cfg.cache_len} --max-len {cfg.max_len}: need 0 <= L_cache < L_max <= --max-new-tokens")
     yield cfg.reward_workers == 0 and cfg.reward == "math", (
         "--reward-workers 0 grades in this process with no time limit, and math-verify can hang (sympy never returns "
         "on some answers): --reward math needs grading processes (--reward-workers -1 or >= 1)")
@@ -2930,8 +2931,8 @@ def start_wandb(cfg, out):
 
 
 def save_completions(cfg, step, tok, data, groups, correct, rewards):
-    """--save-completions: one evaluation's completions, a JSON line each (docs/outputs.md), the text as score() grades
-    it; written whole (a failed write is one line). Under torchrun rank r > 0 writes its share to step_N.rank<r>.jsonl."""
+    """--save-completions: one evaluation's completions, a JSON line each (docs/outputs.md), the text as graded; written
+    whole (a failed write is one line). Under torchrun rank r > 0 writes its share to step_N.rank<r>.jsonl."""
     if not cfg.save_completions:
         return
     path = os.path.join(cfg.out, "completions", f"step_{step:06d}" + (f".rank{rank()}" if rank() else "") + ".jsonl")

@@ -945,6 +945,11 @@ def test_penalty_is_added_to_correct_answers_only(default_model):
                C(digits("7"), False)]]                  # cut off: no final answer, 0
     correct, reward, errors = S.score(tok, groups, [("5:", "7", {})], S.Grader(S.reward_last_digit, 0, 1.0), cfg)
     assert correct.tolist() == [[1, 1, 0, 0]] and reward.tolist() == [[1, 0.5, 0, 0]] and errors == []
+    hard = S.fill_defaults(S.parse_args(["--length-control", "penalty", "--max-new-tokens", "10", "--max-len", "7",
+                                         "--cache-len", "0"]))  # (0 is a value: no soft zone, -1 past L_max)
+    assert hard.cache_len == 0 and S.fill_defaults(S.parse_args(["--max-len", "10"])).cache_len == 2
+    _, reward, _ = S.score(tok, groups, [("5:", "7", {})], S.Grader(S.reward_last_digit, 0, 1.0), hard)
+    assert reward.tolist() == [[1, 0, 0, 0]]  # 2 tokens: no penalty; 8 > L_max 7: -1
 
 
 
