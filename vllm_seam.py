@@ -201,7 +201,8 @@ def shutdown(llm):
 
 def head_product(model, product):
     """Inside the engine (apply_model): the LM head's logits computed by product(hidden, bias), in place of vLLM's;
-    (True, the dtype vLLM computes the head in, head_dtype), or (False, None) where the model has no logits processor."""
+    (True, the dtype vLLM computes the head in, head_dtype), or (False, None) where the model has no logits
+    processor."""
     lp = getattr(model, "logits_processor", None)
     if lp is None:
         return False, None
