@@ -4784,24 +4784,59 @@ def fork_example(name, page="README.md"):
     return block.split("\n", 1)[1]  # (the language tag's line off)
 
 
-def fork_source(edits, replaces):
-    """scalerl.py's text with the replacements (old, new: each old found once) and the edits (anchor line prefix, lines
-    to insert before it, or after it) applied."""
-    text = open(os.path.join(HERE, "scalerl.py")).read()
-    for old, new in replaces:
-        assert text.count(old) == 1
-        text = text.replace(old, new)
-    lines = text.split("\n")
-    for anchor, new, after in edits:
-        (i,) = [k for k, ln in enumerate(lines) if ln.startswith(anchor)]
-        lines[i + after:i + after] = new
-    return "\n".join(lines)
+def place(text, where):
+    """The lines (first, last; 0-based) of a place in scalerl.py's text, found by its structure (ast), not by its words,
+    so that a forker's own lines repeating an anchor's words elsewhere leave it where it is. where: ("assign", NAME),
+    a module-level assignment; ("field", CLASS, NAME); ("def", FN), the function; ("body", FN), the line after its
+    docstring; ("return", FN), its last return; ("return None", FN), its last `return None`."""
+    import ast
+    tree, (kind, *names) = ast.parse(text), where
+    if kind == "assign":
+        node = next(n for n in tree.body if isinstance(n, ast.Assign) and names[0] in [getattr(t, "id", None)
+                                                                                       for t in n.targets])
+        return node.lineno - 1, node.end_lineno - 1
+    if kind == "field":
+        cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == names[0])
+        node = next(n for n in cls.body if isinstance(n, ast.AnnAssign) and n.target.id == names[1])
+        return node.lineno - 1, node.end_lineno - 1
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == names[0])
+    if kind == "def":
+        return fn.lineno - 1 - len(fn.decorator_list), fn.end_lineno - 1
+    if kind == "body":
+        return fn.body[0].end_lineno, fn.body[0].end_lineno
+    rets = [n for n in ast.walk(fn) if isinstance(n, ast.Return) and (kind == "return" or n.value is None or (
+        isinstance(n.value, ast.Constant) and n.value.value is None))]
+    node = max(rets, key=lambda n: n.lineno)
+    return node.lineno - 1, node.end_lineno - 1
 
 
-def forked(tmp_path, edits, replaces=()):
-    """scalerl.py with the edits and replacements of fork_source applied, imported as a module of its own."""
+def fork_source(edits, text=None):
+    """scalerl.py's text (this checkout's, a fork's too; or `text`) with each edit (where, lines, how: "before",
+    "after", "replace", or (old, new) within the place) applied in turn, each place found anew (place). A piece whose
+    lines the file holds already, as one block, is not added again: a fork that applied an example runs its test."""
+    text = open(os.path.join(HERE, "scalerl.py")).read() if text is None else text
+    for where, new, how in edits:
+        if isinstance(how, str) and "\n".join(new).strip() and "\n".join(new) in text:
+            continue  # (this fork has it: applied once, as its page says)
+        lines, (first, last) = text.split("\n"), place(text, where)
+        if how == "before":
+            lines[first:first] = new
+        elif how == "after":
+            lines[last + 1:last + 1] = new
+        elif how == "replace":
+            lines[first:last + 1] = new
+        else:
+            segment = "\n".join(lines[first:last + 1])
+            lines[first:last + 1] = segment.replace(*how).split("\n") if how[1] not in segment else \
+                segment.split("\n")
+        text = "\n".join(lines)
+    return text
+
+
+def forked(tmp_path, edits):
+    """scalerl.py with the edits of fork_source applied, imported as a module of its own."""
     path = tmp_path / "scalerl_fork.py"
-    path.write_text(fork_source(edits, replaces))
+    path.write_text(fork_source(edits))
     for module in ("memory.py", "vllm_seam.py", "moe.py", "sandbox.py", "judge.py", "generators.py"):  # (as in a clone)
         shutil.copy(os.path.join(HERE, module), tmp_path)
     spec = importlib.util.spec_from_file_location("scalerl_fork", path)
@@ -4815,7 +4850,7 @@ def forked(tmp_path, edits, replaces=()):
 def test_the_readme_fork_example_reward_runs_as_written(tmp_path):
     """README, Fork it, your reward: the function beside the others and the table entry after the table, nothing
     else, make --reward number a choice that grades by the last number."""
-    fork = forked(tmp_path, *example_edits("reward"))
+    fork = forked(tmp_path, example_edits("reward"))
     try:
         assert checked(module=fork, argv=["--reward", "number"]).reward == "number"
         grader = fork.Grader(fork.REWARDS["number"], 0, 10.0)
@@ -4853,7 +4888,7 @@ def test_the_readme_fork_example_dataset_runs_as_written(tmp_path, monkeypatch):
 def test_the_readme_fork_example_loss_runs_as_written(tmp_path):
     """README, Fork it, your loss: the function after clipped_loss, the branch first in policy_loss and the choice
     added: --loss reinforce gives -sum(weight * A * log pi), and a run trains with it."""
-    fork = forked(tmp_path, *example_edits("loss"))
+    fork = forked(tmp_path, example_edits("loss"))
     try:
         logp, adv, w = torch.tensor([-1.0, -2.0, -0.5]), torch.tensor([1.0, -1.0, 2.0]), torch.tensor([0.5, 0.5, 1.0])
         cfg = checked(module=fork, argv=["--loss", "reinforce", "--max-lag", "0"])
@@ -4882,55 +4917,43 @@ def fork_page_pieces(name):
     return pieces
 
 
+PAGE_PLACES = {  # the words of docs/fork.md's piece headers, "# N. FN, in place of its return:", and where they put it
+    r"(\w+), after the field (\w+)": lambda m: (("field", m[1], m[2]), "after"),
+    r"(\w+), in place of its return": lambda m: (("return", m[1]), "replace"),
+    r"(\w+), before its return None": lambda m: (("return None", m[1]), "before"),
+    r"(\w+), before its return": lambda m: (("return", m[1]), "before")}
+
+
 def example_edits(name):
-    """The edits and replacements (fork_source) that put an example where its page says: the README's reward (the
-    function beside the others, the table entry after the table) and loss (the function after clipped_loss, the branch
-    first in policy_loss, the choice added); docs/fork.md's, piece 1 after the field lm_head_fp32 of Recipe, 2 in
-    place of the return of frozen_models, token_terms or rollout_metrics or before removal_rule's return None, 3
-    before the return of policy_loss."""
+    """The edits (fork_source) that put an example where its page says: the README's reward (the function before the
+    REWARDS table, its entry after it) and loss (the function before policy_loss, the branch first in its body, the
+    choice added to the loss field); docs/fork.md's, each piece where its header says (PAGE_PLACES)."""
     if name in ("reward", "loss"):
         code = fork_example(name).split("\n")
         if name == "reward":
-            fn, entry = code[:code.index("")], [ln for ln in code if ln.startswith("REWARDS[")]
-            assert fn[1].startswith("def reward_last_number") and len(entry) == 1
-            return [("REWARDS = {", entry, 1), ("REWARDS = {", fn + [""], 0)], []
+            fn, entry = code[1:code.index("")], [ln for ln in code if ln.startswith("REWARDS[")]
+            assert fn[0].startswith("def reward_last_number") and len(entry) == 1
+            return [(("assign", "REWARDS"), fn + [""], "before"), (("assign", "REWARDS"), entry, "after")]
         fn, branch = code[1:code.index("")], [ln for ln in code if ln.startswith("    ")][-2:]
         choices = re.search(r"choices become (\[.*\])", "\n".join(code)).group(1)
         assert fn[0].startswith("def reinforce_loss") and branch[0].strip().startswith('if cfg.loss == "reinforce"')
-        src = inspect.getsource(S.policy_loss).split("\n")
-        doc_end = next(k for k, ln in enumerate(src) if k and ln.rstrip().endswith('"""'))
-        return [(src[doc_end + 1], branch, 0), ("def policy_loss", fn + ["", ""], 0)], \
-            [('["cispo", "dapo", "gspo"])', choices + ")")]
-    p = fork_page_pieces(name)
-    if name == "keep-best":  # a Part II fork: piece 1 in place of checkpoint_due's return, 2 of retired_checkpoints'
-        replaces = []
-        for fn, piece in ((S.checkpoint_due, p["1"]), (S.retired_checkpoints, p["2"])):
-            src = inspect.getsource(fn)
-            (ret,) = [ln for ln in src.split("\n") if ln.startswith("    return ")]
-            replaces.append((src, src.replace(ret, "\n".join(piece))))
-        return [], replaces
-    field = re.match(r"    \w+: \w+ = flag\(", p["1"][0]) is not None  # piece 1 is a flag, or the one place
-    edits = [("    lm_head_fp32: bool = flag(", p["1"], 1)] if field else []
-    if "3" in p:
-        edits.append(("    return (weight * token_loss).sum(), metrics", p["3"], 0))
-    if name in ("opsm", "icepop"):  # a loss term with no other piece: piece 2 before the return of policy_loss
-        return edits + [("    return (weight * token_loss).sum(), metrics", p["2"], 0)], []
-    second = p["2"] if field else p["1"]
-    fn = {"kl": S.frozen_models, "entropy": S.token_terms, "rollout-metric": S.rollout_metrics,
-          "curriculum-rule": S.removal_rule}[name]
-    src = inspect.getsource(fn)
-    if name == "curriculum-rule":
-        assert src.count("\n    return None") == 1
-        return edits, [(src, src.replace("\n    return None", "\n" + "\n".join(second) + "\n    return None"))]
-    (ret,) = [ln for ln in src.split("\n") if ln.startswith("    return ")]
-    return edits, [(src, src.replace(ret, "\n".join(second)))]
+        return [(("def", "policy_loss"), fn + ["", ""], "before"), (("body", "policy_loss"), branch, "before"),
+                (("field", "Recipe", "loss"), [], ('["cispo", "dapo", "gspo"]', choices))]
+    code, edits = fork_example(name, "docs/fork.md").split("\n"), []
+    for ln in code:
+        if re.match(r"# \d\. ", ln):
+            where, how = next(f(m) for pat, f in PAGE_PLACES.items() if (m := re.match(pat, ln[5:].rstrip(":"))))
+            edits.append((where, [], how))
+        elif ln.strip() and not ln.startswith("# run:"):
+            edits[-1][1].append(ln)
+    return edits
 
 
 def forked_with_hunks(tmp_path, name):
     """forked() with the example NAME of docs/fork.md, and the number of hunks of its diff against scalerl.py (no
     context lines)."""
     import difflib
-    fork = forked(tmp_path, *example_edits(name))
+    fork = forked(tmp_path, example_edits(name))
     diff = difflib.unified_diff(open(os.path.join(HERE, "scalerl.py")).read().split("\n"),
                                 (tmp_path / "scalerl_fork.py").read_text().split("\n"), n=0, lineterm="")
     return fork, sum(ln.startswith("@@") for ln in diff)
@@ -5107,26 +5130,58 @@ def test_the_fork_page_keep_best_example_runs_as_written_in_two_places(tmp_path)
         sys.modules.pop("scalerl_fork")
 
 
-def test_every_fork_example_at_once_passes_the_quick_subset(tmp_path):
-    """A forker's check: the README's reward and loss and docs/fork.md's seven examples, applied together to a copy of
-    the project as their pages say, and `pytest -m quick` run there (the example tests aside: they apply each example
-    to the unforked file). Tests that call policy_loss, token_terms or rollout_metrics directly pass with the forks'
-    terms present: a loss term is guarded by its flag."""
-    edits, replaces = [], []
-    for name in ("reward", "loss", "kl", "entropy", "rollout-metric", "curriculum-rule", "opsm", "icepop",
-                 "keep-best"):
-        e, r = example_edits(name)
-        edits, replaces = edits + e, replaces + r
+FORKERS_OWN = [  # a forker's own edits beside the anchors, in the words of the anchors: a format reward of their own
+    # (the function before the table, a second "REWARDS = {" after it), a flag whose choices read as the loss field's,
+    # a save of their own in checkpoint_due (a second return) and a note in policy_loss before its return
+    (("assign", "REWARDS"), ["def reward_format(completion_text, answer, row):", '    """1 for a closed reasoning."""',
+                             '    return float("</think>" in completion_text)', ""], "before"),
+    (("assign", "REWARDS"), ['REWARDS = {**REWARDS, "format": reward_format}'], "after"),
+    (("field", "Recipe", "lm_head_fp32"), ['    compare_loss: str = flag("cispo", "a loss to log beside the trained one",'
+                                          ' ["cispo", "dapo", "gspo"])'], "after"),
+    (("return", "checkpoint_due"), ["    if rows[-1].get(\"epoch\", 0) > 1e9:  # (never: a rule of mine)",
+                                    "        return True"], "before"),
+    (("return", "policy_loss"), ["    # a note of mine: return (weight * token_loss).sum(), metrics"], "before"),
+]
+
+
+def forked_project(tmp_path, names, own=()):
+    """A copy of the project whose scalerl.py has the forker's own edits, then the examples NAMES one after the
+    other, applied as their pages say; the quick subset run there (its own example tests included: each applies its
+    example to that scalerl.py, where it finds it applied). Returns (the project, pytest's output)."""
     proj = tmp_path / "fork"
     shutil.copytree(HERE, proj, ignore=shutil.ignore_patterns(".*", "runs", "__pycache__", "*.png"))
-    (proj / "scalerl.py").write_text(fork_source(edits, replaces))
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "quick", "-k", "not fork_example", "-p",
-                        "no:cacheprovider"], cwd=proj, capture_output=True, text=True, timeout=1200)
+    text = fork_source(list(own))
+    for name in names:
+        text = fork_source(example_edits(name), text)
+    (proj / "scalerl.py").write_text(text)
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "quick", "-p", "no:cacheprovider"], cwd=proj,
+                       capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stdout[-3000:]
     assert re.search(r"\d+ passed", p.stdout) and "failed" not in p.stdout.splitlines()[-1]
+    return proj, p.stdout
+
+
+def test_every_fork_example_at_once_beside_a_forkers_own_edits_passes_the_quick_subset(tmp_path):
+    """A forker's check: the README's reward and loss and docs/fork.md's seven examples, applied one after the other
+    to a copy of the project that has the forker's own edits beside the anchors (FORKERS_OWN), as their pages say; then
+    `pytest -m quick` run there, its example tests included. Tests that call policy_loss, token_terms or
+    rollout_metrics directly pass with the forks' terms present: a loss term is guarded by its flag."""
+    proj, _ = forked_project(tmp_path, ("reward", "loss", "kl", "entropy", "rollout-metric", "curriculum-rule", "opsm",
+                                        "icepop", "keep-best"), FORKERS_OWN)
     fork = (proj / "scalerl.py").read_text()
-    assert all(s in fork for s in ("def reinforce_loss", "kl_coef: float", "entropy_coef: float", "drop_failed: int",
-                                   '"correct_tokens"', "def reward_last_number", "opsm_delta: float", "icepop_high"))
+    assert all(fork.count(s) == 1 for s in ("def reinforce_loss", "kl_coef: float", "entropy_coef: float",
+                                            "drop_failed: int", '"correct_tokens"', "def reward_last_number",
+                                            "opsm_delta: float", "icepop_high: float", "def reward_format"))
+
+
+def test_two_small_forks_of_a_reader_keep_the_quick_subset_green(tmp_path):
+    """The reader's two forks (a format reward, and keep the best checkpoint), one after the other beside the forker's
+    own edits in the anchors' words (a second "REWARDS = {", the loss field's choices in a flag of theirs): the quick
+    subset passes on the forked file, the README examples' tests among it (before, an anchor's words standing twice
+    failed them: the text anchors found two places)."""
+    proj, out = forked_project(tmp_path, ("keep-best",), FORKERS_OWN)
+    fork = (proj / "scalerl.py").read_text()
+    assert "def reward_format" in fork and fork.count("best or bool(cfg.save_every)") == 1
 
 
 def test_the_fork_page_curriculum_rule_example_runs_as_written_in_two_places(tmp_path, capsys):
