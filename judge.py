@@ -216,7 +216,9 @@ def judge(spec, io, c, calls, answers, cap, cpu_s=float("inf")):
                 raised = built_in(m[1], m[2]) if m[0] == "raise" and len(m) == 3 and type(m[2]) is str else None
             except (ValueError, TypeError, RecursionError, OverflowError):
                 stop(FORGED)
-            raise raised if raised is not None else stop(said(m, "during its tests"))
+            if raised is None:  # (a limit, not plain data, the program ended, or a forged message)
+                stop(said(m, "during its tests"))
+            raise raised
         return call
 
     failure = None
