@@ -156,10 +156,12 @@ def serve(code, io, cap, calls=3, answers=4):
 
 
 def caught(e, io=False):
-    """C's message for the program's exception: a limit; an Exception, as its nearest built-in type; anything else
-    (SystemExit, KeyboardInterrupt, a BaseException of its own) ended the program (on a stdin row: it raised)."""
-    if isinstance(e, (MemoryError, RecursionError)) or not (io or isinstance(e, Exception)):
-        return ["limit" if isinstance(e, (MemoryError, RecursionError)) else "ended", type(e).__name__[:80]]
+    """C's message for the program's exception: a limit (MemoryError: the sandbox's memory bound); an Exception, as
+    its nearest built-in type (RecursionError too: a program's own unbounded recursion fails it, as any exception
+    does); anything else (SystemExit, KeyboardInterrupt, a BaseException of its own) ended the program (on a stdin
+    row: it raised)."""
+    if isinstance(e, MemoryError) or not (io or isinstance(e, Exception)):
+        return ["limit" if isinstance(e, MemoryError) else "ended", type(e).__name__[:80]]
     with contextlib.suppress(BaseException):
         return ["raise", next(c for c in type(e).__mro__ if getattr(builtins, c.__name__, 0) is c).__name__,
                 str(e)[:500]]

@@ -133,6 +133,8 @@ HACKS = {  # name: (program, row, what the sandbox gives: 1.0, 0.0 (failed), "ha
                         "return [n]"), "add", 1.0),
     "threads": ("import threading, time\nwhile True:\n    threading.Thread(target=time.sleep, args=(9,)).start()",
                 "add", 0.0),
+    "recursion_in_call": ("def add(a, b):\n    return add(a, b)", "add", 0.0),  # (the program's failure: no limit)
+    "recursion_at_import": ("def f():\n    return f()\nf()\ndef add(a, b):\n    return a + b", "add", 0.0),
     "memory_hog": ("x = [bytearray(1 << 24) for _ in range(32)]", "add", "error: MemoryError"),
     "output_flood": ("while True:\n    print('x' * 4096)", "io", "error: wrote over 64 KB"),
     "infinite_loop": ("while True:\n    pass", "add", "error: "),  # (the CPU or the wall limit)
@@ -538,7 +540,8 @@ def test_a_policy_that_starts_to_game_the_grader_shows_at_that_step(tmp_path, mo
     rows, 2 exact rows) whose policy writes a wrong function at steps 1 and 2, then the always-equal object from step
     3 on (the completions' text replaced, every completion graded, by the real code reward in the sandbox): hack_frac,
     the share of the step's code completions with a hack's mark, is 0, 0, 1, 1 and the progress line shows it, while
-    the reward stays 0: the mark shows at the step the hack starts, and the curve never rises on it."""
+    the reward stays 0: the mark shows at the step the hack starts, and the curve never rises on it; the run says what
+    the first mark of each such step was (stderr, as the grading errors' line)."""
     wrong = "```python\ndef f(x):\n    return None\n```"
     hack = "```python\nclass E:\n    def __eq__(self, other):\n        return True\ndef f(x):\n    return E()\n```"
     calls, score = [], S.score  # score's calls: step 0's evaluation, then steps 1-4, then step 4's evaluation
@@ -557,7 +560,10 @@ def test_a_policy_that_starts_to_game_the_grader_shows_at_that_step(tmp_path, mo
                    engine="hf", reward="exact", reward_workers=0, prompts_per_step=4, generations_per_prompt=2,
                    eval_samples=1, eval_every=100, out=str(tmp_path / "run"))
     logged = S.run(cfg)
-    shown = capsys.readouterr().out
+    shown, said = capsys.readouterr()
+    assert [line for line in said.splitlines() if "hack's mark" in line] == [
+        f"step {s}: 4 completions bear a hack's mark (reward 0); first: hack: a call returned a solution.E, not plain "
+        "data" for s in (3, 4)]
     assert [(r["step"], r.get("hack_frac"), r.get("reward_mean")) for r in logged] == [
         (0, None, None), (1, 0.0, 0.0), (2, 0.0, 0.0), (3, 1.0, 0.0), (4, 1.0, 0.0)]
     assert [line.split(" | hack ")[1][:4] for line in shown.splitlines() if " | hack " in line] == [
