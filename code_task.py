@@ -6,7 +6,8 @@ take knob values that no trained problem of that family takes, so held-out and t
 parameters as well as by their text. Graded by --reward code (sandbox.py).
 
     python code_task.py OUT_DIR       # OUT_DIR/train.jsonl and OUT_DIR/val.jsonl, then:
-    python scalerl.py --model DIR --data OUT_DIR/train.jsonl --val-data OUT_DIR/val.jsonl --max-new-tokens 160
+    python scalerl.py --model DIR --data OUT_DIR/train.jsonl --val-data OUT_DIR/val.jsonl --instruction '' \\
+        --max-new-tokens 160
 
 bench.py --real-model DIR --task code (or mix, with the sums of docs/real-model.md) runs the study of
 docs/real-model.md on it. Standard library only."""
@@ -181,6 +182,7 @@ def problems(n_val=40, per_family=12, seed=0):
         rng.shuffle(first)
         out = set(first[:max(1, round(len(first) / 5))])
         combos = [dict(zip(knobs, v)) for v in itertools.product(*(fam["params"][n] for n in knobs))]
+        combos = [p for p in combos if p.get("a") != p.get("b", 0)]  # (not "a multiple of 5 or of 5")
         rng.shuffle(combos)
         rows = [problem(fam, p, seed * 1000 + k) for p in combos]
         train += [r for r, p in zip(rows, combos) if p[knobs[0]] not in out][:per_family]
