@@ -25,7 +25,7 @@ Each component can be switched to the alternative the paper ablates:
   loss aggregation       --loss-agg prompt|sample|token                            completion_weights
   No-Positive-Resampling --npr-threshold 0.9 (>= 1 disables it)                   removal_rule, next_prompts
   loss                   --loss cispo|dapo|gspo                                    cispo_loss, clipped_loss
-  FP32 LM head           --lm-head-fp32 / --no-lm-head-fp32                        fp32_head_logits, _chunk_terms
+  FP32 LM head           --lm-head-fp32 / --no-lm-head-fp32                        FP32Head, _chunk_terms
 
 The objective, as the paper writes it [Sec. 4]. For each prompt x of the batch, G completions y_1..y_G sampled by
 pi_gen (the engine's weights, at most K updates old) with binary rewards r_i:
@@ -116,7 +116,7 @@ def flag(default, help, choices=None, nargs=None, above=None, at_least=None, bel
 # PART I -- THE RECIPE: the config, run() (the loop), rl_step (the algorithm box), then its components in the order it
 # calls them (sections 1-6, numbered as its arrows). Part II names it uses: State; the engines' contract; step_seed,
 # RNG_*; special_ids, completion_text, find_subsequence, join_experts; Policy, as_policy, batch_tensors, micro_batches,
-# even_out, mismatch_sums, SplitProduct, backward_sum, memory.gpu_peak; rank, all_sum, all_max, full_tensor,
+# even_out, mismatch_sums, FP32Head, backward_sum, memory.gpu_peak; rank, all_sum, all_max, full_tensor,
 # mean_over_ranks (torchrun's: in one process the identity); setup, Guard, rollout, pass_rates, live_fit,
 # save_completions.
 # ==================================================================================================
@@ -653,7 +653,7 @@ def compute_gradients(model, batches, cfg, pad_id, autocast_dtype=None, frozen=N
         loss, mb_metrics = policy_loss(logp, x["logp_gen"], x["A"], x["weight"], x["seq"], cfg, **x["values"], **terms)
         backward_sum(loss)  # (this rank's share of the sum: under torchrun the gradient is the sum's, Part II)
         loss_sum, n_tok = loss_sum + loss.detach().double(), n_tok + len(logp)
-        mismatch = mismatch_sums(logp, x["logp_gen"], x["fresh"], cfg.eps_max, routed)
+        mismatch = mismatch_sums(logp, x["logp_gen"], x["fresh"], routed)
         for k, (total, count) in {**mb_metrics, **mismatch}.items():
             metrics[k] = (metrics.get(k, (0.0, 0))[0] + total.double(), metrics.get(k, (0.0, 0))[1] + count)
     return loss_sum, n_tok, metrics
@@ -712,32 +712,19 @@ def token_logprobs(hidden, head, targets, temperature, fp32=True, chunk=1024, po
     FP32 LM head]; post: logit_transform. Rows go `chunk` at a time, each recomputed in backward, so memory grows with
     chunk x V, not N x V (docs/engines.md). (No rows: one empty chunk, in the graph.)"""
     from torch.utils.checkpoint import checkpoint
-    out, w_parts = [], split_bf16(head.weight.detach()) if fp32 == "split" else None
+    out, product = [], FP32Head(head.weight, fp32 == "split") if fp32 else None  # (split: W's parts made once, here)
     for s in range(0, max(hidden.shape[0], 1), chunk):
-        args = (hidden[s:s + chunk], head.weight, head.bias, targets[s:s + chunk], temperature, fp32, post, w_parts)
+        args = (hidden[s:s + chunk], head.weight, head.bias, targets[s:s + chunk], temperature, product, post)
         grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
         out.append(checkpoint(_chunk_terms, *args, use_reentrant=False) if grad else _chunk_terms(*args))
     return {k: torch.cat([p[k] for p in out]) for k in out[0]}
 
 
-def _chunk_terms(h, w, b, y, temperature, fp32, post, parts):
-    """One chunk of token_logprobs: the LM head's logits of h [n, H], then their token_terms; without the FP32 head the
-    head runs in the compute dtype, only its output cast to float32."""
-    if fp32:
-        with torch.autocast(h.device.type, enabled=False):
-            logits = fp32_head_logits(h, w, b, parts)
-    else:
-        logits = F.linear(h, w, b).float()
+def _chunk_terms(h, w, b, y, temperature, product, post):
+    """One chunk of token_logprobs: the LM head's logits of h [n, H], the FP32 head's product (FP32Head), or without it
+    the head in the compute dtype, only its output cast to float32; then their token_terms."""
+    logits = product(h, b) if product else F.linear(h, w, b).float()
     return token_terms((post(logits) if post else logits) / temperature, y)
-
-
-def fp32_head_logits(h, w, b=None, parts=None):
-    """The FP32 LM head [Sec. 3.2]: h W^T + b as float32, in the trainer (_chunk_terms) and the generator (the HF
-    engine's hook, vLLM's head) alike. parts: W as two bfloat16 parts (split_bf16), and the product of bf16 parts
-    accumulated in float32 (SplitProduct: float32's accuracy within 2-3x, on a GPU's tensor cores); None: float32
-    operands (--fp32-head-product float32, the CPU's default)."""
-    logits = F.linear(h.float(), w.float()) if parts is None else SplitProduct.apply(h, w, *parts)
-    return logits if b is None else logits + b.float()
 
 
 def token_terms(logits, targets):
@@ -883,7 +870,7 @@ def start_run(cfg, resumed, release):
     train_ids, val_ids, longest = encode_prompts(tok, config, train, val, cfg)  # 3. within the model's positions
     check_memory_plan(cfg, config, device, longest)                     # 4. before any weight is loaded
     grader = Grader(REWARDS[cfg.reward], grading_workers(cfg, tasks), cfg.reward_timeout)  # 6.
-    model, policy, frozen = load_trainer(cfg, device, path)             # 4, 10. (FSDP2 under torchrun)
+    model, policy, frozen = load_trainer(cfg, device, (tok, config, path))  # 4, 10. (FSDP2 under torchrun)
     autocast = None if dtype == getattr(torch, cfg.param_dtype) else dtype
     engine = make_engine(cfg, config, path, device, dtype, longest, len(val), model, tok, autocast)  # 5.
     opt, sched = make_optimizer(model, cfg)                             # Part I, 5.
@@ -1736,12 +1723,13 @@ def check_memory_plan(cfg, config, device, longest):
             die(error)
 
 
-def load_trainer(cfg, device, path):
-    """(model, policy, frozen): the model to train, with activation checkpointing (before FSDP2 wraps its layers), the
-    Policy that trains it (under torchrun: see shard) and frozen_models' (sharded the same way)."""
-    load = lambda path: load_model(cfg, torch.device("cpu") if launched() else device, path,  # noqa: E731
-                                   empty=launched() and rank() > 0)[0]
-    model = load(path)
+def load_trainer(cfg, device, loaded):
+    """(model, policy, frozen): the model to train (loaded: load_tokenizer's (tok, config, path), read once), with
+    activation checkpointing (before FSDP2 wraps its layers), the Policy that trains it (under torchrun: see shard) and
+    frozen_models' (--model's, sharded the same way)."""
+    load = lambda loaded: load_model(cfg, torch.device("cpu") if launched() else device,  # noqa: E731
+                                     empty=launched() and rank() > 0, loaded=loaded)[0]
+    model = load(loaded)
     if cfg.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     init_distributed(cfg, device, model)
@@ -1750,11 +1738,12 @@ def load_trainer(cfg, device, path):
     return model, policy, frozen_models(cfg, lambda: wrap(load(None).requires_grad_(False)))
 
 
-def load_model(cfg, device, path=None, empty=False):
-    """Load (model, tokenizer, path), the embedded default too; empty: the architecture only, on the meta device."""
+def load_model(cfg, device, path=None, empty=False, loaded=None):
+    """Load (model, tokenizer, path), the embedded default too; empty: the architecture only, on the meta device;
+    loaded: load_tokenizer's (tok, config, path) where the caller has them (else it is called)."""
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
-    tok, config, path = load_tokenizer(cfg, path)
+    tok, config, path = loaded or load_tokenizer(cfg, path)
     try:
         if empty:
             with torch.device("meta"):
@@ -1914,8 +1903,8 @@ def hf_generate(model, tok, prompts, max_tokens, temperature, seed, fp32_head, a
     gen_cfg = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max(max_tokens),
                                pad_token_id=pad, eos_token_id=eos)
     head = model.get_output_embeddings()
-    parts = split_bf16(head.weight.detach()) if fp32_head == "split" else None
-    hook = head.register_forward_hook(lambda m, i, o: fp32_head_hook(m, i, o, parts)) if fp32_head else None
+    fp32 = FP32Head(head.weight, fp32_head == "split") if fp32_head else None  # (its logits recomputed so)
+    hook = head.register_forward_hook(lambda m, i, o: fp32(i[0], m.bias)) if fp32 else None
     was_training, shipped = model.training, model.generation_config
     model.eval()
     # generate fills the settings gen_cfg leaves unset (repetition_penalty, min_p, ...) from the model's own
@@ -1943,12 +1932,6 @@ def hf_generate(model, tok, prompts, max_tokens, temperature, seed, fp32_head, a
     comps = [Completion(t[:k], lp[:k], eos in t[:k], [1] * k, [], experts=routes[i, :k] if L else None)
              for i, (t, lp, k) in enumerate(zip(gen, lps, cuts))]
     return comps, sum(ends)
-
-
-def fp32_head_hook(module, inputs, output, parts=None):
-    """Forward hook on the LM head: its logits recomputed as the FP32 head does [Sec. 3.2]."""
-    with torch.autocast(inputs[0].device.type, enabled=False):
-        return fp32_head_logits(inputs[0], module.weight, module.bias, parts)
 
 
 class VLLMEngine:
@@ -2065,7 +2048,7 @@ class VLLMEngine:
         vllm_seam.reload_weights(self.llm, weights)
         if head is not None:
             w = head()
-            self.llm.apply_model(lambda m: load_engine_head(m, w))
+            self.llm.apply_model(lambda m: m.fp32_head.load(w))
         else:
             self.llm.apply_model(repack_tied_head)
         self.version = version
@@ -2169,17 +2152,9 @@ def engine_fp32_head(model, split):
     head = getattr(model, "lm_head", None) or getattr(getattr(model, "model", None), "embed_tokens", None)  # (tied:
     if not hasattr(head, "weight"):                                                         # Gemma 2 has no lm_head)
         return None
-    w = head.weight.detach().to(torch.float32, copy=True)
-    model.fp32_head = parts = split_bf16(w) if split else (w,)  # (load_engine_head copies a push's head into them)
-    found, dtype = vllm_seam.head_product(model, lambda h, b: fp32_head_logits(h, *((None, b, parts) if split else
-                                                                                  (parts[0], b))))
+    model.fp32_head = FP32Head(head.weight, split, copy=True)  # (a push's head: its load)
+    found, dtype = vllm_seam.head_product(model, model.fp32_head)
     return str(dtype or head.weight.dtype) if found else None
-
-
-def load_engine_head(model, weight):
-    """Inside the vLLM engine: copy the trainer's float32 head (`weight`) into what engine_fp32_head made."""
-    for mine, new in zip(model.fp32_head, split_bf16(weight) if len(model.fp32_head) == 2 else (weight,)):
-        mine[:new.shape[0]].copy_(new)
 
 
 def repack_tied_head(model):
@@ -2396,7 +2371,7 @@ def completion_text(tok, tokens, specials):
 
 # --------------------------------------------------------------------------------------------------
 # 7. The trainer's forward pass: Policy (the model and its head, FSDP2's root), a micro-batch's tensors, the
-#    mismatch diagnostic, and the FP32 head's split-bf16 product (--fp32-head-product split)
+#    mismatch diagnostic, and the FP32 head (FP32Head: trainer, HF engine and vLLM alike) with its split-bf16 product
 # --------------------------------------------------------------------------------------------------
 
 
@@ -2482,18 +2457,43 @@ def batch_tensors(samples, pad_id, device):
     return x
 
 
-def mismatch_sums(logp, logp_gen, fresh, eps_max, routed=None):
+def mismatch_sums(logp, logp_gen, fresh, routed=None):
     """Train/inference mismatch on the trained tokens, before the update: sums of |log pi_train - log pi_gen|, of the k3
-    estimate of KL(pi_gen || pi_train), and of ratios over eps_max [Sec. 3.2]; mismatch_fresh_abs_logprob, the first
-    over the `fresh` tokens alone, where no lag can explain one (the Guard's --max-fresh-mismatch). An MoE's (routed:
+    estimate of KL(pi_gen || pi_train) [Sec. 3.2] (the ratios over eps_max: CISPO's clip_frac); and
+    mismatch_fresh_abs_logprob, the first over the `fresh` tokens alone, where no lag can explain one (the Guard's
+    --max-fresh-mismatch). An MoE's (routed:
     routing_differs): the tokens routed to other experts than the generator's in any layer, and the (token, layer)s."""
     d, n = (logp.detach() - logp_gen).double(), len(logp)
     sums = {"mismatch_abs_logprob": (d.abs().sum(), n), "mismatch_kl_k3": ((torch.exp(d) - 1 - d).sum(), n),
-            "mismatch_trunc_frac": ((d > math.log(eps_max)).sum(), n),
             "mismatch_fresh_abs_logprob": ((d.abs() * fresh).sum(), fresh.sum())}
     if routed is not None:
         sums.update(moe.routing_sums(routed))
     return sums
+
+
+class FP32Head:
+    """The FP32 LM head [Sec. 3.2], one place for the trainer (token_logprobs), the HF engine's hook and vLLM's head:
+    h W^T + b in float32, from float32 operands, or (split: --fp32-head-product split) from W's two bfloat16 parts
+    (split_bf16), their products accumulated in float32 (SplitProduct: float32's accuracy within 2-3x, on a GPU's
+    tensor cores). weight: the trainer's parameter (its gradient wanted) or, copy=True, the engine's own float32 copy
+    (the parts alone, where split), which load() refreshes at each push. A fork that changes the head's precision
+    changes this class alone (docs/fork.md)."""
+
+    def __init__(self, weight, split, copy=False):
+        self.weight = weight.detach().to(torch.float32, copy=True) if copy else weight
+        self.parts = split_bf16(self.weight.detach()) if split else None
+        self.weight = None if copy and split else self.weight  # (the engine keeps the parts alone)
+
+    def load(self, weight):
+        """The engine's copy gets the trainer's float32 weight (in its first rows: the engine pads the vocabulary)."""
+        for mine, new in zip(self.parts or (self.weight,), split_bf16(weight) if self.parts else (weight,)):
+            mine[:new.shape[0]].copy_(new)
+
+    def __call__(self, h, bias=None):
+        with torch.autocast(h.device.type, enabled=False):
+            logits = F.linear(h.float(), self.weight.float()) if self.parts is None else \
+                SplitProduct.apply(h, self.weight, *self.parts)
+        return logits if bias is None else logits + bias.float()
 
 
 def split_bf16(x):
@@ -2556,7 +2556,7 @@ class Guard:
         self.cfg, self.state, self.recorder, self.rows, self.first, self.out = \
             cfg, state, recorder, recorder.rows, first, cfg.out
         self.done, self.last_saved = first - 1, first - 1 if cfg.resume else -1  # (a new run: step 0 not saved yet)
-        self.stop, self.handlers, self.unlogged, self.warned = [], {}, None, set()
+        self.stop, self.handlers, self.unlogged, self.warned, self.hacks = [], {}, None, set(), []
         self.saving, self.release, self.restored = False, release, len(recorder.rows)  # saving: a checkpoint written
 
     def __enter__(self):
@@ -2579,12 +2579,14 @@ class Guard:
         step is logged without it, and checkpointed."""
         self.unlogged = metrics_row(self.state, self.cfg, step, result, seconds,
                                     take_counts(self.state, self.cfg, result, seconds))
+        self.hacks = [c.verdict for g in result["groups"] for c in g.completions if str(c.verdict).startswith("hack")]
         return self.unlogged
 
     def step_done(self, row, errors):
         """A step's row recorded, then the rules that may stop the run, then the checkpoint the cadence calls for."""
         self.unlogged = None
-        self.recorder.log(row, errors)
+        self.recorder.log(row, errors, self.hacks)
+        self.hacks = []
         if row["step"]:  # (step 0, the initial weights' evaluation: recorded and watched, not a step of training)
             self.done = row["step"]
         self.watch(row)
@@ -2685,9 +2687,9 @@ class Recorder:
               + (f" | best possible pass rate {ceiling:.3f}" if ceiling else "") + f" | writing {self.out}"
               + (f" | resuming after step {first - 1}" if cfg.resume else ""), flush=True)
 
-    def log(self, row, errors):
+    def log(self, row, errors, hacks=()):
         """Record a row: metrics.jsonl (the records first, each whole at once, with this run's first), W&B, the screen,
-        and the completions that could not be graded."""
+        the completions that could not be graded, and what the first of hack_frac's marks said (this rank's)."""
         errors = all_gather(errors)[0]
         row["reward_errors"] = len(errors)
         self.rows.append(row)
@@ -2701,9 +2703,11 @@ class Recorder:
             self.tracker.log(row, step=row["step"])
         print(progress_line(row, self.cfg.steps) if row["step"] else f"step    0/{self.cfg.steps}{val_text(row)}",
               flush=True)
-        if self.writer and errors:  # each costs its completion only (reward 0)
-            print(f"step {row['step']}: {len(errors)} completions could not be graded (reward 0); first: {errors[0]}",
-                  file=sys.stderr, flush=True)
+        for n, what, first in ((len(errors), "could not be graded", errors[:1]), (len(hacks), "bear a hack's mark",
+                                                                                 hacks[:1])):
+            if self.writer and n:  # each costs its completion only (reward 0)
+                print(f"step {row['step']}: {n} completions {what} (reward 0); first: {first[0]}", file=sys.stderr,
+                      flush=True)
 
     def close(self):
         if self.metrics:
@@ -2724,7 +2728,9 @@ def take_counts(state, cfg, r, seconds):
     advance by them, and the rollouts' counters and the generators' idle clocks start anew for the next step."""
     rollouts = state.rollouts
     local = step_counts(state, cfg, r)
+    lag_max = local.pop("lag_max")  # (a max over the ranks, not a sum)
     n = dict(zip(local, all_sum(*local.values())))  # (one reduction for them all)
+    n["lag_max"] = int(all_max(lag_max))
     advance_totals(state, cfg, n, r["update"], seconds)
     n["gen_seconds"] = rollouts.seconds  # (this process's)
     if cfg.generators:  # the generators' idle fraction: with nothing to do, since the last step
@@ -2745,7 +2751,7 @@ def metrics_row(state, cfg, step, r, seconds, n):
            "truncated_frac": n["truncated"] / n["completions"], "interrupted_frac": n["interrupted"] / n["completions"],
            "mean_completion_tokens": n["sampled"] / n["completions"], "loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0,
            "lr": state.sched.get_last_lr()[0], "lag_mean": n["lag_sum"] / n["lags"] if n["lags"] else 0.0,
-           "lag_max": int(all_max(max((lag for x in r["samples"] for lag, m in zip(x.lags, x.mask) if m), default=0))),
+           "lag_max": n["lag_max"],
            "stale_dropped": int(n["stale"]), "inflight_groups": int(n["in_flight"]),
            "engine_batch_mean": n["decoded"] / max(n["engine_steps"], 1),
            **({"engine_capacity": int(n["capacity"])} if n["capacity"] else {}), "preemptions": int(n["preempted"]),
@@ -2787,8 +2793,9 @@ def step_counts(state, cfg, r):
             "truncated": sum(not c.finished for c in comps), "interrupted": sum(c.interrupted for c in comps),
             "flat": round(stats["zero_variance_frac"] * len(groups)), "active": stats["active_prompts"],
             "excluded": stats["truncated_excluded"], "lag_sum": sum(lags), "lags": len(lags), "stale": r["stale"],
-            "in_flight": len(ro.open), "decoded": ro.decoded, "engine_steps": ro.steps, "ahead": ro.ahead,
-            "capacity": capacity if math.isfinite(capacity) else 0, "preempted": ro.preempted}
+            "lag_max": max(lags, default=0), "in_flight": len(ro.open), "decoded": ro.decoded,
+            "engine_steps": ro.steps, "ahead": ro.ahead, "capacity": capacity if math.isfinite(capacity) else 0,
+            "preempted": ro.preempted}
 
 
 def advance_totals(state, cfg, n, update, seconds):

@@ -1,7 +1,6 @@
 """Tests of an MoE's routing in scalerl.py and moe.py: the experts each engine records, the routing-mismatch column and routing
 replay (R3, --routing-replay). Tiny Qwen3-MoE models built from a config. Run: python -m pytest -q test_moe.py"""
 import dataclasses
-import os
 
 import numpy as np
 import pytest
@@ -69,7 +68,7 @@ def test_replay_reaches_the_forward(norm):
         on = S.as_policy(model)(x, dataclasses.replace(cfg, routing_replay=True))
     assert off["routing_differs"].shape == (len(x["seq"]), 2) and off["routing_differs"].sum() > 0
     assert on["routing_differs"].sum() == 0
-    m = S.mismatch_sums(on["logp"], x["logp_gen"], x["fresh"], 5.0, on["routing_differs"])
+    m = S.mismatch_sums(on["logp"], x["logp_gen"], x["fresh"], on["routing_differs"])
     assert m["routing_mismatch_frac"] == (0, len(x["seq"]))
     assert not torch.allclose(on["logp"], off["logp"])
     # a reference: each router's own forward patched to return the replayed experts and the gate weights by hand
@@ -116,8 +115,8 @@ def test_dense_model_has_no_routing_column():
     with torch.no_grad():
         terms = S.as_policy(model)(x, S.Config())
     assert set(terms) == {"logp"} and "experts" not in x and model.moe_routers == []
-    assert set(S.mismatch_sums(terms["logp"], x["logp_gen"], x["fresh"], 5.0)) == {
-        "mismatch_abs_logprob", "mismatch_kl_k3", "mismatch_trunc_frac", "mismatch_fresh_abs_logprob"}
+    assert set(S.mismatch_sums(terms["logp"], x["logp_gen"], x["fresh"])) == {
+        "mismatch_abs_logprob", "mismatch_kl_k3", "mismatch_fresh_abs_logprob"}
 
 
 def test_without_moe_py_a_dense_model_runs_and_an_moe_is_refused(monkeypatch):

@@ -5,7 +5,6 @@ import contextlib
 import copy
 import dataclasses
 import importlib.util
-import inspect
 import json
 import math
 import os
@@ -1131,11 +1130,21 @@ def test_train_step_uses_the_configured_loss_and_measures_the_mismatch(loss, def
     assert d.abs().mean().item() > 0.05  # the control is really off-policy
     assert out["mismatch_abs_logprob"] == pytest.approx(d.abs().mean().item(), rel=1e-4)
     assert out["mismatch_kl_k3"] == pytest.approx((d.exp() - 1 - d).mean().item(), rel=1e-4)
-    assert out["mismatch_trunc_frac"] == pytest.approx((d > math.log(1.5)).double().mean().item())
-    assert out["mismatch_trunc_frac"] > 0
+    if loss == "cispo":  # clip_frac, CISPO's: the tokens whose ratio is over eps_max (the mismatch's; one name)
+        assert out["clip_frac"] == pytest.approx((d > math.log(1.5)).double().mean().item()) and out["clip_frac"] > 0
+    assert "mismatch_trunc_frac" not in out
     others = {"cispo": S.clipped_loss(ratio, adv, 0.2, 0.28), "dapo": S.cispo_loss(lp, ratio, adv, 1.5),
               "gspo": S.cispo_loss(lp, ratio, adv, 1.5)}[loss].sum().item() * 0.05
     assert abs(others - want) > 1e-3  # the losses really differ here, so the check above tells them apart
+
+
+def test_a_run_reads_its_tokenizer_and_config_once(tmp_path, monkeypatch):
+    """setup reads --model's tokenizer and config.json once (load_tokenizer), and the trainer's weights load with
+    them; a frozen model (the KL fork's reference) would read its own. Before, the trainer's load read both again."""
+    calls, real = [], S.load_tokenizer
+    monkeypatch.setattr(S, "load_tokenizer", lambda *a, **k: calls.append(a) or real(*a, **k))
+    rows = S.run(small_cfg(tmp_path, engine="hf", steps=1, eval_every=100, val_size=4, train_size=16))
+    assert len(calls) == 1 and [r["step"] for r in rows] == [0, 1]
 
 
 @pytest.mark.quick
@@ -1478,7 +1487,7 @@ def test_vllm_synchronous_run_is_on_policy_and_reproducible(tmp_path, monkeypatc
     trained = [r for r in rows_a[1:] if r["active_prompts"] > 0]
     assert len(trained) == 3
     for r in trained:  # FP32 head on both sides, float32, the weights that sampled: importance ratios are 1
-        assert r["mismatch_abs_logprob"] < 1e-5 and r["mismatch_trunc_frac"] == 0 and r["sync_seconds"] > 0
+        assert r["mismatch_abs_logprob"] < 1e-5 and r["clip_frac"] == 0 and r["sync_seconds"] > 0
         assert r["lag_max"] == 0 and r["inflight_groups"] == 0 and r["stale_dropped"] == 0
 
 
@@ -1711,7 +1720,7 @@ def test_fp32_head_is_checked_at_engine_start_and_pushed_in_float32(default_mode
         head.add_(torch.randn_like(head) * 1e-3)  # float32 values that bfloat16 cannot hold
     assert not torch.equal(head.bfloat16().float(), head)
     engine.push(model, 1)
-    got = engine.llm.apply_model(lambda m: (m.fp32_head[0].cpu(), m.lm_head.weight.cpu()))[0]
+    got = engine.llm.apply_model(lambda m: (m.fp32_head.weight.cpu(), m.lm_head.weight.cpu()))[0]
     assert got[0].dtype == torch.float32 and torch.equal(got[0][:head.shape[0]], head.detach())
     assert got[1].dtype == torch.bfloat16 and not torch.equal(got[1][:head.shape[0]].float(), head.detach())
     # the engine's logits are the float32 product of its hidden states with that weight: its greedy token is the
@@ -1880,6 +1889,7 @@ def test_the_code_task_holds_out_knob_values_and_every_reference_passes():
         assert held and not held & {r["knobs"][first] for r in train if r["family"] == fam["name"]}
     assert not {r["prompt"] for r in val} & {r["prompt"] for r in train}
     assert not {r["entry_point"] for r in val} & {r["entry_point"] for r in train}
+    assert not [r["entry_point"] for r in train + val if r["knobs"].get("a") == r["knobs"].get("b", 0)]  # two knobs
     lines = [r["canonical_solution"].count("\n") for r in train + val]
     assert min(lines) == 1 and max(lines) >= 10
     for r in val[:2]:  # the format, read back
@@ -1916,6 +1926,11 @@ def test_the_mix_study_holds_out_each_domain_apart(tmp_path):
     assert not {key(r) for r in val} & {key(r) for r in train}
     rows = S.load_rows(str(tmp_path / "mix" / "data" / "val.jsonl"), S.Config())
     assert sorted(reward for *_, reward in rows) == ["code"] * bench.MIX_VAL + ["exact"] * bench.MIX_VAL
+    cfg = S.parse_args(bench.real_command("M", str(tmp_path / "mix"), 0, task="mix")[2:])
+    tok = S.make_char_tokenizer()
+    for r in code(val)[:2] + sums(val)[:2]:  # the study's prompts: the rows' own, nothing appended (no instruction)
+        text = r["prompt"] if "test" in r else "\n\n".join(m["content"] for m in r["prompt"])
+        assert S.encode_prompt(tok, r["prompt"], cfg) == tok(text).input_ids
     train, val = map(read, bench.real_model_data(str(tmp_path / "code"), "code"))
     assert len(val) == bench.MIX_VAL and len(train) == 201 and all("test" in r for r in train + val)
 
@@ -2569,7 +2584,7 @@ def test_the_script_ends_its_process_itself_with_the_runs_exit_status(tmp_path):
     (["--vllm-gpu-memory-utilization", "1.5"], "--vllm-gpu-memory-utilization must be < 1"),
     (["--think-budget", "6", "4"], "need 1 <= LO <= HI < --max-new-tokens"),
     (["--think-budget", "2", "8"], "need 1 <= LO <= HI < --max-new-tokens"),
-    (["--length-control", "penalty", "--max-len", "20"], "need 0 < L_cache < L_max <= --max-new-tokens"),
+    (["--length-control", "penalty", "--max-len", "20"], "need 0 <= L_cache < L_max <= --max-new-tokens"),
     (["--length-control", "sometimes"], "invalid choice"),
     (["--resume", "auto"], "no checkpoint in --out"),
     (["--resume", "/no/such/checkpoint"], "not a checkpoint directory"),
@@ -3659,8 +3674,8 @@ def test_closing_an_engine_asleep_wakes_it_first():
             if fails:
                 raise RuntimeError("CUDA error")
         e = S.VLLMEngine.__new__(S.VLLMEngine)
-        e.asleep, e.llm = asleep, types.SimpleNamespace(wake_up=wake_up)
-        e.core = types.SimpleNamespace(engine_core=types.SimpleNamespace(shutdown=lambda: calls.append("shutdown")))
+        core = types.SimpleNamespace(engine_core=types.SimpleNamespace(shutdown=lambda: calls.append("shutdown")))
+        e.asleep, e.llm = asleep, types.SimpleNamespace(wake_up=wake_up, llm_engine=core)
         e.close()
         assert calls == (["wake_up", "shutdown"] if asleep else ["shutdown"])
         assert not e.asleep
@@ -4327,7 +4342,7 @@ def test_fresh_mismatch_counts_the_completions_the_trained_weights_sampled_by_ha
     assert x["fresh"].tolist() == [1, 1, 0, 0, 1, 1, 0, 0]  # trained tokens: 2 + 2 + 2 (one injected) + 2
     logp = torch.tensor([-1.0, -2.0, -1.5, -1.0, -0.5, -0.7, -3.0, -2.0])
     gen = logp + torch.tensor([0.1, -0.2, 0.3, 0.3, 0.05, -0.05, 1.0, 1.0])
-    m = S.mismatch_sums(logp, gen, x["fresh"], 5.0)
+    m = S.mismatch_sums(logp, gen, x["fresh"])
     assert float(m["mismatch_fresh_abs_logprob"][0]) == pytest.approx(0.1 + 0.2 + 0.05 + 0.05)
     assert float(m["mismatch_fresh_abs_logprob"][1]) == 4
     assert float(m["mismatch_abs_logprob"][0]) == pytest.approx(3.0) and m["mismatch_abs_logprob"][1] == 8
@@ -4338,10 +4353,10 @@ def test_a_generator_whose_head_differs_is_flagged_then_stopped_with_a_checkpoin
     push that missed the head would leave it): every step's fresh mismatch is over --max-fresh-mismatch; steps 1 and 2
     warn on stderr, step 3 stops the run (status 1) with its checkpoint and the flag that lets it go on, which a
     resume accepts."""
-    real = S.fp32_head_hook
+    real = S.FP32Head.__call__  # (the generator's alone: the trainer's forward runs with gradients, generate without)
     noise = torch.randn(len(S.SPECIALS) + len(S.CHARS), 128, generator=torch.Generator().manual_seed(0))
-    monkeypatch.setattr(S, "fp32_head_hook", lambda m, i, o, parts: real(m, i, o, parts) + torch.nn.functional.linear(
-        i[0].float(), 0.05 * noise))
+    monkeypatch.setattr(S.FP32Head, "__call__", lambda self, h, b=None: real(self, h, b) + (
+        0.0 if torch.is_grad_enabled() else torch.nn.functional.linear(h.float(), 0.05 * noise)))
     cfg = small_cfg(tmp_path, engine="hf", steps=6, prompts_per_step=4, val_size=4, eval_every=100,
                     mask_truncated=False, zero_variance_filter=False)
     with pytest.raises(S.ScaleRLError, match="3 steps in a row: stopped") as e:
@@ -4799,7 +4814,9 @@ def place(text, where):
         cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == names[0])
         node = next(n for n in cls.body if isinstance(n, ast.AnnAssign) and n.target.id == names[1])
         return node.lineno - 1, node.end_lineno - 1
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == names[0])
+    scope, name = (tree, names[0]) if "." not in names[0] else (next(  # (Class.method: a method of a class)
+        n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == names[0].split(".")[0]), names[0].split(".")[1])
+    fn = next(n for n in scope.body if isinstance(n, ast.FunctionDef) and n.name == name)
     if kind == "def":
         return fn.lineno - 1 - len(fn.decorator_list), fn.end_lineno - 1
     if kind == "body":
@@ -4919,9 +4936,9 @@ def fork_page_pieces(name):
 
 PAGE_PLACES = {  # the words of docs/fork.md's piece headers, "# N. FN, in place of its return:", and where they put it
     r"(\w+), after the field (\w+)": lambda m: (("field", m[1], m[2]), "after"),
-    r"(\w+), in place of its return": lambda m: (("return", m[1]), "replace"),
-    r"(\w+), before its return None": lambda m: (("return None", m[1]), "before"),
-    r"(\w+), before its return": lambda m: (("return", m[1]), "before")}
+    r"([\w.]+), in place of its return": lambda m: (("return", m[1]), "replace"),
+    r"([\w.]+), before its return None": lambda m: (("return None", m[1]), "before"),
+    r"([\w.]+), before its return": lambda m: (("return", m[1]), "before")}
 
 
 def example_edits(name):
@@ -5182,6 +5199,35 @@ def test_two_small_forks_of_a_reader_keep_the_quick_subset_green(tmp_path):
     proj, out = forked_project(tmp_path, ("keep-best",), FORKERS_OWN)
     fork = (proj / "scalerl.py").read_text()
     assert "def reward_format" in fork and fork.count("best or bool(cfg.save_every)") == 1
+
+
+def test_the_fork_page_head_precision_example_reaches_trainer_and_both_generators_in_one_place(tmp_path):
+    """docs/fork.md, the head's precision: one hunk, in FP32Head; the trainer's log-probs are then the log-softmax of
+    bf16-rounded logits (by hand here), the HF engine samples with the same log-probs as the trainer computes (its
+    hook is the same class), and vLLM's head (engine_fp32_head, given a stand-in model with a logits processor) gives
+    the rounded logits too."""
+    fork, hunks = forked_with_hunks(tmp_path, "head-precision")
+    try:
+        assert hunks == 1
+        torch.manual_seed(0)
+        head, h = torch.nn.Linear(16, 40, bias=False), torch.randn(6, 16)
+        y = torch.randint(0, 40, (6,))
+        got = fork.token_logprobs(h, head, y, 1.0)["logp"]
+        by_hand = torch.log_softmax((h @ head.weight.T).to(torch.bfloat16).float(), -1).gather(-1, y[:, None])[:, 0]
+        assert torch.allclose(got, by_hand, atol=1e-6) and not torch.allclose(
+            S.token_logprobs(h, head, y, 1.0)["logp"], by_hand, atol=1e-6)  # (the recipe's: not rounded)
+        lp = types.SimpleNamespace(head_dtype=torch.float32)
+        model = types.SimpleNamespace(lm_head=head, logits_processor=lp)
+        assert fork.engine_fp32_head(model, split=False) == "torch.float32"
+        assert torch.equal(lp._apply_head(head, h, None), (h @ head.weight.T).to(torch.bfloat16).float())
+        m, tok = tiny_model(False), S.make_char_tokenizer()
+        prompts = [tok("3941:", add_special_tokens=False).input_ids] * 2
+        comps, _ = fork.hf_generate(m, tok, prompts, [4, 4], 1.0, seed=3, fp32_head="float32")
+        samples = [S.Sample(prompts[0], c.tokens) for c in comps]
+        trainer = fork.sequence_logprobs(m, samples, S.Config(), tok.pad_token_id)["logp"]
+        assert torch.allclose(trainer, torch.tensor([x for c in comps for x in c.logprobs]), atol=1e-5)
+    finally:
+        sys.modules.pop("scalerl_fork")
 
 
 def test_the_fork_page_curriculum_rule_example_runs_as_written_in_two_places(tmp_path, capsys):
