@@ -174,7 +174,8 @@ def problem(fam, p, seed):
 def problems(n_val=40, per_family=12, seed=0):
     """(train, val): each family's knob combinations (at most per_family of them, drawn), split so that the values of
     its first knob in held-out problems never occur in its trained ones (a fifth of them held out, at least one);
-    n_val held-out problems taken round-robin over the families, so that every family is there; in a drawn order."""
+    n_val held-out problems taken round-robin over the categories, and within a category over its families, so that
+    every category is there (16 or more) and every family (40); in a drawn order."""
     rng, train, held = random.Random(seed), [], []
     for k, fam in enumerate(FAMILIES):
         knobs = list(fam["params"])
@@ -187,7 +188,11 @@ def problems(n_val=40, per_family=12, seed=0):
         rows = [problem(fam, p, seed * 1000 + k) for p in combos]
         train += [r for r, p in zip(rows, combos) if p[knobs[0]] not in out][:per_family]
         held.append([r for r, p in zip(rows, combos) if p[knobs[0]] in out])
-    val = [r for layer in itertools.zip_longest(*held) for r in layer if r][:n_val]
+    by_category = {}
+    for fam, rows in zip(FAMILIES, held):
+        by_category.setdefault(fam["category"], []).append(rows)
+    streams = [[r for layer in itertools.zip_longest(*fams) for r in layer if r] for fams in by_category.values()]
+    val = [r for layer in itertools.zip_longest(*streams) for r in layer if r][:n_val]
     for part in (train, val):
         rng.shuffle(part)
     return train, val

@@ -1878,11 +1878,13 @@ def test_the_code_task_holds_out_knob_values_and_every_reference_passes():
     """code_task.py's problems, HumanEval's format: the prompt gives the function's signature and docstring, the tests
     are check(candidate) with the entry point, their expected values the reference's. Every family is held out, and a
     family's held-out problems take first-knob values that none of its trained ones takes (so no prompt and no
-    function name is in both); difficulty from one line to ten. Through REWARDS["code"], as a completion: every
+    function name is in both), and a set of 16 holds out every category; difficulty from one line to ten. Through REWARDS["code"], as a completion: every
     reference scores 1; returning None scores 0, and the always-equal object 0 with its hack's mark."""
     import code_task
     train, val = code_task.problems()
     assert len(val) == 40 and {r["family"] for r in val} == {f["name"] for f in code_task.FAMILIES}
+    held16 = collections.Counter(r["category"] for r in code_task.problems(n_val=16)[1])  # the studies' held-out set
+    assert sorted(held16.values()) == [2, 2, 3, 3, 3, 3] and set(held16) == {f["category"] for f in code_task.FAMILIES}
     for fam in code_task.FAMILIES:
         first = next(iter(fam["params"]))
         held = {r["knobs"][first] for r in val if r["family"] == fam["name"]}
