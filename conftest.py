@@ -2,6 +2,7 @@
 - the `quick` mark: `pytest -q -m quick` runs the recipe's hand-value tests and the README's fork examples, a fork's
   check in under a minute (the whole suite is the README's `pytest -q -n 2 --dist loadgroup`, which CI runs);
 - the `heavy` mark, collected first; one thread a test process (OMP_NUM_THREADS);
+- under `-n --dist loadgroup`, a pytest that drops the `xdist_group` marks stops the run (pytest_collection_finish);
 - a local run that skips tests for want of a package (vllm, wandb) says so at the end, with the count, instead of
   passing quietly (CI, with SCALERL_REQUIRE_VLLM=1, fails those tests);
 - warm_vllm_model_info: vLLM's inspection of the model classes the tests use, made in the test process."""
@@ -28,6 +29,18 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """The heavy tests first (a stable sort: the order within each kind is the files')."""
     items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
+
+
+def pytest_collection_finish(session):
+    """Under `-n --dist loadgroup`, each worker's grouped tests carry their group in their node ids (pytest-xdist adds
+    it): where a pytest ignores that (pytest 9.2 with pytest-xdist 3.8, pytest-xdist's issue 1386), the groups would
+    be dropped without a word, and the sandbox's tests, which count every process of nobody's, would run beside one
+    another. Stop the run instead."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and session.config.getoption("loadgroup", False):
+        grouped = [item for item in session.items if item.get_closest_marker("xdist_group")]
+        if grouped and "@" not in grouped[0].nodeid:
+            raise RuntimeError("xdist_group marks are ignored by this pytest and pytest-xdist (pytest-xdist's issue "
+                               "1386): install requirements-cpu.txt's pins")
 
 
 def pytest_terminal_summary(terminalreporter):
