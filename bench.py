@@ -1340,10 +1340,11 @@ REAL_FLAGS = ["--system-prompt", REAL_SYSTEM, "--instruction", ' End with "Answe
               "--warmup-steps", "2", "--eval-every", "2", "--eval-samples", "2", "--save-every", "4",
               "--save-completions", "--vllm-kv-cache-mb", "1024"]
 REAL_STEPS, REAL_VAL = 32, 40
-CODE_FLAGS = ["--instruction", "", "--prompts-per-step", "8", "--generations-per-prompt", "8",  # code, mix (the
-              "--max-new-tokens", "128", "--answer-budget", "16", "--lr", "3e-5",  # rows' own prompts: no instruction
-              "--warmup-steps", "2", "--eval-every", "2", "--eval-samples", "2", "--save-every", "4",  # appended)
-              "--save-completions", "--vllm-kv-cache-mb", "1024"]
+# code, mix: the rows' own prompts (no instruction appended: the default asks for a boxed answer)
+CODE_FLAGS = ["--instruction", "", "--prompts-per-step", "8", "--generations-per-prompt", "8",
+              "--max-new-tokens", "128", "--answer-budget", "16", "--lr", "3e-5", "--warmup-steps", "2",
+              "--eval-every", "2", "--eval-samples", "2", "--save-every", "4", "--save-completions",
+              "--vllm-kv-cache-mb", "1024"]
 MIX_VAL = 16  # held-out problems of each domain, --real-task code and mix
 REAL_CUTS = (1 / 2, 1 / 3)  # fits on the first half and the first third of each run's compute, predicting its end
 

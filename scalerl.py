@@ -2461,8 +2461,8 @@ def mismatch_sums(logp, logp_gen, fresh, routed=None):
     """Train/inference mismatch on the trained tokens, before the update: sums of |log pi_train - log pi_gen|, of the k3
     estimate of KL(pi_gen || pi_train) [Sec. 3.2] (the ratios over eps_max: CISPO's clip_frac); and
     mismatch_fresh_abs_logprob, the first over the `fresh` tokens alone, where no lag can explain one (the Guard's
-    --max-fresh-mismatch). An MoE's (routed:
-    routing_differs): the tokens routed to other experts than the generator's in any layer, and the (token, layer)s."""
+    --max-fresh-mismatch). An MoE's (routed: routing_differs): the tokens routed to other experts than the
+    generator's in any layer, and the (token, layer)s."""
     d, n = (logp.detach() - logp_gen).double(), len(logp)
     sums = {"mismatch_abs_logprob": (d.abs().sum(), n), "mismatch_kl_k3": ((torch.exp(d) - 1 - d).sum(), n),
             "mismatch_fresh_abs_logprob": ((d.abs() * fresh).sum(), fresh.sum())}
@@ -2480,9 +2480,9 @@ class FP32Head:
     changes this class alone (docs/fork.md)."""
 
     def __init__(self, weight, split, copy=False):
-        self.weight = weight.detach().to(torch.float32, copy=True) if copy else weight
-        self.parts = split_bf16(self.weight.detach()) if split else None
-        self.weight = None if copy and split else self.weight  # (the engine keeps the parts alone)
+        w = weight.detach().to(torch.float32, copy=True) if copy else weight
+        self.parts = split_bf16(w.detach()) if split else None
+        self.weight = None if copy and split else w  # (the engine keeps the parts alone)
 
     def load(self, weight):
         """The engine's copy gets the trainer's float32 weight (in its first rows: the engine pads the vocabulary)."""
@@ -2703,11 +2703,10 @@ class Recorder:
             self.tracker.log(row, step=row["step"])
         print(progress_line(row, self.cfg.steps) if row["step"] else f"step    0/{self.cfg.steps}{val_text(row)}",
               flush=True)
-        for n, what, first in ((len(errors), "could not be graded", errors[:1]), (len(hacks), "bear a hack's mark",
-                                                                                 hacks[:1])):
-            if self.writer and n:  # each costs its completion only (reward 0)
-                print(f"step {row['step']}: {n} completions {what} (reward 0); first: {first[0]}", file=sys.stderr,
-                      flush=True)
+        for what, items in (("could not be graded", errors), ("bear a hack's mark", hacks)):
+            if self.writer and items:  # each costs its completion only (reward 0)
+                print(f"step {row['step']}: {len(items)} completions {what} (reward 0); first: {items[0]}",
+                      file=sys.stderr, flush=True)
 
     def close(self):
         if self.metrics:
