@@ -47,7 +47,7 @@ if __name__ == "__main__":  # the zygote (python3 -I: no directory of scripts on
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import judge  # noqa: E402  (the call boundary's two sides, beside this file)
 
-LIMITS = {"cpu_s": 5, "wall_s": 8.0, "mem_mb": 512, "procs": 16, "file_mb": 16, "out_kb": 1024}
+LIMITS = {"cpu_s": 5, "wall_s": 8.0, "mem_mb": 512, "procs": 64, "file_mb": 16, "out_kb": 16384, "msg_mb": 64}
 NOBODY, PYTHON = 65534, "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 NEWNS, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET = 0x20000, 0x4000000, 0x8000000, 0x10000000, 0x20000000, 0x40000000
 RDONLY, NOSUID, NODEV, REMOUNT, BIND, REC, PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
@@ -55,13 +55,16 @@ PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_
 CALLS = {  # the kernel's numbers. Denied (x86_64's order): fork vfork ptrace process_vm_readv/writev pidfd_getfd
     # add_key request_key keyctl unshare setns mount umount2 pivot_root chroot memfd_create memfd_secret io_uring_*
     # userfaultfd bpf perf_event_open shmget msgget semget mq_open kexec_load kexec_file_load init/finit_module
-    # open_by_handle_at (aarch64 has no fork, vfork, kexec_file_load)
+    # open_by_handle_at; vmsplice (pins pages in a pipe), sendmsg and sendmmsg (file descriptors in flight, each
+    # holding its buffers) (aarch64 has no fork, vfork, kexec_file_load)
     "x86_64": dict(arch=0xC000003E, pivot_root=155, capset=126, clone=56, socket=41, socketpair=53, prctl=157,
+                   fcntl=72, setsockopt=54,
                    denied=[57, 58, 101, 310, 311, 438, 248, 249, 250, 272, 308, 165, 166, 155, 161, 319, 447, 425,
-                           426, 427, 323, 321, 298, 29, 68, 64, 240, 246, 320, 175, 313, 304]),
+                           426, 427, 323, 321, 298, 29, 68, 64, 240, 246, 320, 175, 313, 304, 278, 46, 307]),
     "aarch64": dict(arch=0xC00000B7, pivot_root=41, capset=91, clone=220, socket=198, socketpair=199, prctl=167,
+                    fcntl=25, setsockopt=208,
                     denied=[117, 270, 271, 438, 217, 218, 219, 97, 268, 40, 39, 41, 51, 279, 447, 425, 426, 427, 282,
-                            280, 241, 194, 186, 190, 180, 104, 105, 273, 265])}
+                            280, 241, 194, 186, 190, 180, 104, 105, 273, 265, 75, 211, 269])}
 SYS = CALLS.get(os.uname().machine)
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -74,17 +77,18 @@ def verdict(code, row, **limits):
     """(reward, verdict) of a program on its row: (1.0, "passed"), else 0.0 and why not ("hack: ..." a hack's mark).
     SandboxError where a run hit a limit, the sandbox failed, or the row cannot be graded. Outputs are compared line
     by line, trailing whitespace (and trailing empty lines) ignored; each input a run, until one fails."""
-    tests = judge.row_tests(row)
-    if isinstance(tests, str):
-        raise SandboxError(f"the row cannot be graded: {tests}")
-    tests, entry, modules, ins, outs = tests
+    spec = judge.row_tests(row)
+    if isinstance(spec, str):
+        raise SandboxError(f"the row cannot be graded: {spec}")
     lines = lambda text: [s.rstrip() for s in text.rstrip().splitlines()]  # noqa: E731
     end = os.times().elapsed + {**LIMITS, **limits}["wall_s"]  # (the row's runs share its wall time)
-    for k, (stdin, want) in enumerate(zip(ins or [None], outs or [None])):
-        r = run(code, tests, entry, stdin, isolated(), prompt=row.get("prompt") if entry else None, modules=modules,
-                **{**limits, "wall_s": max(0.0, end - os.times().elapsed)})
+    for k, (stdin, want) in enumerate(zip(spec["ins"] or [None], spec["outs"] or [None])):
+        left = end - os.times().elapsed
+        if left <= 0:  # (a run with no time left is over at once: the warden's timer is never set to zero)
+            raise SandboxError("over the wall time")
+        r = run(code, spec, stdin, isolated(), **{**limits, "wall_s": left})
         if not r["ok"] or stdin is not None and lines(r["out"]) != lines(want):
-            return 0.0, r["reason"] or f"wrong output on input {k + 1} of {len(ins)}"
+            return 0.0, judge.clean(r["reason"] or f"wrong output on input {k + 1} of {len(spec['ins'])}")
     return 1.0, "passed"
 
 
@@ -135,7 +139,8 @@ def _isolate(file_mb):
 def _seccomp():
     """The filter, in classic BPF: another machine's calls kill; a denied call EPERM; clone3 ENOSYS (threads fall back
     to clone); clone for a thread alone, no CLONE_NEW*; socket and socketpair of AF_UNIX alone (else EAFNOSUPPORT);
-    prctl(PR_SET_PDEATHSIG) EPERM, so that C dies with A."""
+    prctl(PR_SET_PDEATHSIG) EPERM, so that C dies with A; no pipe grown (fcntl F_SETPIPE_SZ), no socket buffer set
+    (SO_SNDBUF, SO_RCVBUF and their FORCE): the kernel's memory for a program's pipes and sockets stays small."""
     ld, ret, jeq = (lambda k: (0x20, 0, 0, k)), (lambda k: (6, 0, 0, k)), (lambda k, t, f: (0x15, t, f, k))
     allow, eperm, enosys, eafnosupport = 0x7FFF0000, 0x50001, 0x50026, 0x50061
     prog = [ld(4), jeq(SYS["arch"], 1, 0), ret(0x80000000), ld(0), (0x35, 0, 1, 0x40000000), ret(enosys)]  # (x32)
@@ -143,9 +148,11 @@ def _seccomp():
         prog += [jeq(nr, 0, 1), ret(eperm)]
     prog += [jeq(435, 0, 1), ret(enosys), jeq(SYS["clone"], 0, 5), ld(16), (0x45, 2, 0, 0x7E020000),
              (0x45, 0, 1, 0x10000), ret(allow), ret(eperm)]  # (jset: a CLONE_NEW* flag, then CLONE_THREAD)
-    for nr, arg, yes, no in ((SYS["socket"], 1, allow, eafnosupport), (SYS["socketpair"], 1, allow, eafnosupport),
-                             (SYS["prctl"], PR_SET_PDEATHSIG, eperm, allow)):
-        prog += [jeq(nr, 0, 4), ld(16), jeq(arg, 0, 1), ret(yes), ret(no)]
+    for nr, at, arg, yes, no in ((SYS["socket"], 16, 1, allow, eafnosupport), (SYS["prctl"], 16, 1, eperm, allow),
+                                 (SYS["socketpair"], 16, 1, allow, eafnosupport), (SYS["fcntl"], 24, 1031, eperm, allow)):
+        prog += [jeq(nr, 0, 4), ld(at), jeq(arg, 0, 1), ret(yes), ret(no)]
+    prog += [jeq(SYS["setsockopt"], 0, 9), ld(24), jeq(1, 0, 6), ld(32), jeq(7, 3, 0), jeq(8, 2, 0), jeq(32, 1, 0),
+             jeq(33, 0, 1), ret(eperm), ret(allow)]  # (SOL_SOCKET: SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE)
     return b"".join(struct.pack("=HBBI", *ins) for ins in prog + [ret(allow)])
 
 
@@ -161,11 +168,14 @@ def _confine(lim, judge=False):
         cap += 1
     libc.syscall(SYS["capset"], (0x20080522).to_bytes(4, "little") + bytes(4), bytes(24)) if SYS else None
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    for res, n in ((resource.RLIMIT_AS, lim["mem_mb"] << 20), (resource.RLIMIT_NPROC, lim["procs"] + 3),
-                   (resource.RLIMIT_FSIZE, lim["file_mb"] << 20), (resource.RLIMIT_CORE, 0),
+    for res, n in ((resource.RLIMIT_AS, lim["mem_mb"] + judge * 16 * lim["msg_mb"] << 20),  # (A reads messages)
+                   (resource.RLIMIT_NPROC, lim["procs"] + 3), (resource.RLIMIT_CORE, 0),
+                   (resource.RLIMIT_FSIZE, max(lim["file_mb"] << 20, lim["out_kb"] << 10) + 1),
                    (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_MSGQUEUE, 0), (resource.RLIMIT_CPU, lim["cpu_s"])):
-        if res != resource.RLIMIT_CPU or not judge:  # (CPU: SIGXCPU, then SIGKILL a second later)
-            resource.setrlimit(res, (n, n + (res == resource.RLIMIT_CPU)))
+        if res != resource.RLIMIT_CPU or not judge:  # (CPU: SIGXCPU, then SIGKILL a second later; within the caller's)
+            hard = resource.getrlimit(res)[1]
+            resource.setrlimit(res, tuple(x if hard == resource.RLIM_INFINITY else min(x, hard)
+                                          for x in (n, n + (res == resource.RLIMIT_CPU))))
     _check(libc.prctl(PR_SET_SECCOMP, 2, FPROG, 0, 0) if SYS else 0, "seccomp")
 
 
@@ -182,7 +192,7 @@ def _program(job, out, calls, answers):
         os.dup2(fd, k)
     os.closerange(5, 1 << 16)
     _confine(job["limits"])
-    judge.serve(job["code"], io, job["limits"]["out_kb"] << 10)
+    judge.serve(job["code"], io, job["limits"]["msg_mb"] << 20, job["prompt"])
 
 
 def _warden(isolated):
@@ -210,11 +220,11 @@ def _warden(isolated):
             _confine(lim, judge=True)
             libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # (after the rlimits, whose change of credentials resets it)
             signal.signal(signal.SIGALRM, functools.partial(_late, late))
-            signal.setitimer(signal.ITIMER_REAL, lim["wall_s"], 0.05)  # (and again, until the tests stop)
+            signal.setitimer(signal.ITIMER_REAL, max(lim["wall_s"], 0.001), 0.05)  # (and again, till the tests stop)
             with contextlib.suppress(judge.Stop):
                 try:
                     said = judge.judge(json.loads(os.pread(spec, os.fstat(spec).st_size, 0)), job["stdin"] is not None,
-                                  c, calls[1], answers[0], lim["out_kb"] << 10, lim["cpu_s"])
+                                       c, calls[1], answers[0], lim["msg_mb"] << 20, lim["cpu_s"])
                 finally:  # (no alarm after this: a late one would stop A itself)
                     signal.signal(signal.SIGALRM, signal.SIG_IGN)
                     signal.setitimer(signal.ITIMER_REAL, 0)
@@ -260,17 +270,17 @@ def _zygote(isolated):
 ZYGOTES = {}  # (this process's pid, isolated): its zygote, started at its first program
 
 
-def run(code, tests=None, entry=None, stdin=None, isolated=True, prompt=None, modules=(), **limits):
-    """One run of a program: with stdin, {"ok": it ran to its end, "out": its output}; else (None) against its tests,
-    {"ok": it passed, "reason": why not ("hack: ..." for a hack's mark)}. SandboxError where it hit a limit, the
-    sandbox failed or the row cannot be graded. `isolated` False runs it without the namespaces."""
+def run(code, spec=None, stdin=None, isolated=True, **limits):
+    """One run of a program: with stdin, {"ok": it ran to its end, "out": its output}; else (None) against its tests
+    (spec: judge.row_tests's), {"ok": it passed, "reason": why not ("hack: ..." for a hack's mark)}. SandboxError where
+    it hit a limit or the sandbox failed. `isolated` False runs it without the namespaces."""
     import subprocess  # (here, not at the top: the zygote, a megabyte smaller without it, forks faster)
     limits, key = {**LIMITS, **limits}, (os.getpid(), isolated)
     if key not in ZYGOTES or ZYGOTES[key].poll() is not None:
         ZYGOTES[key] = subprocess.Popen([PYTHON, "-I", "-S", "-B", os.path.abspath(__file__), str(isolated)], env={},
                                         cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
-    zygote, parts = ZYGOTES[key], (dict(code=code, stdin=stdin, limits=limits),
-                                   dict(tests=tests, entry=entry, prompt=prompt, modules=list(modules)))
+    spec = spec or {"prompt": None}
+    zygote, parts = ZYGOTES[key], (dict(code=code, stdin=stdin, limits=limits, prompt=spec["prompt"]), spec)
     try:
         zygote.stdin.write(b"".join(len(m).to_bytes(8, "little") + m for m in map(str.encode, map(json.dumps, parts))))
         zygote.stdin.flush()
@@ -282,7 +292,7 @@ def run(code, tests=None, entry=None, stdin=None, isolated=True, prompt=None, mo
         os.killpg(zygote.pid, signal.SIGKILL)
         zygote.wait()
     if answer is None or answer["why"]:
-        raise SandboxError(answer["why"] if answer else "the sandbox did not answer")
+        raise SandboxError(judge.clean(answer["why"]) if answer else "the sandbox did not answer")
     return answer
 
 

@@ -2336,13 +2336,12 @@ def reward_exact(completion_text, answer, row=None):
 
 
 def reward_code(completion_text, answer, row):
-    """Code reward, binary [Sec. 2: unit tests], (reward, verdict): the last fenced code block after the reasoning
-    (```python or bare ```) against its row's tests in sandbox.py, which decides outside the program's process; 1 when
+    """Code reward, binary [Sec. 2: unit tests], (reward, verdict): the code block after the reasoning (judge.code_block:
+    the last that defines what the tests call) against its row's tests in sandbox.py, deciding outside the program; 1 when
     every test passed, else why not ('hack: ...': a hack's mark); a limit hit raises (0, a grading error). A row whose
     "expression" is true (--task code's) takes the answer after the reasoning as a Python expression, printed."""
-    text = completion_text.rpartition("</think>")[2]
-    blocks = re.findall(r"```(?:python|py)?[ \t]*\n(.*?)```", text, re.S)
-    code = f"print(eval({text.strip()!r}))" if row.get("expression") is True else blocks[-1] if blocks else None
+    text, spec = completion_text.rpartition("</think>")[2], sandbox.judge.row_tests(row)
+    code = f"print(eval({text.strip()!r}))" if row.get("expression") is True else sandbox.judge.code_block(text, spec)
     return sandbox.verdict(code, row) if code is not None else (0.0, "no code block")
 
 

@@ -1903,8 +1903,10 @@ def test_the_code_task_holds_out_knob_values_and_every_reference_passes():
     for r in train + val:
         assert grade(r["canonical_solution"], r) == (1.0, "passed", None), r["entry_point"]
         assert grade("    return None\n", r)[0] == 0.0
-        assert grade(eq, r)[:2] == (0.0, "hack: a call returned a solution." + r["entry_point"] + ".<locals>.E, "
-                                          "not plain data")
+        reward, verdict, _ = grade(eq, r)  # (its mark where the tests compare with ==; a float's tests subtract)
+        assert reward == 0.0 and verdict == ("hack: a call returned an object (E) whose own __eq__ claims the expected"
+                                             " value: AssertionError: " if "abs(" not in r["test"] else
+                                             "TypeError: unsupported operand type(s) for -: 'E' and 'float'")
 
 
 @pytest.mark.quick
