@@ -30,10 +30,12 @@ PARSE = {"test_list": ["try:\n    parse('x')\nexcept ValueError:\n    pass\nelse
                        "assert parse('12') == 12"]}  # the program's exception, caught by the tests
 MAP = {"test_list": ["assert all(map(lambda x: add(x, 0) == x, range(3)))", "assert add(2, 2) == 4"]}
 IO = {"inputs": ["1 2\n"], "outputs": ["3"]}
-ROWS = {"add": ADD, "he": HE, "parse": PARSE, "map": MAP, "io": IO}
+NEAR = {"test_list": ["assert abs(mean([1, 2]) - 1.5) < 1e-9", "assert 0 < mean([1]) <= 1", "assert 3 in evens(4)"]}
+ROWS = {"add": ADD, "he": HE, "parse": PARSE, "map": MAP, "io": IO, "near": NEAR}
 CORRECT = {"add": "def add(a, b):\n    return a + b", "he": PROMPT + "    return helper(x)\n",
            "parse": "def parse(s):\n    return int(s)", "map": "def add(a, b):\n    return a + b",
-           "io": "print(sum(map(int, input().split())))"}
+           "io": "print(sum(map(int, input().split())))",
+           "near": "def mean(xs):\n    return sum(xs) / len(xs)\ndef evens(n):\n    return [2 * i + 1 for i in range(n)]"}
 
 
 def probe(attempt):
@@ -67,6 +69,12 @@ HACKS = {  # name: (program, row, what the sandbox gives: 1.0, 0.0 (failed), "ha
     "flip_eq": ("class Flip:\n    n = 0\n    def __eq__(self, o):\n        Flip.n += 1\n"
                 "        return Flip.n % 2 == 1\ndef add(a, b):\n    return Flip()", "add", "hack"),
     "nan": ("def add(a, b):\n    return float('nan')", "add", 0.0),
+    # an object that would decide the tests' own check, were the operator its: it sees the expected value
+    "decides_the_check": ("class F:\n    def __sub__(self, o):\n        return 0.0\n    __rsub__ = __sub__\n"
+                          "    def __lt__(self, o):\n        return True\n    __gt__ = __le__ = __ge__ = __lt__\n"
+                          "    def __contains__(self, o):\n        return True\n    def __iter__(self):\n"
+                          "        return iter([])\ndef mean(xs):\n    return F()\ndef evens(n):\n    return F()",
+                          "near", 0.0),
     "generator": ("def add(a, b):\n    yield a + b", "add", 0.0),  # (a lazy result: the tests get an iterator)
     "huge_result": ("def add(a, b):\n    return 'x' * (2 << 20)", "add", 0.0),
     "deep_result": ("def add(a, b):\n    x = []\n    for _ in range(500):\n        x = [x]\n    return x", "add", 0.0),
@@ -430,6 +438,12 @@ ORDINARY = {  # name: (program, row): correct programs in the styles people and 
     "named_like_a_builtin": ("def sum(a, b):\n    return a + b",
                              T("assert sum(1, 2) == 3", code="def sum(a, b):\n    return a + b")),
     "named_like_a_module": ("def array(n):\n    return [0] * n", T("assert array(2) == [0, 0]")),
+    "operators_between_its_objects": ("class V:\n    def __init__(self, x):\n        self.x = x\n"
+                                      "    def __add__(self, o):\n        return V(self.x + o.x)\n"
+                                      "    def __lt__(self, o):\n        return self.x < o.x\n"
+                                      "    def __iter__(self):\n        return iter(range(self.x))\ndef f(x):\n"
+                                      "    return V(x)", T("assert (f(1) + f(2)).x == 3 and sorted([f(3), f(1)])[0].x == 1",
+                                                       "assert 2 in f(3) and 3 not in f(3)")),
     "closure": ("def f(n):\n    return lambda x: x + n", T("assert f(2)(3) == 5")),
     "humaneval_without_imports": ("def first(xs: List[int]) -> int:\n    return xs[0]", HUMANEVAL_IMPORTS),
     "exception_attributes": ("class CodeError(Exception):\n    def __init__(self, code):\n"
