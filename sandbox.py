@@ -1,16 +1,19 @@
 """The code reward's sandbox. A policy is an optimiser pointed at its grader, so the program it writes is hostile: no
 code of the program runs where its verdict is decided. The promises, each with what enforces it:
   verdict   The row's tests run in the warden (A), the program in a process of its own (C), which answers the tests'
-            calls (judge.py: both sides). Arguments and results cross as plain data alone (None, bool, int, float,
-            complex, str, bytes, and lists, tuples, dicts, sets, frozensets of these: exact types, nested at most 64
-            deep, out_kb a message), decoded by A itself. C is forked before the tests are read: they never were in
-            its memory, nor is the verdict. The program's exception reaches the tests as its nearest built-in type
-            (StopIteration as RuntimeError, as PEP 479 does: a call cannot end a loop of the tests').
-  hacks     A result that is not plain data, a program that ends before or during its tests, or a message that C's
-            harness does not send: 0, the mark named ("hack: ..."), whatever the tests catch.
-  rows      A check(candidate) row needs its entry point, and tests must name a function of the program (checked
-            as the data is read, judge.row_tests); tests that pass with no call are an error. A HumanEval row's
+            requests (judge.py: both sides). Data and standard-library values cross as JSON that A decodes and
+            rebuilds itself; any other object stays in C behind a handle, and what the tests do to it is a request
+            whose answer is data again. A decides ==, and an operator between the program's object and the tests'
+            data is refused (the program would see the expected value). C is forked before the tests are read: they
+            never were in its memory, nor is the verdict. Each request carries a fresh nonce, repeated in its answer.
+  hacks     A program that ends before or during its tests, a message that C's harness does not send (answers sent
+            before they were asked among them), a system call the filter kills, an object whose own __eq__ claims a
+            value the tests did not get: 0, the mark named ("hack: ..."), whatever the tests catch.
+  rows      A check(candidate) row needs its entry point, and tests must call what a program could define (checked
+            as the data is read, code_rows.row_tests); tests that pass with no call are an error. A HumanEval row's
             helpers (poly) are its prompt's, run in A, not the program's.
+  texts     Whatever of the program's reaches a verdict (names, messages) is cut to a few hundred printable
+            characters (judge.clean).
   files     Mount namespace: a read-only root of /usr and the libraries, /dev/null and kin, a tmpfs /tmp of file_mb
             (the only writable place); no /proc, home, project or machine files.
   network   Network namespace, its loopback down; seccomp: sockets of AF_UNIX alone (no vsock, netlink, packet).
@@ -18,8 +21,11 @@ code of the program runs where its verdict is decided. The promises, each with w
             (threads only), no ptrace, process_vm_*, pidfd_getfd, namespace or mount.
   memory    One process, so RLIMIT_AS (mem_mb) bounds all of the program's memory, its threads' too; seccomp: no
             memory files (memfd), SysV shared memory or queues, POSIX queues, io_uring; its files: file_mb in /tmp.
+            What the kernel holds for it outside its address space stays small: no vmsplice (pages pinned in a
+            pipe), no pipe grown, no socket buffer set, no sendmsg (no descriptor in flight); 64 descriptors.
   keyring   seccomp: no add_key, request_key or keyctl: nothing passes to the next program, or to the caller.
-  time      RLIMIT_CPU (cpu_s) in C; the wall time (wall_s) over the run, A's timer, then C killed.
+  time      RLIMIT_CPU (cpu_s) in C; the wall time (wall_s) over the row's runs, A's timer, then C killed; a run
+            with no time left is over at once.
   privilege User namespace, its uid mapped (not root there), no capability, no_new_privs; a root caller's programs
             run as nobody (RLIMIT_NPROC does not bind root). A confines itself as well once it has forked C.
 The processes: Z, the zygote (/usr/bin/python3 -I -S, one per calling process, an empty environment), forks A per
@@ -45,7 +51,8 @@ import tempfile
 
 if __name__ == "__main__":  # the zygote (python3 -I: no directory of scripts on its path)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import judge  # noqa: E402  (the call boundary's two sides, beside this file)
+import code_rows  # noqa: E402  (the formats of code rows, beside this file)
+import judge  # noqa: E402  (the call boundary's two sides)
 
 LIMITS = {"cpu_s": 5, "wall_s": 8.0, "mem_mb": 512, "procs": 64, "file_mb": 16, "out_kb": 16384, "msg_mb": 64}
 NOBODY, PYTHON = 65534, "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
@@ -77,7 +84,7 @@ def verdict(code, row, **limits):
     """(reward, verdict) of a program on its row: (1.0, "passed"), else 0.0 and why not ("hack: ..." a hack's mark).
     SandboxError where a run hit a limit, the sandbox failed, or the row cannot be graded. Outputs are compared line
     by line, trailing whitespace (and trailing empty lines) ignored; each input a run, until one fails."""
-    spec = judge.row_tests(row)
+    spec = code_rows.row_tests(row)
     if isinstance(spec, str):
         raise SandboxError(f"the row cannot be graded: {spec}")
     lines = lambda text: [s.rstrip() for s in text.rstrip().splitlines()]  # noqa: E731
@@ -149,10 +156,11 @@ def _seccomp():
     prog += [jeq(435, 0, 1), ret(enosys), jeq(SYS["clone"], 0, 5), ld(16), (0x45, 2, 0, 0x7E020000),
              (0x45, 0, 1, 0x10000), ret(allow), ret(eperm)]  # (jset: a CLONE_NEW* flag, then CLONE_THREAD)
     for nr, at, arg, yes, no in ((SYS["socket"], 16, 1, allow, eafnosupport), (SYS["prctl"], 16, 1, eperm, allow),
-                                 (SYS["socketpair"], 16, 1, allow, eafnosupport), (SYS["fcntl"], 24, 1031, eperm, allow)):
+                                 (SYS["socketpair"], 16, 1, allow, eafnosupport),
+                                 (SYS["fcntl"], 24, 1031, eperm, allow)):
         prog += [jeq(nr, 0, 4), ld(at), jeq(arg, 0, 1), ret(yes), ret(no)]
     prog += [jeq(SYS["setsockopt"], 0, 9), ld(24), jeq(1, 0, 6), ld(32), jeq(7, 3, 0), jeq(8, 2, 0), jeq(32, 1, 0),
-             jeq(33, 0, 1), ret(eperm), ret(allow)]  # (SOL_SOCKET: SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE)
+             jeq(33, 0, 1), ret(eperm), ret(allow)]  # (SOL_SOCKET: SO_SNDBUF, SO_RCVBUF, their FORCE)
     return b"".join(struct.pack("=HBBI", *ins) for ins in prog + [ret(allow)])
 
 
@@ -272,8 +280,8 @@ ZYGOTES = {}  # (this process's pid, isolated): its zygote, started at its first
 
 def run(code, spec=None, stdin=None, isolated=True, **limits):
     """One run of a program: with stdin, {"ok": it ran to its end, "out": its output}; else (None) against its tests
-    (spec: judge.row_tests's), {"ok": it passed, "reason": why not ("hack: ..." for a hack's mark)}. SandboxError where
-    it hit a limit or the sandbox failed. `isolated` False runs it without the namespaces."""
+    (spec: code_rows.row_tests's), {"ok": it passed, "reason": why not ("hack: ..." for a hack's mark)}. SandboxError
+    where it hit a limit or the sandbox failed. `isolated` False runs it without the namespaces."""
     import subprocess  # (here, not at the top: the zygote, a megabyte smaller without it, forks faster)
     limits, key = {**LIMITS, **limits}, (os.getpid(), isolated)
     if key not in ZYGOTES or ZYGOTES[key].poll() is not None:

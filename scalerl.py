@@ -1538,10 +1538,10 @@ def gold_answer(answer):
 
 def row_reward(row, default):
     """The reward that grades a --data row: its `reward` field where that is text, else code where it has tests in one
-    of the code formats (judge.row_tests; usable or not: row_problem says why not), else --reward's (`default`)."""
+    of the code formats (code_rows.row_tests; usable or not: row_problem says why not), else --reward's (`default`)."""
     if isinstance(row, dict) and isinstance(row.get("reward"), str):
         return row["reward"]
-    return "code" if isinstance(row, dict) and sandbox and sandbox.judge.has_tests(row) else default
+    return "code" if isinstance(row, dict) and sandbox and sandbox.code_rows.has_tests(row) else default
 
 
 def row_problem(row, pk, ak, reward=None):
@@ -1562,7 +1562,7 @@ def row_problem(row, pk, ak, reward=None):
         return f"empty prompt '{pk}'"
     if ak is None:  # a code row: its tests instead of an answer
         return "a code row needs sandbox.py and judge.py beside scalerl.py" if sandbox is None else \
-            tests if isinstance(tests := sandbox.judge.row_tests(row), str) else None
+            tests if isinstance(tests := sandbox.code_rows.row_tests(row), str) else None
     if a is None:
         return f"'{ak}' is null" if ak in row else f"no '{ak}' field (choose another with --answer-key)"
     if isinstance(a, bool) or not isinstance(a, (str, int, float)):
@@ -2336,12 +2336,13 @@ def reward_exact(completion_text, answer, row=None):
 
 
 def reward_code(completion_text, answer, row):
-    """Code reward, binary [Sec. 2: unit tests], (reward, verdict): the code block after the reasoning (judge.code_block:
-    the last that defines what the tests call) against its row's tests in sandbox.py, deciding outside the program; 1 when
+    """Code reward, binary [Sec. 2: unit tests], (reward, verdict): the code block after the reasoning (code_rows.py:
+    the last that defines what the tests call) against its row's tests in sandbox.py, judged outside the program; 1 if
     every test passed, else why not ('hack: ...': a hack's mark); a limit hit raises (0, a grading error). A row whose
     "expression" is true (--task code's) takes the answer after the reasoning as a Python expression, printed."""
-    text, spec = completion_text.rpartition("</think>")[2], sandbox.judge.row_tests(row)
-    code = f"print(eval({text.strip()!r}))" if row.get("expression") is True else sandbox.judge.code_block(text, spec)
+    text, rows = completion_text.rpartition("</think>")[2], sandbox.code_rows
+    code = rows.code_block(text, rows.row_tests(row)) if row.get("expression") is not True else \
+        f"print(eval({text.strip()!r}))"
     return sandbox.verdict(code, row) if code is not None else (0.0, "no code block")
 
 

@@ -246,8 +246,8 @@ print(json.dumps(results))
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "prlimit", "--nproc=64", "--as=8000000000"]
 PACKAGES = sysconfig.get_paths()["purelib"]  # (the environment's packages, for scalerl's imports as nobody)
 PY = "/usr/bin/python3"
-MODULES = (sandbox.__file__, sandbox.judge.__file__, S.__file__, S.memory.__file__,  # (a copy of these runs as nobody)
-           S.vllm_seam.__file__)
+MODULES = (sandbox.__file__, sandbox.judge.__file__, sandbox.code_rows.__file__, S.__file__, S.memory.__file__,
+           S.vllm_seam.__file__)  # (a copy of these runs as nobody)
 # under pytest -n, this file's tests run in one worker, one after another: the hostile tests count every process and
 # /tmp entry of nobody's, which a sandboxed test beside them would add to
 pytestmark = pytest.mark.xdist_group("sandbox")
