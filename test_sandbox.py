@@ -521,8 +521,8 @@ def test_an_honest_mistake_scores_0_with_no_hacks_mark(name):
 
 
 def test_a_row_with_no_wall_time_left_is_over_at_once(monkeypatch):
-    """A stdin row's runs share its wall time: where one run ends at the limit, the next is not started with a timer of
-    0 (which would switch the warden's timer off): the row is over the wall time at once."""
+    """A stdin row's runs share its wall time (row_s; each run wall_s at most): where one run ends at the limit, the
+    next is not started with a timer of 0 (which would switch the warden's timer off): the row is over at once."""
     clock, walls = [100.0], []
 
     def run(code, spec, stdin, isolated, **limits):  # (each run takes all the time it is given)
@@ -532,8 +532,8 @@ def test_a_row_with_no_wall_time_left_is_over_at_once(monkeypatch):
     monkeypatch.setattr(sandbox, "run", run)
     monkeypatch.setattr(sandbox.os, "times", lambda: types.SimpleNamespace(elapsed=clock[0]))
     with pytest.raises(sandbox.SandboxError, match="over the wall time"):
-        sandbox.verdict("print(1)", {"inputs": ["", ""], "outputs": ["1", "1"]}, wall_s=8.0)
-    assert walls == [8.0]
+        sandbox.verdict("print(1)", {"inputs": ["", "", ""], "outputs": ["1", "1", "1"]}, wall_s=8.0, row_s=12.0)
+    assert walls == [8.0, 4.0]
 
 
 def test_results_are_measured_as_data_not_as_their_encoding():
@@ -605,7 +605,8 @@ def test_a_code_row_needs_tests_not_an_answer(tmp_path):
                                                                              "outputs": []}
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
-    with pytest.raises(S.ScaleRLError, match=r"1 of 2 rows are unusable; line 2: no tests: "):
+    with pytest.raises(S.ScaleRLError, match=r"1 of 2 rows are unusable; line 2: 'inputs' looks like tests, in a "
+                                             r"shape not known \(ValueError: inputs and outputs: two lists of one"):
         S.load_rows(str(path), S.Config(reward="code"))
     assert S.load_rows(str(path), S.Config(reward="code", skip_bad_rows=True)) == [("add", "", good, "code")]
 
