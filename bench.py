@@ -312,6 +312,8 @@ def bench_check_data(path, workers, out=None, per_row=3):
               file=sys.stderr, flush=True)
     grader.close()
     failing.update({w: v for w, v in first.items() if w not in passed})
+    order = {where: k for k, (where, _) in enumerate(records)}
+    failing = dict(sorted(failing.items(), key=lambda item: order[item[0]]))  # (in the file's order)
     reasons = collections.Counter(re.sub(r"\d+", "N", why.split(":")[0]) for why in failing.values())
     print(f"\nbench: {path}: {len(records)} rows, {len(set(owners))} with references ({len(items)} graded in "
           f"{time.time() - t0:.0f} s with {workers} workers): {len(set(owners)) - len(set(owners) - passed)} pass, "

@@ -1453,8 +1453,7 @@ def load_rows(path, cfg):
     records = [(where, r) for where, r in read_records(path) if where not in left_out]
     keys = set().union(*(r for _, r in records if isinstance(r, dict)))
     if records and not keys:  # no row is an object with a field (broken JSON, say): what the first row is
-        where, row = records[0]
-        die(f"{path}: no row has a field; {where}: {row_problem(row, PROMPT_KEYS[0], ANSWER_KEYS[0])}")
+        die(f"{path}: no row has a field; {records[0][0]}: {row_problem(records[0][1], 'prompt', 'answer')}")
     pk = cfg.prompt_key or next((k for k in PROMPT_KEYS if k in keys), PROMPT_KEYS[0])
     ak = cfg.answer_key or next((k for k in ANSWER_KEYS if k in keys), ANSWER_KEYS[0])
     rewards = [row_reward(r, "math" if cfg.reward == "auto" else cfg.reward) for _, r in records]  # (auto: --data's)
@@ -1465,11 +1464,12 @@ def load_rows(path, cfg):
                 f"{', '.join(sorted(keys))}); name the field with {option}")
     rows, bad = [], []
     for (where, r), reward in zip(records, rewards):
-        if problem := row_problem(r, pk, None if reward == "code" else ak, reward):
+        rk = cfg.prompt_key or next((k for k in PROMPT_KEYS if isinstance(r, dict) and k in r), pk)  # (sets mixed)
+        if problem := row_problem(r, rk, None if reward == "code" else ak, reward):
             bad.append(f"{where}: {problem}")
         else:
-            rows.append((sandbox.code_rows.prompt(r, r[pk]), "", r, reward) if reward == "code" else
-                        (r[pk], gold_answer(r[ak]), r, reward))
+            rows.append((sandbox.code_rows.prompt(r, r[rk]), "", r, reward) if reward == "code" else
+                        (r[rk], gold_answer(r[ak]), r, reward))
     if bad and not cfg.skip_bad_rows:
         die(f"{path}: {len(bad)} of {len(records)} rows are unusable; " + "; ".join(bad[:5])
             + ("; ..." if len(bad) > 5 else "") + ". Fix them, or pass --skip-bad-rows to drop them")

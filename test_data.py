@@ -287,8 +287,9 @@ def test_each_kind_of_bad_row_is_named_with_its_line(line, message, tmp_path, ca
     ("d.jsonl", b"\xff\xfe\x00", "cannot read"),
     ("d.json", '[{"problem": "q", "answer": 1},', "cannot read (Expecting value: line 1"),
     ("d.jsonl", "", "no usable rows"),
-    ("d.jsonl", '{"query": "q", "answer": 1}\n', "no field 'prompt' (looked for prompt, problem, question; found: "
-                                                  "answer, query); name the field with --prompt-key"),
+    ("d.jsonl", '{"query": "q", "answer": 1}\n', "no field 'prompt' (looked for prompt, problem, question, "
+                                                  "question_content, description, text; found: answer, query); name "
+                                                  "the field with --prompt-key"),
     ("d.jsonl", '{"problem": "q", "label": 1}\n', "no field 'answer'"),
     ("d.jsonl", '{"problem": "q", "answer": 1\n{"problem": "r"', "no row has a field; line 1: invalid JSON (Expecting"),
     ("empty_dir", "dir", "cannot load with datasets"),

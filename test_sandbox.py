@@ -864,3 +864,148 @@ def test_a_code_task_run_grades_in_the_sandbox_and_writes_its_rows(tmp_path):
         assert os.listdir(where / "cache" / "scalerl") == ["tiny-llama-v2-code-seed0-untied"]
     finally:
         shutil.rmtree(where)
+
+
+# ------------------------------------------------------------------ the public code sets, read as they are published
+def lcb_private(tests):
+    """LiveCodeBench's private tests as it publishes them: base64 of zlib of a pickle of the JSON text."""
+    import base64
+    import pickle
+    import zlib
+    return base64.b64encode(zlib.compress(pickle.dumps(json.dumps(tests)))).decode()
+
+
+ADD_IO = "a, b = map(int, input().split())\nprint(a + b)"
+SHAPES = {  # name: (a row in the set's published shape, made here from its field names; a wrong program)
+    "apps_stdin": ({"problem_id": 1, "question": "Add the two integers on the line.", "difficulty": "interview",
+                    "solutions": json.dumps([ADD_IO]), "starter_code": "", "url": "https://example.org/1",
+                    "input_output": json.dumps({"inputs": ["1 2\n", "-4 4\n"], "outputs": ["3\n", "0\n"]})},
+                   "print(3)"),
+    "apps_call_solution": ({"problem_id": 2, "question": "Return the sum of the list.", "difficulty": "introductory",
+                            "starter_code": "class Solution:\n    def total(self, xs: List[int]) -> int:\n        ",
+                            "solutions": json.dumps(["class Solution:\n    def total(self, xs: List[int]) -> int:\n"
+                                                     "        return sum(xs)\n"]),  # (List: the graders' imports)
+                            "input_output": json.dumps({"fn_name": "total", "inputs": [[[1, 2]], [[]]],
+                                                        "outputs": [[3], [0]]})},  # (each output wrapped, as APPS does)
+                           "class Solution:\n    def total(self, xs):\n        return len(xs)"),
+    "taco_call_function": ({"question": "Is n even?", "starter_code": "def is_even(n):\n\t", "source": "codewars",
+                            "solutions": json.dumps(["def is_even(n):\n    return n % 2 == 0"]),
+                            "input_output": json.dumps({"fn_name": "is_even", "inputs": [[2], [3]],
+                                                        "outputs": [True, False]})},
+                           "def is_even(n):\n    return True"),
+    "taco_stdin_floats": ({"question": "Print 1 / n.", "starter_code": "", "solutions": json.dumps(
+                            ["print(1 / int(input()))"]), "input_output": json.dumps(
+                            {"inputs": ["3\n", "8\n"], "outputs": ["0.333333\n", "0.125\n"]})},  # (a tolerance)
+                          "print(round(1 / int(input()), 2))"),
+    "lcb_stdin": ({"question_title": "Add", "question_content": "Add the two integers.", "platform": "atcoder",
+                   "question_id": "abc000_a", "contest_id": "abc000", "contest_date": "2024-01-01T00:00:00",
+                   "starter_code": "", "difficulty": "easy", "metadata": "{}",
+                   "public_test_cases": json.dumps([{"input": "1 2\n", "output": "3\n", "testtype": "stdin"}]),
+                   "private_test_cases": lcb_private([{"input": "10 -3\n", "output": "7\n", "testtype": "stdin"}])},
+                  "print(3)"),
+    "lcb_functional": ({"question_title": "Count", "question_content": "How many of nums are above k?",
+                        "platform": "leetcode", "question_id": "9999", "contest_id": "weekly-contest-1",
+                        "contest_date": "2024-01-01T00:00:00", "difficulty": "easy",
+                        "starter_code": "class Solution:\n    def countAbove(self, nums: List[int], k: int) -> int:\n"
+                                        "        ", "metadata": json.dumps({"func_name": "countAbove"}),
+                        "public_test_cases": json.dumps([{"input": "[1, 5, 7]\n4", "output": "2",
+                                                          "testtype": "functional"}]),
+                        "private_test_cases": lcb_private([{"input": "[]\n0", "output": "0", "testtype": "functional"},
+                                                           {"input": "[3, 3]\n2", "output": "2",
+                                                            "testtype": "functional"}])},
+                       "class Solution:\n    def countAbove(self, nums, k):\n        return len(nums)"),
+    "codecontests": ({"name": "0_A. Add", "description": "Add the two integers.", "source": 2, "difficulty": 7,
+                      "public_tests": {"input": ["1 2\n"], "output": ["3\n"]},
+                      "private_tests": {"input": ["5 5\n"], "output": ["10\n"]},
+                      "generated_tests": {"input": ["0 0\n", "-1 1\n"], "output": ["0\n", "0\n"]},
+                      "solutions": {"language": [2, 3], "solution": ["int main() { return 0; }", ADD_IO]}},
+                     "print(sum(map(int, input().split())) + 1)"),
+}
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_each_public_code_set_is_read_as_published(name):
+    """A row in each set's published shape (the field names and value types as the set publishes them, the row made
+    here): its reference solution scores 1 through REWARDS["code"], a wrong program 0 with no hack's mark, and the
+    prompt carries the starter code where the set gives one."""
+    row, wrong = SHAPES[name]
+    spec = sandbox.code_rows.row_tests(row)
+    assert isinstance(spec, dict), spec
+    (reference,) = sandbox.code_rows.references(row) or [ADD_IO if name == "lcb_stdin" else
+                                                         "class Solution:\n    def countAbove(self, nums, k):\n"
+                                                         "        return sum(x > k for x in nums)"]
+    assert CODE(f"```python\n{reference}\n```", "", row) == (1.0, "passed")
+    reward, verdict = CODE(f"```python\n{wrong}\n```", "", row)
+    assert reward == 0.0 and not verdict.startswith("hack"), verdict
+    text = next(row[k] for k in S.PROMPT_KEYS if k in row)
+    starter = row.get("starter_code")
+    assert sandbox.code_rows.prompt(row, text) == (f"{text}\n\n```python\n{starter.rstrip()}\n```" if starter else text)
+
+
+def test_outputs_compare_as_each_set_compares_them():
+    """Line by line for plain rows; APPS, TACO and CodeContests: tokens in order, numbers within |a - b| <= 1e-8 + 1e-5
+    |b| (APPS's tolerance); LiveCodeBench: each line equal once stripped, or equal as Decimals (its own grader's rule,
+    so 0.3333333333333333 is not 0.333333 there)."""
+    same = sandbox.code_rows.same_output
+    assert same("3 \n\n", "3", "lines") and not same("3 4", "3  4", "lines")
+    assert same("0.3333333333333333\n", "0.333333", "tokens") and same("1  2\n3", "1 2 3", "tokens")
+    assert not same("0.3334", "0.333333", "tokens") and not same("2 1", "1 2", "tokens") and not same("1", "1 1", "tokens")
+    assert not same("0.3333333333333333", "0.333333", "decimals") and same("0.50 1\n", "0.5 1.0", "decimals")
+    assert same("YES \nNO", "YES\nNO\n", "decimals") and not same("YES\nNO", "NO\nYES", "decimals")
+
+
+@pytest.mark.parametrize("row, field", [
+    ({"question_content": "q", "public_test_cases": "[]", "private_test_cases": "not base64 at all!"},
+     "public_test_cases"),
+    ({"question_content": "q", "private_test_cases": lcb_private([]).replace("A", "B")}, "private_test_cases"),
+    ({"description": "d", "public_tests": [1, 2]}, "public_tests"),
+    ({"question": "q", "input_output": json.dumps({"inputs": ["1"], "outputs": []})}, "input_output"),
+])
+def test_a_test_field_in_a_shape_not_known_is_refused_naming_it(row, field):
+    assert sandbox.code_rows.row_tests(row).startswith(f"'{field}' looks like tests, in a shape not known (")
+
+
+def test_a_pickle_in_a_dataset_is_data_or_refused():
+    """LiveCodeBench's private tests are a pickle: one that names any class or function (which unpickling would call)
+    is refused, naming it, and nothing of it runs."""
+    import base64
+    import pickle
+    import zlib
+    evil = base64.b64encode(zlib.compress(pickle.dumps(types.SimpleNamespace(tests="[]")))).decode()
+    spec = sandbox.code_rows.row_tests({"question_content": "q", "private_test_cases": evil})
+    assert spec.startswith("'private_test_cases' looks like tests, in a shape not known (UnpicklingError: a pickle "
+                           "that names types.SimpleNamespace: code, not data)"), spec
+
+
+def test_check_data_names_the_rows_whose_references_fail_and_a_run_leaves_them_out(tmp_path, capsys):
+    """bench.py --check-data: every shape's reference passes; a row whose reference is wrong, and one whose tests
+    cannot be read, are printed with their reasons and counted, and written to a report; --exclude-rows leaves exactly
+    those rows out of --data (the rows of no reference counted apart, not named)."""
+    import bench
+    broken = {**SHAPES["apps_stdin"][0], "solutions": json.dumps(["print(0)"])}
+    unknown = {"question": "q", "input_output": json.dumps({"inputs": ["1"]})}
+    rows = [row for row, _ in SHAPES.values()] + [broken, unknown]
+    path, report = write_rows(tmp_path / "sets.jsonl", rows), tmp_path / "report.jsonl"
+    assert bench.bench_check_data(path, 2, str(report)) == 0
+    said = capsys.readouterr().out
+    assert f"bench: {path}: 9 rows, 6 with references" in said and "5 pass, 2 fail or cannot be graded, " \
+        "2 carry no reference" in said
+    assert "  line 8: wrong output on input 1 of 2" in said and "  line 9: cannot be graded: 'input_output' " in said
+    assert [json.loads(line)["row"] for line in report.read_text().splitlines()] == ["line 8", "line 9"]
+    kept = S.load_rows(path, S.Config(reward="code", skip_bad_rows=True, exclude_rows=str(report)))
+    assert [r for _, _, r, _ in kept] == rows[:7]
+
+
+@pytest.mark.heavy
+def test_a_run_trains_on_one_row_of_each_public_set(tmp_path):
+    """A --data run whose file holds one row of each shape (the embedded model's weights, --engine hf, 2 steps of all
+    7 prompts): each row graded as code in a grading process, the held-out pass rate recorded, nothing refused."""
+    rows = [row for row, _ in SHAPES.values()]  # (held out: the same rows, each prompt asked again)
+    again = [{**row, **{k: row[k] + " Again." for k in S.PROMPT_KEYS[1:] if k in row}} for row in rows]
+    train, val = write_rows(tmp_path / "train.jsonl", rows), write_rows(tmp_path / "val.jsonl", again)
+    cfg = S.Config(model=S.build_tiny_model(str(tmp_path / "models"), 0, False), data=train, val_data=val, steps=2,
+                   engine="hf", reward="code", prompts_per_step=7, generations_per_prompt=2, eval_samples=1,
+                   eval_every=2, max_new_tokens=24, length_control="truncate", out=str(tmp_path / "run"))
+    logged = S.run(cfg)
+    assert [(r["step"], "val_pass_rate" in r, r.get("reward_errors", 0)) for r in logged] == [
+        (0, True, 0), (1, False, 0), (2, True, 0)]
