@@ -159,7 +159,8 @@ class Wire:
         self.calls += op != "get"
         if self.depth >= NEST:
             raise RecursionError(f"calls nested over {NEST} deep between the tests and the program")
-        self.send(["q", nonce, number, op, self.enc(list(args)), self.enc(kwargs or {})])
+        with contextlib.suppress(BrokenPipeError):  # (the other side is gone: its end is read below)
+            self.send(["q", nonce, number, op, self.enc(list(args)), self.enc(kwargs or {})])
         self.depth += 1
         try:
             while (m := self.message())[0] == "q":
@@ -330,8 +331,7 @@ class Wire:
         return self.handle(v, t)
 
     def seq(self, items, depth):
-        items = list(items)
-        kinds = set(map(type, items))
+        kinds = set(map(type, items := list(items)))
         if kinds <= SCALARS and (int not in kinds or kinds <= NUMBERS and -SMALL < min(items) and max(items) < SMALL):
             return items
         return [self.enc(x, depth + 1) for x in items]

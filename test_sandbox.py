@@ -30,12 +30,17 @@ PARSE = {"test_list": ["try:\n    parse('x')\nexcept ValueError:\n    pass\nelse
                        "assert parse('12') == 12"]}  # the program's exception, caught by the tests
 MAP = {"test_list": ["assert all(map(lambda x: add(x, 0) == x, range(3)))", "assert add(2, 2) == 4"]}
 IO = {"inputs": ["1 2\n"], "outputs": ["3"]}
-NEAR = {"test_list": ["assert abs(mean([1, 2]) - 1.5) < 1e-9", "assert 0 < mean([1]) <= 1", "assert 3 in evens(4)"]}
-ROWS = {"add": ADD, "he": HE, "parse": PARSE, "map": MAP, "io": IO, "near": NEAR}
+CHECKS = {"near": {"test_list": ["assert abs(mean([1, 2]) - 1.5) < 1e-9"]},  # (the tests' own checks, not ==)
+          "order": {"test_list": ["assert 1 < mean([1, 2]) <= 2", "assert mean([3]) > 2"]},
+          "member": {"test_list": ["assert 3 in evens(4) and 2 not in evens(4)"]}}
+ROWS = {"add": ADD, "he": HE, "parse": PARSE, "map": MAP, "io": IO, **CHECKS}
 CORRECT = {"add": "def add(a, b):\n    return a + b", "he": PROMPT + "    return helper(x)\n",
            "parse": "def parse(s):\n    return int(s)", "map": "def add(a, b):\n    return a + b",
-           "io": "print(sum(map(int, input().split())))",
-           "near": "def mean(xs):\n    return sum(xs) / len(xs)\ndef evens(n):\n    return [2 * i + 1 for i in range(n)]"}
+           "io": "print(sum(map(int, input().split())))", "near": "def mean(xs):\n    return sum(xs) / len(xs)",
+           "order": "def mean(xs):\n    return sum(xs) / len(xs)", "member": "def evens(n):\n    return [1, 3, 5, 7][:n]"}
+DECIDES = ("class F:\n    def __sub__(self, o):\n        return 0.0\n    __rsub__ = __sub__\n    def __lt__(self, o):\n"
+           "        return True\n    __gt__ = __le__ = __ge__ = __lt__\n    def __contains__(self, o):\n        return o == 3\n"
+           "    def __iter__(self):\n        return iter([])\ndef mean(xs):\n    return F()\ndef evens(n):\n    return F()")
 
 
 def probe(attempt):
@@ -70,11 +75,7 @@ HACKS = {  # name: (program, row, what the sandbox gives: 1.0, 0.0 (failed), "ha
                 "        return Flip.n % 2 == 1\ndef add(a, b):\n    return Flip()", "add", "hack"),
     "nan": ("def add(a, b):\n    return float('nan')", "add", 0.0),
     # an object that would decide the tests' own check, were the operator its: it sees the expected value
-    "decides_the_check": ("class F:\n    def __sub__(self, o):\n        return 0.0\n    __rsub__ = __sub__\n"
-                          "    def __lt__(self, o):\n        return True\n    __gt__ = __le__ = __ge__ = __lt__\n"
-                          "    def __contains__(self, o):\n        return True\n    def __iter__(self):\n"
-                          "        return iter([])\ndef mean(xs):\n    return F()\ndef evens(n):\n    return F()",
-                          "near", 0.0),
+    **{f"decides_the_check_{row}": (DECIDES, row, 0.0) for row in CHECKS},
     "generator": ("def add(a, b):\n    yield a + b", "add", 0.0),  # (a lazy result: the tests get an iterator)
     "huge_result": ("def add(a, b):\n    return 'x' * (2 << 20)", "add", 0.0),
     "deep_result": ("def add(a, b):\n    x = []\n    for _ in range(500):\n        x = [x]\n    return x", "add", 0.0),
@@ -193,9 +194,15 @@ HACKS = {  # name: (program, row, what the sandbox gives: 1.0, 0.0 (failed), "ha
     "fds_in_flight": (probe("a, b = socket.socketpair()\nreturn [a.sendmsg([b'x'], [(socket.SOL_SOCKET, "
                             "socket.SCM_RIGHTS, bytes(4))])]"), "add", 1.0),
     # the boundary's own messages, forged, and the program's text
-    "answers_sent_early": ("import json, os\nfor m in (['ready', ['add']], ['a', 0, 3, None], ['a', 1, 3, None]):\n"
+    "answers_sent_early": ("import json, os\nfor m in [['ready', ['add']], ['a', 0, ['d', 'add', ['h', 1, 'f', '', 1]], "
+                           "None]] + [['a', 0, v, None] for v in (3, 0, 0.75, 1, 2, 3, 4)]:\n"
                            "    m = json.dumps(m).encode()\n    os.write(4, len(m).to_bytes(8, 'little') + m)\n"
-                           "os._exit(0)", "add", "hack: the harness touched (a message it does not send)"),
+                           "os._exit(0)", "add", "hack: "),  # (every answer ADD's tests expect, then gone)
+    "answers_sent_early_then_waits": ("import json, os, time\nfor m in [['ready', ['add']], ['a', 0, ['d', 'add', ['h', "
+                                      "1, 'f', '', 1]], None]] + [['a', 0, v, None] for v in (3, 0, 0.75, 1, 2, 3, 4)]:"
+                                      "\n    m = json.dumps(m).encode()\n    os.write(4, len(m).to_bytes(8, 'little') + "
+                                      "m)\ntime.sleep(60)", "add", "hack: the harness touched (a message it does not "
+                                      "send)"),  # (still there: its answers lack the requests' nonces)
     "forged_limit": ("import json, os\nm = json.dumps(['limit', 'MemoryError: ' + 'x' * 800000]).encode()\n"
                      "os.write(4, len(m).to_bytes(8, 'little') + m)\nimport time\ntime.sleep(60)", "add",
                      "hack: the harness touched (a message it does not send)"),
