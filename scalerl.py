@@ -2343,10 +2343,10 @@ def reward_code(completion_text, answer, row):
     the last that defines what the tests call) against its row's tests in sandbox.py, judged outside the program; 1 if
     every test passed, else why not ('hack: ...': a hack's mark); a limit hit raises (0, a grading error). A row whose
     "expression" is true (--task code's) takes the answer after the reasoning as a Python expression, printed."""
-    text, rows = completion_text.rpartition("</think>")[2], sandbox.code_rows
-    code = rows.code_block(text, rows.row_tests(row)) if row.get("expression") is not True else \
-        f"print(eval({text.strip()!r}))"
-    return sandbox.verdict(code, row) if code is not None else (0.0, "no code block")
+    text, spec = completion_text.rpartition("</think>")[2], sandbox.code_rows.row_tests(row)
+    expression = f"print(eval({text.strip()!r}))"  # (--task code's rows)
+    code = expression if row.get("expression") is True else sandbox.code_rows.code_block(text, spec)
+    return sandbox.verdict(code, row, spec) if code is not None else (0.0, "no code block")
 
 
 REWARDS = {"digit": reward_last_digit, "math": reward_math, "exact": reward_exact, "code": reward_code}

@@ -43,6 +43,14 @@ DECIDES = ("class F:\n    def __sub__(self, o):\n        return 0.0\n    __rsub_
            "    def __iter__(self):\n        return iter([])\ndef mean(xs):\n    return F()\ndef evens(n):\n    return F()")
 
 
+@pytest.fixture(autouse=True)
+def patient_limits(monkeypatch):
+    """Here (not in the hostile driver, which sets its own), time limits that no program of these tests comes near:
+    a loaded machine must not turn a verdict into "over the wall time". The limits themselves are the hostile set's."""
+    for limit in ("cpu_s", "wall_s", "row_s"):
+        monkeypatch.setitem(sandbox.LIMITS, limit, 120.0)
+
+
 def probe(attempt):
     """A program that tries to escape (`attempt`, run at import; an OSError means it failed) and solves ADD only where
     every try failed: 1.0 says the sandbox held; where one worked, add returns what did."""
