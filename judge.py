@@ -103,7 +103,7 @@ class Handle:
     def __iter__(self):
         return self if "i" in self._judge_ref[3] else self._judge_ask("iter")
 
-    def __next__(self):  # (a lazy result, read ahead in chunks that double: 1, 2, 4, ... CHUNK items a request)
+    def __next__(self):  # (a lazy result, read ahead in chunks that double: 1, 2, 4, ... 4,096 items a request)
         ref = self._judge_ref
         if not ref[5] and not ref[7]:
             items, ref[7] = self._judge_ask("next", ref[6])
