@@ -170,6 +170,51 @@ def bench_grading(n, workers, chars, reward="math", cpu_s=0.0):
                                     "first_error": errors[0] if errors else None}), flush=True)
     if reward == "code":
         bench_call_cost()
+        bench_kernel_memory()
+
+
+KERNEL_HOG = """import os, socket, fcntl
+held, total = [], 0
+def fill(fd):  # (until the kernel says no more)
+    os.set_blocking(fd, False)
+    n = 0
+    try:
+        while True:
+            n += os.write(fd, bytes(65536))
+    except OSError:
+        return n
+try:
+    while True:  # socket pairs, each asked for 64 MB buffers; then pipes, each asked to grow to 1 MB
+        pair = socket.socketpair()
+        for s in pair:
+            try:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 26)
+            except OSError:
+                pass
+        total += fill(pair[0].fileno()) + fill(pair[1].fileno())
+        held += pair
+except OSError:
+    while True:
+        try:
+            r, w = os.pipe()
+        except OSError:
+            break
+        try:
+            fcntl.fcntl(w, 1031, 1 << 20)
+        except OSError:
+            pass
+        total += fill(w)
+        held += [r, w]
+print(total, len(held))
+"""
+
+
+def bench_kernel_memory():
+    """What a program can make the kernel hold for it outside its address space (which RLIMIT_AS bounds): KERNEL_HOG
+    fills every socket pair and pipe it may open; the bytes they took, and the descriptors."""
+    import sandbox
+    held, fds = map(int, sandbox.run(KERNEL_HOG, stdin="", isolated=sandbox.isolated())["out"].split())
+    print("bench:", json.dumps({"kernel_buffers_mb": round(held / 2 ** 20, 1), "descriptors": fds}), flush=True)
 
 
 def bench_call_cost(calls=2000, repeats=5):
