@@ -1681,6 +1681,68 @@ def test_every_vllm_internal_is_named_and_checked_in_the_source_it_was_read_from
     assert [n for n, _ in vllm_seam.problems(vllm_seam.wheel_source(str(wheel)), when=("moe",))] == []
 
 
+def test_a_moved_vllm_internal_is_found_at_its_new_place_and_named_there(tmp_path, capsys):
+    """vLLM 0.34 dropped the first model runner (vllm/v1/worker/gpu_model_runner.py): its only runner is the second,
+    which 0.32 has too (v1/worker/gpu/model_runner.py). A wheel of the installed source without the first runner's
+    file is that layout: an MoE's two runner internals are found where MOVED says, none is missing, and --vllm-check
+    prints "moved to" that place, exit 0; with ExecuteModelState's input_batch dropped too, the batch is missing, named
+    at its first place, exit 1. (The real 0.33 and 0.34 wheels' verdicts: docs/engines.md.)"""
+    import zipfile
+    import bench
+    import vllm_seam
+    moved = {"GPUModelRunner.execute_model": "vllm/v1/worker/gpu/model_runner.py, GPUModelRunner.execute_model",
+             "GPUModelRunner.input_batch": "vllm/v1/worker/gpu/model_runner.py, "
+                                           "GPUModelRunner.execute_model_state.input_batch"}
+    assert {n: w for n, _, w in vllm_seam.places() if w} == {}  # (installed: each at its first place)
+    files = {rel for rel, *_ in vllm_seam.INTERNALS} - {"v1/worker/gpu_model_runner.py"}
+    for name, drop in (("vllm-0.34.0-py3-none-any.whl", None), ("vllm-0.34.1-py3-none-any.whl", "input_batch:")):
+        with zipfile.ZipFile(tmp_path / name, "w") as z:
+            for rel in files | {"v1/worker/gpu/model_runner.py"}:
+                text = vllm_seam.installed_source(rel)
+                z.writestr("vllm/" + rel, text.replace(drop, "batch_in:") if drop and "gpu/" in rel else text)
+        found = vllm_seam.places(vllm_seam.wheel_source(str(tmp_path / name)))
+        status = bench.bench_vllm_check([str(tmp_path / name)])
+        table = {ln.split(" | ")[0][3:].split("`")[0]: ln.split(" | ")[-1][:-2] for ln in
+                 capsys.readouterr().out.splitlines() if ln.startswith("| `")}
+        if drop is None:
+            assert {n: w for n, why, w in found if w} == moved and not [n for n, why, _ in found if why]
+            assert status == 0 and {n: c for n, c in table.items() if c != "found"} == {
+                n: f"moved to {w}" for n, w in moved.items()}
+        else:
+            gone = "vllm/v1/worker/gpu_model_runner.py is not there"
+            assert [(n, why) for n, why, _ in found if why] == [("GPUModelRunner.input_batch", gone)]
+            assert status == 1 and table["GPUModelRunner.input_batch"] == gone
+            assert table["GPUModelRunner.execute_model"] == f"moved to {moved['GPUModelRunner.execute_model']}"
+
+
+def test_the_moe_capture_reads_each_steps_requests_from_the_runner_vllm_has():
+    """vllm_seam.after_each_step records, after each execute_model, the tokens scheduled per request and the step's
+    requests in its batch's order, from the model runner the engine has: the first runner's input_batch (vLLM 0.32's
+    on a CPU: test_moe's engine test records through it), or, where the runner has none (MOVED: the second runner,
+    0.34's only one), the batch that execute_model keeps in execute_model_state until sample_tokens clears it; a step
+    that ran no model leaves none. Here the second runner is vLLM's own class (0.32 has it behind an option) with
+    vLLM's ExecuteModelState, and its execute_model does what 0.34's does with the batch: the requests sorted
+    (decodes first, then by length), kept, None returned."""
+    need_vllm()
+    from vllm.v1.worker.gpu.model_runner import ExecuteModelState, GPUModelRunner
+    import vllm_seam
+    runner = object.__new__(GPUModelRunner)  # (its __init__ needs a device and a model: not run here)
+    runner.execute_model_state = None
+
+    def execute_model(scheduled):
+        if scheduled.num_scheduled_tokens:  # (no tokens: it returns before any batch is made)
+            order = sorted(scheduled.num_scheduled_tokens, key=lambda r: scheduled.num_scheduled_tokens[r])
+            runner.execute_model_state = ExecuteModelState(types.SimpleNamespace(req_ids=order),
+                                                           *[None] * (len(ExecuteModelState._fields) - 1))
+    runner.execute_model, seen = execute_model, []
+    vllm_seam.after_each_step(types.SimpleNamespace(model_runner=runner), lambda n, ids: seen.append((n, ids)))
+    runner.execute_model(types.SimpleNamespace(num_scheduled_tokens={"0_a-1": 7, "1_a-1": 1, "0_b-2": 3}))
+    runner.execute_model_state = None  # (sample_tokens)
+    runner.execute_model(types.SimpleNamespace(num_scheduled_tokens={}))
+    assert seen == [({"0_a-1": 7, "1_a-1": 1, "0_b-2": 3}, ["1_a-1", "0_b-2", "0_a-1"]), ({}, [])]
+    assert not hasattr(runner, "input_batch")
+
+
 def test_another_vllm_is_one_line_and_a_missing_internal_refused_before_any_weight_loads(tmp_path, monkeypatch, capsys):
     """Another vLLM version than the one scalerl was read against: one line naming both, and the run trains. An
     internal that is missing (here the scheduler's _preempt_request, dropped from the source read): one line naming it
