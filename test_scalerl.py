@@ -5052,6 +5052,40 @@ def forked_with_hunks(tmp_path, name):
     return fork, sum(ln.startswith("@@") for ln in diff) + held
 
 
+@pytest.mark.quick
+def test_the_fork_page_format_bonus_example_adds_to_any_reward_and_leaves_correct_alone(tmp_path):
+    """docs/fork.md, a bonus on every reward: two places; its flag is bounded; score adds the bonus to the reward of
+    each completion that ended with a \boxed{} after its reasoning, whichever reward graded its row (here the digit
+    reward given to the grader, and a row of its own naming the exact-match reward), and correct is the reward's alone.
+    By hand, with a tokenizer that has the box's characters (the embedded model's has not): a right answer boxed gets
+    1 + 0.25, unboxed 1; a wrong one boxed 0.25; a box inside the reasoning only, nothing; one that did not end,
+    nothing; off by default (--format-bonus 0): the rewards are the grader's."""
+    fork, places = forked_with_hunks(tmp_path, "format-bonus")
+    try:
+        assert places == 2
+        with pytest.raises(fork.ScaleRLError, match="--format-bonus must be >= 0"):
+            checked(module=fork, argv=["--format-bonus", "-1"])
+        tok = S.make_char_tokenizer("\\{}bx")
+        C = lambda text, ended=True: (lambda ids: S.Completion(  # noqa: E731
+            ids + [tok.eos_token_id] * ended, [0.0] * (len(ids) + ended), ended, [1] * (len(ids) + ended),
+            [0] * (len(ids) + ended)))(tok(text, add_special_tokens=False).input_ids)
+        groups = [[C("12</think> \\boxed{7}"), C("12</think> 7"), C("7</think> \\boxed{3}"), C("\\boxed{7}</think> 3"),
+                   C("1</think> \\boxed{7}", ended=False)],
+                  [C("3</think> \\boxed{12}"), C("3</think> answer: 12"), C("3</think> \\boxed{13}"),
+                   C("3</think> 12"), C("\\boxed{12}</think>")]]
+        assert tok.decode(groups[0][0].tokens[:-1]) == "12</think> \\boxed{7}"  # (the box is written)
+        data = [("5:", "7", {}), ("q", "12", {}, "exact")]  # (the second row graded by its own reward)
+        grader = fork.Grader(fork.reward_last_digit, 0, 1.0)
+        correct, rewards, errors = fork.score(tok, groups, data, grader, checked(module=fork, argv=[
+            "--format-bonus", "0.25"]))
+        assert correct.tolist() == [[1, 1, 0, 0, 0], [1, 1, 0, 0, 0]] and errors == []
+        assert rewards.tolist() == [[1.25, 1, 0.25, 0, 0], [1.25, 1, 0.25, 0, 0]]
+        correct0, rewards0, _ = fork.score(tok, groups, data, grader, checked(module=fork))
+        assert correct0.tolist() == correct.tolist() and rewards0.tolist() == correct.tolist()
+    finally:
+        sys.modules.pop("scalerl_fork")
+
+
 def test_the_fork_page_kl_example_runs_as_written_in_three_places_and_under_torchrun(tmp_path):
     """docs/fork.md, the KL penalty: three hunks; its flag is bounded; policy_loss adds coef * k3 per token and logs
     the sum; in a run the kl column is 0 on the first update (the policy is still the reference) and > 0 later; a
@@ -5265,16 +5299,18 @@ def forked_project(tmp_path, names, own=()):
 
 
 def test_every_fork_example_at_once_beside_a_forkers_own_edits_passes_the_quick_subset(tmp_path):
-    """A forker's check: the README's reward and loss and docs/fork.md's seven examples, applied one after the other
+    """A forker's check: the README's reward and loss and docs/fork.md's eight examples, applied one after the other
     to a copy of the project that has the forker's own edits beside the anchors (FORKERS_OWN), as their pages say; then
-    `pytest -m quick` run there, its example tests included. Tests that call policy_loss, token_terms or
-    rollout_metrics directly pass with the forks' terms present: a loss term is guarded by its flag."""
-    proj, _ = forked_project(tmp_path, ("reward", "loss", "kl", "entropy", "rollout-metric", "curriculum-rule", "opsm",
-                                        "icepop", "keep-best"), FORKERS_OWN)
+    `pytest -m quick` run there, its example tests included (the format bonus's finds it applied). Tests that call
+    policy_loss, token_terms or rollout_metrics directly pass with the forks' terms present: a loss term is guarded by
+    its flag."""
+    proj, _ = forked_project(tmp_path, ("reward", "loss", "format-bonus", "kl", "entropy", "rollout-metric",
+                                        "curriculum-rule", "opsm", "icepop", "keep-best"), FORKERS_OWN)
     fork = (proj / "scalerl.py").read_text()
     assert all(fork.count(s) == 1 for s in ("def reinforce_loss", "kl_coef: float", "entropy_coef: float",
                                             "drop_failed: int", '"correct_tokens"', "def reward_last_number",
-                                            "opsm_delta: float", "icepop_high: float", "def reward_format"))
+                                            "opsm_delta: float", "icepop_high: float", "def reward_format",
+                                            "format_bonus: float"))
 
 
 def test_two_small_forks_of_a_reader_keep_the_quick_subset_green(tmp_path):
