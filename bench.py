@@ -254,15 +254,16 @@ HUMANEVAL_HACKS = {  # a body for each problem's entry point, after its prompt: 
 
 
 def bench_vllm_check(sources):
-    """--vllm-check [WHEEL or VERSION ...]: each internal of vLLM's that scalerl uses (vllm_seam.INTERNALS), found or
-    not, in the installed vLLM (no argument), in a wheel, or in a version's wheel from the package registry (downloaded
-    into a temporary directory, not kept; its source read, nothing imported). Exit 1 where one is missing."""
+    """--vllm-check [WHEEL or VERSION ...]: each internal of vLLM's that scalerl uses (vllm_seam.INTERNALS), found,
+    moved to the place vllm_seam.MOVED names, or not there, in the installed vLLM (no argument), in a wheel, or in a
+    version's wheel from the package registry (downloaded into a temporary directory, not kept; its source read,
+    nothing imported). Exit 1 where one is missing."""
     import vllm_seam
     columns = []
     with tempfile.TemporaryDirectory() as tmp:
         for src in sources or [None]:
             if src is None:
-                columns.append((f"{vllm_seam.installed_version()} (installed)", vllm_seam.problems()))
+                columns.append((f"{vllm_seam.installed_version()} (installed)", vllm_seam.places()))
                 continue
             if not os.path.isfile(src):  # a version: its wheel from the registry
                 got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp,
@@ -271,16 +272,16 @@ def bench_vllm_check(sources):
                 if got.returncode or not wheels:
                     scalerl.die(f"--vllm-check {src}: pip could not download its wheel ({got.stderr.strip()[-200:]})")
                 src = wheels[0]
-            columns.append((os.path.basename(src).split("-")[1], vllm_seam.problems(vllm_seam.wheel_source(src))))
+            columns.append((os.path.basename(src).split("-")[1], vllm_seam.places(vllm_seam.wheel_source(src))))
     print(f"bench: vLLM's internals that scalerl uses (read from {vllm_seam.TESTED}), in each vLLM", flush=True)
     print("| internal | used for (needed: always, by an MoE on a CPU, or --refresh-kv) | " + " | ".join(
         v for v, _ in columns) + " |")
     print("|---|---|" + "---|" * len(columns))
+    cells = [{n: why or (f"moved to {where}" if where else "found") for n, why, where in found} for _, found in columns]
     for rel, cls, member, kind, when, use in vllm_seam.INTERNALS:
         name = ".".join(filter(None, (cls, member)))
-        cells = [dict(found).get(name, "found") for _, found in columns]
-        print(f"| `{name}` ({kind}, vllm/{rel}) | {use} ({when}) | " + " | ".join(cells) + " |")
-    return 1 if any(found for _, found in columns) else 0
+        print(f"| `{name}` ({kind}, vllm/{rel}) | {use} ({when}) | " + " | ".join(c[name] for c in cells) + " |")
+    return 1 if any(why for _, found in columns for _, why, _ in found) else 0
 
 
 def humaneval_rows(source):

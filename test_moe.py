@@ -114,7 +114,8 @@ def test_dense_model_has_no_routing_column():
     x = S.batch_tensors(samples, 0, torch.device("cpu"))
     with torch.no_grad():
         terms = S.as_policy(model)(x, S.Config())
-    assert set(terms) == {"logp"} and "experts" not in x and model.moe_routers == []
+    recipe = set(S.token_terms(torch.zeros(1, 4), torch.zeros(1, dtype=torch.long)))  # ({"logp"}; a fork's own too)
+    assert set(terms) == recipe and "experts" not in x and model.moe_routers == []
     assert set(S.mismatch_sums(terms["logp"], x["logp_gen"], x["fresh"])) == {
         "mismatch_abs_logprob", "mismatch_kl_k3", "mismatch_fresh_abs_logprob"}
 
@@ -129,7 +130,8 @@ def test_without_moe_py_a_dense_model_runs_and_an_moe_is_refused(monkeypatch):
         with_moe = S.as_policy(model)(x, S.Config())
         monkeypatch.setattr(S, "moe", None)
         alone = S.as_policy(model)(x, S.Config())
-    assert set(alone) == {"logp"} and torch.equal(alone["logp"], with_moe["logp"])
+    recipe = set(S.token_terms(torch.zeros(1, 4), torch.zeros(1, dtype=torch.long)))  # ({"logp"}; a fork's own too)
+    assert set(alone) == recipe and torch.equal(alone["logp"], with_moe["logp"])
     S.check_architecture(S.Config(engine="hf"), model.config, "dense")
     with pytest.raises(S.ScaleRLError, match=r"tiny: a Mixture-of-Experts \(Qwen3Moe\w+\) needs moe.py"):
         S.check_architecture(S.Config(engine="hf"), tiny_moe().config, "tiny")

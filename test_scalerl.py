@@ -1681,6 +1681,68 @@ def test_every_vllm_internal_is_named_and_checked_in_the_source_it_was_read_from
     assert [n for n, _ in vllm_seam.problems(vllm_seam.wheel_source(str(wheel)), when=("moe",))] == []
 
 
+def test_a_moved_vllm_internal_is_found_at_its_new_place_and_named_there(tmp_path, capsys):
+    """vLLM 0.34 dropped the first model runner (vllm/v1/worker/gpu_model_runner.py): its only runner is the second,
+    which 0.32 has too (v1/worker/gpu/model_runner.py). A wheel of the installed source without the first runner's
+    file is that layout: an MoE's two runner internals are found where MOVED says, none is missing, and --vllm-check
+    prints "moved to" that place, exit 0; with ExecuteModelState's input_batch dropped too, the batch is missing, named
+    at its first place, exit 1. (The real 0.33 and 0.34 wheels' verdicts: docs/engines.md.)"""
+    import zipfile
+    import bench
+    import vllm_seam
+    moved = {"GPUModelRunner.execute_model": "vllm/v1/worker/gpu/model_runner.py, GPUModelRunner.execute_model",
+             "GPUModelRunner.input_batch": "vllm/v1/worker/gpu/model_runner.py, "
+                                           "GPUModelRunner.execute_model_state.input_batch"}
+    assert {n: w for n, _, w in vllm_seam.places() if w} == {}  # (installed: each at its first place)
+    files = {rel for rel, *_ in vllm_seam.INTERNALS} - {"v1/worker/gpu_model_runner.py"}
+    for name, drop in (("vllm-0.34.0-py3-none-any.whl", None), ("vllm-0.34.1-py3-none-any.whl", "input_batch:")):
+        with zipfile.ZipFile(tmp_path / name, "w") as z:
+            for rel in files | {"v1/worker/gpu/model_runner.py"}:
+                text = vllm_seam.installed_source(rel)
+                z.writestr("vllm/" + rel, text.replace(drop, "batch_in:") if drop and "gpu/" in rel else text)
+        found = vllm_seam.places(vllm_seam.wheel_source(str(tmp_path / name)))
+        status = bench.bench_vllm_check([str(tmp_path / name)])
+        table = {ln.split(" | ")[0][3:].split("`")[0]: ln.split(" | ")[-1][:-2] for ln in
+                 capsys.readouterr().out.splitlines() if ln.startswith("| `")}
+        if drop is None:
+            assert {n: w for n, why, w in found if w} == moved and not [n for n, why, _ in found if why]
+            assert status == 0 and {n: c for n, c in table.items() if c != "found"} == {
+                n: f"moved to {w}" for n, w in moved.items()}
+        else:
+            gone = "vllm/v1/worker/gpu_model_runner.py is not there"
+            assert [(n, why) for n, why, _ in found if why] == [("GPUModelRunner.input_batch", gone)]
+            assert status == 1 and table["GPUModelRunner.input_batch"] == gone
+            assert table["GPUModelRunner.execute_model"] == f"moved to {moved['GPUModelRunner.execute_model']}"
+
+
+def test_the_moe_capture_reads_each_steps_requests_from_the_runner_vllm_has():
+    """vllm_seam.after_each_step records, after each execute_model, the tokens scheduled per request and the step's
+    requests in its batch's order, from the model runner the engine has: the first runner's input_batch (vLLM 0.32's
+    on a CPU: test_moe's engine test records through it), or, where the runner has none (MOVED: the second runner,
+    0.34's only one), the batch that execute_model keeps in execute_model_state until sample_tokens clears it; a step
+    that ran no model leaves none. Here the second runner is vLLM's own class (0.32 has it behind an option) with
+    vLLM's ExecuteModelState, and its execute_model does what 0.34's does with the batch: the requests sorted
+    (decodes first, then by length), kept, None returned."""
+    need_vllm()
+    from vllm.v1.worker.gpu.model_runner import ExecuteModelState, GPUModelRunner
+    import vllm_seam
+    runner = object.__new__(GPUModelRunner)  # (its __init__ needs a device and a model: not run here)
+    runner.execute_model_state = None
+
+    def execute_model(scheduled):
+        if scheduled.num_scheduled_tokens:  # (no tokens: it returns before any batch is made)
+            order = sorted(scheduled.num_scheduled_tokens, key=lambda r: scheduled.num_scheduled_tokens[r])
+            runner.execute_model_state = ExecuteModelState(types.SimpleNamespace(req_ids=order),
+                                                           *[None] * (len(ExecuteModelState._fields) - 1))
+    runner.execute_model, seen = execute_model, []
+    vllm_seam.after_each_step(types.SimpleNamespace(model_runner=runner), lambda n, ids: seen.append((n, ids)))
+    runner.execute_model(types.SimpleNamespace(num_scheduled_tokens={"0_a-1": 7, "1_a-1": 1, "0_b-2": 3}))
+    runner.execute_model_state = None  # (sample_tokens)
+    runner.execute_model(types.SimpleNamespace(num_scheduled_tokens={}))
+    assert seen == [({"0_a-1": 7, "1_a-1": 1, "0_b-2": 3}, ["1_a-1", "0_b-2", "0_a-1"]), ({}, [])]
+    assert not hasattr(runner, "input_batch")
+
+
 def test_another_vllm_is_one_line_and_a_missing_internal_refused_before_any_weight_loads(tmp_path, monkeypatch, capsys):
     """Another vLLM version than the one scalerl was read against: one line naming both, and the run trains. An
     internal that is missing (here the scheduler's _preempt_request, dropped from the source read): one line naming it
@@ -2978,6 +3040,12 @@ def test_resume_of_a_checkpoint_older_than_a_flag_compares_the_flag_with_its_def
         S.resumed_config(given(steps=2, kl_coef=0.1), ckpt)
 
 
+def run_entries(out):
+    """The run's own entries of OUT/checkpoints, sorted: its step_N directories (and a step_N.tmpPID being written); a
+    fork's own entries there (its best, say) are not the run's."""
+    return sorted(n for n in os.listdir(os.path.join(out, "checkpoints")) if n.startswith("step_"))
+
+
 def snapshot(d):
     """Every file under d, with its bytes."""
     return {os.path.relpath(os.path.join(r, f), d): open(os.path.join(r, f), "rb").read()
@@ -3288,7 +3356,7 @@ def test_resume_keeps_every_setting_and_the_continue_with_line_reproduces_the_ru
     and --keep-last: every checkpoint stays (the older ones byte for byte), one is written at each step, and
     config.json still says so."""
     run = run_copy(tiny_run, tmp_path, "my run")
-    older = {k: v for k, v in snapshot(run).items() if k.startswith("checkpoints")}
+    older = {k: v for k, v in snapshot(run).items() if k.startswith("checkpoints/step_")}
     signalled = S.Guard.signalled
     monkeypatch.setattr(S.Guard, "signalled", lambda self: self.done == 4 and not self.stop.append("SIGTERM"))
     S.run(S.parse_args(["--resume", "auto", "--out", str(run), "--steps", "30"]))
@@ -3485,7 +3553,7 @@ def test_a_complete_checkpoint_whose_rename_was_cut_short_is_finished_never_lost
     step1 = out / "checkpoints" / "step_000001"
     assert f"writing the checkpoint of step 1 abandoned; 1 steps are in {out}/metrics.jsonl; last checkpoint: {step1}" \
         in capfd.readouterr().err
-    assert S.list_checkpoints(str(out)) == [str(step1)] and os.listdir(step1.parent) == ["step_000001"]
+    assert S.list_checkpoints(str(out)) == [str(step1)] and run_entries(out) == ["step_000001"]
     monkeypatch.undo()
     os.rename(step1, step1.parent / "step_000001.tmp4242")  # killed between its two renames
     rows = S.run(S.parse_args(["--resume", "auto", "--out", str(out), "--steps", "2"]))
@@ -3511,7 +3579,7 @@ def test_a_checkpoint_that_fills_the_disk_is_one_line_and_leaves_nothing_behind(
     assert re.fullmatch(rf"scalerl.py: error: cannot write checkpoint {out}/checkpoints/step_000001 \(.*{error}.*\): "
                         r"it needs about [\d.]+ GB \(the weights and AdamW's moments\), [\d.]+ GB is free there; the part "
                         r"written is removed, and the last good checkpoint is none", lines[0]), lines[0]
-    assert os.listdir(out / "checkpoints") == [] and len(read_metrics(out)) == 2
+    assert run_entries(out) == [] and len(read_metrics(out)) == 2
 
 
 def test_resume_takes_the_runs_own_values_and_a_moved_data_file(tmp_path, capfd):
@@ -3887,8 +3955,11 @@ def test_memory_plan_against_the_tracker_on_small_shapes(tmp_path):
     d = tmp_path / "moe"  # an MoE (MOE: top-4 of 32 experts, its attention wider than H), without checkpointing
     Qwen3MoeConfig(**MOE).save_pretrained(d)
     configs.append([str(d), 0, 512, ["--micro-batch-tokens", "2048", "--no-activation-checkpointing"]])
+    terms = set(S.token_terms(torch.zeros(1, 4), torch.zeros(1, dtype=torch.long)))
     for (_, ranks, _, _), (peak, plan) in zip(configs, bench.memory_rows(configs)):
-        assert 1 <= plan / peak <= bench.PLAN_BOUND, (ranks, plan / peak)
+        assert 1 <= plan / peak <= bench.PLAN_BOUND, (ranks, plan / peak) if terms == {"logp"} else (
+            f"the plan counts the recipe's head (logp) only, and this scalerl.py's token_terms gives {sorted(terms)}: "
+            f"the plan is {plan / peak:.2f} x the peak here (docs/fork.md, the entropy bonus)")
 
 
 def test_the_engine_share_leaves_room_for_the_float32_head(tmp_path):
@@ -4024,7 +4095,7 @@ def test_sigkill_while_writing_a_checkpoint_leaves_the_previous_one_and_sigterm_
     assert "resuming after step 2" in stdout and f"SIGTERM: stopped after step {last}" in stdout
     assert "Traceback" not in stderr and 5 <= last < 500
     assert [r["step"] for r in read_metrics(str(out))] == list(range(last + 1))
-    assert sorted(os.listdir(root)) == [f"step_{last - 1:06d}", f"step_{last:06d}"]  # --keep-last 2, no temporary
+    assert run_entries(out) == [f"step_{last - 1:06d}", f"step_{last:06d}"]  # --keep-last 2, no temporary
 
 
 def test_nan_skips_the_update_then_stops(tmp_path, monkeypatch):
@@ -4055,7 +4126,7 @@ def test_a_failing_checkpoint_write_keeps_the_last_good_one(tmp_path, monkeypatc
         S.run(ckpt_cfg(tmp_path, steps=4, save_every=1))
     assert e.value.status == 1 and "No space left on device" in str(e.value) and "step_000001" in str(e.value)
     assert [os.path.basename(c) for c in S.list_checkpoints(str(tmp_path))] == ["step_000001"]
-    assert os.listdir(tmp_path / "checkpoints") == ["step_000001"]  # no half-written directory left
+    assert run_entries(tmp_path) == ["step_000001"]  # no half-written directory left
 
 
 # ---------------------------------------------------------------------------------------------- torchrun (2 ranks)
@@ -4494,7 +4565,7 @@ def test_two_rank_run_agrees_on_prompts_counts_both_ranks_stops_on_a_signal_to_o
     assert not [f for f in os.listdir(tmp_path) if ".shutdown" in f]  # os._exit: no interpreter shutdown
     last = read_metrics(out)[-1]["step"]
     assert last == 3 and f"a signal to another rank: stopped after step {last}" in stdout
-    assert [os.path.basename(c) for c in S.list_checkpoints(out)] == [f"step_{last:06d}"]
+    assert [os.path.basename(c) for c in S.list_checkpoints(out)][-1:] == [f"step_{last:06d}"]  # (and a fork's own)
     assert f"torchrun --nproc-per-node 2 {os.path.join(HERE, 'scalerl.py')} --resume auto --out {out}" in stdout
     assert stdout.count("cannot stream") == stdout.count("parameters on cpu x 2 ranks") == 1  # rank 0 alone prints
     n = last + 2
@@ -4971,13 +5042,50 @@ def example_edits(name):
 
 
 def forked_with_hunks(tmp_path, name):
-    """forked() with the example NAME of docs/fork.md, and the number of hunks of its diff against scalerl.py (no
-    context lines)."""
+    """forked() with the example NAME of docs/fork.md, and its number of places: the hunks of its diff against
+    scalerl.py (no context lines), plus the pieces that scalerl.py holds already (a fork that applied it by hand, where
+    fork_source adds nothing: all its places are those pieces)."""
     import difflib
-    fork = forked(tmp_path, example_edits(name))
-    diff = difflib.unified_diff(open(os.path.join(HERE, "scalerl.py")).read().split("\n"),
-                                (tmp_path / "scalerl_fork.py").read_text().split("\n"), n=0, lineterm="")
-    return fork, sum(ln.startswith("@@") for ln in diff)
+    text, edits = open(os.path.join(HERE, "scalerl.py")).read(), example_edits(name)
+    held = sum("\n".join(new) in text for _, new, _ in edits)
+    fork = forked(tmp_path, edits)
+    diff = difflib.unified_diff(text.split("\n"), (tmp_path / "scalerl_fork.py").read_text().split("\n"), n=0,
+                                lineterm="")
+    return fork, sum(ln.startswith("@@") for ln in diff) + held
+
+
+@pytest.mark.quick
+def test_the_fork_page_format_bonus_example_adds_to_any_reward_and_leaves_correct_alone(tmp_path):
+    """docs/fork.md, a bonus on every reward: two places; its flag is bounded; score adds the bonus to the reward of
+    each completion that ended with a \boxed{} after its reasoning, whichever reward graded its row (here the digit
+    reward given to the grader, and a row of its own naming the exact-match reward), and correct is the reward's alone.
+    By hand, with a tokenizer that has the box's characters (the embedded model's has not): a right answer boxed gets
+    1 + 0.25, unboxed 1; a wrong one boxed 0.25; a box inside the reasoning only, nothing; one that did not end,
+    nothing; off by default (--format-bonus 0): the rewards are the grader's."""
+    fork, places = forked_with_hunks(tmp_path, "format-bonus")
+    try:
+        assert places == 2
+        with pytest.raises(fork.ScaleRLError, match="--format-bonus must be >= 0"):
+            checked(module=fork, argv=["--format-bonus", "-1"])
+        tok = S.make_char_tokenizer("\\{}bx")
+        C = lambda text, ended=True: (lambda ids: S.Completion(  # noqa: E731
+            ids + [tok.eos_token_id] * ended, [0.0] * (len(ids) + ended), ended, [1] * (len(ids) + ended),
+            [0] * (len(ids) + ended)))(tok(text, add_special_tokens=False).input_ids)
+        groups = [[C("12</think> \\boxed{7}"), C("12</think> 7"), C("7</think> \\boxed{3}"), C("\\boxed{7}</think> 3"),
+                   C("1</think> \\boxed{7}", ended=False)],
+                  [C("3</think> \\boxed{12}"), C("3</think> answer: 12"), C("3</think> \\boxed{13}"),
+                   C("3</think> 12"), C("\\boxed{12}</think>")]]
+        assert tok.decode(groups[0][0].tokens[:-1]) == "12</think> \\boxed{7}"  # (the box is written)
+        data = [("5:", "7", {}), ("q", "12", {}, "exact")]  # (the second row graded by its own reward)
+        grader = fork.Grader(fork.reward_last_digit, 0, 1.0)
+        correct, rewards, errors = fork.score(tok, groups, data, grader, checked(module=fork, argv=[
+            "--format-bonus", "0.25"]))
+        assert correct.tolist() == [[1, 1, 0, 0, 0], [1, 1, 0, 0, 0]] and errors == []
+        assert rewards.tolist() == [[1.25, 1, 0.25, 0, 0], [1.25, 1, 0.25, 0, 0]]
+        correct0, rewards0, _ = fork.score(tok, groups, data, grader, checked(module=fork))
+        assert correct0.tolist() == correct.tolist() and rewards0.tolist() == correct.tolist()
+    finally:
+        sys.modules.pop("scalerl_fork")
 
 
 def test_the_fork_page_kl_example_runs_as_written_in_three_places_and_under_torchrun(tmp_path):
@@ -5128,25 +5236,35 @@ def test_the_fork_page_stabilisers_run_as_written_in_two_places_each(tmp_path):
 
 
 def test_the_fork_page_keep_best_example_runs_as_written_in_two_places(tmp_path):
-    """docs/fork.md, keep the best checkpoint (a Part II fork): two hunks; in a run whose held-out pass rates are set
+    """docs/fork.md, keep the best checkpoint (a Part II fork): two places; in a run whose held-out pass rates are set
     (0.1 at step 0, then 0.3, 0.2, 0.5, ...), each new best is checkpointed and kept beside the last one (--keep-last
-    1), with best pointing at it; a resumed run takes its best from the restored rows (0.6 at step 7 beats them)."""
-    fork, hunks = forked_with_hunks(tmp_path, "keep-best")
+    1), with best pointing at it; a resumed run takes its best from the restored rows (0.6 at step 7 beats them),
+    beside a forker's own entry in checkpoints/ (a complete copy of a checkpoint named best: not the run's);
+    a copy of the run that followed the link (best a directory) resumes, its best left as it is."""
+    fork, places = forked_with_hunks(tmp_path, "keep-best")
     try:
-        assert hunks == 2
-        vals = [0.1, 0.3, 0.2, 0.5, 0.4, 0.45, 0.2, 0.6, 0.1]
+        assert places == 2
+        vals = [0.1, 0.3, 0.2, 0.5, 0.4, 0.45, 0.2, 0.6, 0.1, 0.2]
         fork.evaluate = lambda state, cfg, step: ({"val_pass_rate": vals[step]}, [])
         kw = dict(engine="hf", val_size=4, prompts_per_step=4, generations_per_prompt=2, eval_every=1, eval_samples=1,
                   length_control="truncate", max_new_tokens=4, keep_last=1, save_every=100, live_fit=False)
         out = tmp_path / "run"
-        names = lambda: sorted(os.listdir(out / "checkpoints"))  # noqa: E731
+        names = lambda d=out: run_entries(d)  # noqa: E731
         fork.run(fork.Config(**kw, steps=6, out=str(out)))
         assert names() == ["step_000003", "step_000006"]  # (step 1, the first best, retired once step 3 beat it)
         assert os.readlink(out / "best") == os.path.join("checkpoints", "step_000003")
+        if not (out / "checkpoints" / "best").exists():  # (the forker's own; a fork with its own keep-best has one)
+            shutil.copytree(out / "checkpoints" / "step_000003", out / "checkpoints" / "best")
         fork.run(fork.Config(**kw, steps=8, out=str(out), resume="auto"))
+        assert [r["step"] for r in read_metrics(str(out))] == list(range(9))  # (resumed after step 6)
         assert names() == ["step_000007", "step_000008"]
         assert os.readlink(out / "best") == os.path.join("checkpoints", "step_000007")
         assert os.path.isfile(out / "best" / "trainer_state.pt")
+        assert sorted(os.listdir(out / "checkpoints")) == ["best", "step_000007", "step_000008"]
+        copy = shutil.copytree(out, tmp_path / "copy")  # (links followed: best is a directory there)
+        fork.run(fork.Config(**kw, steps=9, out=str(copy), resume="auto"))
+        assert names(copy) == ["step_000007", "step_000009"] and not os.path.islink(copy / "best")
+        assert [r["step"] for r in read_metrics(str(copy))] == list(range(10))
     finally:
         sys.modules.pop("scalerl_fork")
 
@@ -5183,16 +5301,18 @@ def forked_project(tmp_path, names, own=()):
 
 
 def test_every_fork_example_at_once_beside_a_forkers_own_edits_passes_the_quick_subset(tmp_path):
-    """A forker's check: the README's reward and loss and docs/fork.md's seven examples, applied one after the other
+    """A forker's check: the README's reward and loss and docs/fork.md's eight examples, applied one after the other
     to a copy of the project that has the forker's own edits beside the anchors (FORKERS_OWN), as their pages say; then
-    `pytest -m quick` run there, its example tests included. Tests that call policy_loss, token_terms or
-    rollout_metrics directly pass with the forks' terms present: a loss term is guarded by its flag."""
-    proj, _ = forked_project(tmp_path, ("reward", "loss", "kl", "entropy", "rollout-metric", "curriculum-rule", "opsm",
-                                        "icepop", "keep-best"), FORKERS_OWN)
+    `pytest -m quick` run there, its example tests included (the format bonus's finds it applied). Tests that call
+    policy_loss, token_terms or rollout_metrics directly pass with the forks' terms present: a loss term is guarded by
+    its flag."""
+    proj, _ = forked_project(tmp_path, ("reward", "loss", "format-bonus", "kl", "entropy", "rollout-metric",
+                                        "curriculum-rule", "opsm", "icepop", "keep-best"), FORKERS_OWN)
     fork = (proj / "scalerl.py").read_text()
     assert all(fork.count(s) == 1 for s in ("def reinforce_loss", "kl_coef: float", "entropy_coef: float",
                                             "drop_failed: int", '"correct_tokens"', "def reward_last_number",
-                                            "opsm_delta: float", "icepop_high: float", "def reward_format"))
+                                            "opsm_delta: float", "icepop_high: float", "def reward_format",
+                                            "format_bonus: float"))
 
 
 def test_two_small_forks_of_a_reader_keep_the_quick_subset_green(tmp_path):

@@ -3,8 +3,10 @@ collective_rpc, the engine's add_request, step and abort_request), in one place:
 vLLM version it was read from (TESTED) and what breaks without it, and each used through a function of this module.
 At start-up, before any weight loads, `check` reads the installed vLLM's source (nothing of it imported) and a
 missing or changed internal is one line naming it and the version it was read from; another version than TESTED is
-one line too. `python bench.py --vllm-check [WHEEL or VERSION ...]` prints the table for the installed vLLM, a
-downloaded wheel, or a version from the registry, checked in the wheel's source without importing it."""
+one line too. An internal that a later vLLM moved is named in MOVED with its new place: found there, it is not
+missing, and the function that uses it takes the place the running vLLM has. `python bench.py --vllm-check [WHEEL or
+VERSION ...]` prints the table for the installed vLLM, a downloaded wheel, or a version from the registry, checked in
+the wheel's source without importing it."""
 import ast
 import functools
 import os
@@ -12,10 +14,12 @@ import os
 TESTED = "0.32.0"
 INTERNALS = (  # (file under vllm/, class (None: the module), member, what it must be, when a run needs it: always, moe
     # (an MoE's routing recorded on a CPU) or refresh_kv (--refresh-kv), what scalerl uses it for)
-    ("v1/engine/llm_engine.py", "LLMEngine", "engine_core", "attribute", "always", "the engine core (below)"),
+    ("v1/engine/llm_engine.py", "LLMEngine", "engine_core", "attribute", "always", "the engine's core client, "
+     "through which the scheduler and shutdown are reached"),
     ("v1/engine/core_client.py", "InprocClient", "engine_core", "attribute", "always", "the in-process engine core: "
      "its scheduler, shutdown"),
-    ("v1/engine/core.py", "EngineCore", "scheduler", "attribute", "always", "the KV cache and the preemptions (below)"),
+    ("v1/engine/core.py", "EngineCore", "scheduler", "attribute", "always", "the scheduler, whose KV cache "
+     "and preemptions scalerl reads"),
     ("v1/engine/core.py", "EngineCore", "shutdown", "method", "always", "closing the engine (VLLMEngine.close)"),
     ("v1/core/sched/scheduler.py", "Scheduler", "kv_cache_config", "attribute", "always", "the KV cache's blocks: the "
      "groups the engine admits at once (VLLMEngine.capacity)"),
@@ -55,6 +59,17 @@ INTERNALS = (  # (file under vllm/, class (None: the module), member, what it mu
     ("v1/core/sched/output.py", "SchedulerOutput", "num_scheduled_tokens", "field", "moe", "the tokens of each "
      "request in a step"),
 )
+MOVED = {  # an internal above that a later vLLM moved: {its name: (its new place in words, the checks (file, class,
+    # member, kind, as above) that must all hold there)}, read from vLLM 0.34.0. There the model runner that a CPU
+    # worker uses is the second one (v1/worker/gpu/model_runner.py; 0.32 and 0.33 have it too, behind an option), and
+    # a step's batch is no longer an attribute of the runner: execute_model keeps it in execute_model_state for
+    # sample_tokens, which clears it. The functions below take whichever place the running runner has.
+    "GPUModelRunner.execute_model": ("vllm/v1/worker/gpu/model_runner.py, GPUModelRunner.execute_model", (
+        ("v1/worker/gpu/model_runner.py", "GPUModelRunner", "execute_model", "method"),)),
+    "GPUModelRunner.input_batch": (
+        "vllm/v1/worker/gpu/model_runner.py, GPUModelRunner.execute_model_state.input_batch", (
+        ("v1/worker/gpu/model_runner.py", "GPUModelRunner", "execute_model_state", "attribute"),
+        ("v1/worker/gpu/model_runner.py", "ExecuteModelState", "input_batch", "field")))}
 
 
 def installed_source(rel):
@@ -87,29 +102,45 @@ def wheel_source(wheel):
 
 def problems(source=None, when=("always", "moe", "refresh_kv")):
     """[(internal, what is wrong)] for every INTERNALS entry needed `when` that `source` (a reader of vllm/<file>; the
-    installed vLLM's by default) lacks: [] where all are there."""
+    installed vLLM's by default) lacks, at its place or at the one MOVED names: [] where all are there."""
+    return [(name, why) for name, why, _ in places(source, when) if why]
+
+
+def places(source=None, when=("always", "moe", "refresh_kv")):
+    """[(internal, what is wrong or None, where it was found: None at its own place, else MOVED's, in words)] for
+    every INTERNALS entry needed `when`, in `source` (as problems)."""
     source = source or installed_source
-    out, trees = [], functools.lru_cache(None)(lambda rel: source(rel) and ast.parse(source(rel)))
+    trees = functools.lru_cache(None)(lambda rel: source(rel) and ast.parse(source(rel)))
+    out = []
     for rel, cls, member, kind, needed, _ in INTERNALS:
         if needed not in when:
             continue
         name = ".".join(filter(None, (cls, member)))
-        text, tree = source(rel), trees(rel)
-        if text is None:
-            out.append((name, f"vllm/{rel} is not there"))
-            continue
-        if kind == "in the source":
-            out += [] if member in text else [(name, f"not in vllm/{rel}")]
-            continue
-        scope = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls), None) if cls else tree
-        imported = kind == "class" and any(isinstance(n, ast.ImportFrom) and cls in [a.asname or a.name for a in
-                                                                                      n.names] for n in tree.body)
-        if scope is None and not imported:
-            out.append((name, f"no class {cls} in vllm/{rel}"))
-        elif kind != "class" and not _has(scope, member, kind):
-            what = f"{kind} in {member}()" if kind.startswith("parameter") else f"{kind} {member}"
-            out.append((name, f"no {what} in {cls or 'vllm/' + rel}"))
+        why = _missing(source, trees, rel, cls, member, kind)
+        where, checks = MOVED.get(name, (None, ()))
+        if why and checks and not any(_missing(source, trees, *check) for check in checks):
+            out.append((name, None, where))
+        else:
+            out.append((name, why, None))
     return out
+
+
+def _missing(source, trees, rel, cls, member, kind):
+    """What is wrong with one place (file, class, member, kind) in `source`, or None where it is there."""
+    text, tree = source(rel), trees(rel)
+    if text is None:
+        return f"vllm/{rel} is not there"
+    if kind == "in the source":
+        return None if member in text else f"not in vllm/{rel}"
+    scope = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls), None) if cls else tree
+    imported = kind == "class" and any(isinstance(n, ast.ImportFrom) and cls in [a.asname or a.name for a in n.names]
+                                       for n in tree.body)
+    if scope is None and not imported:
+        return f"no class {cls} in vllm/{rel}"
+    if kind != "class" and not _has(scope, member, kind):
+        what = f"{kind} in {member}()" if kind.startswith("parameter") else f"{kind} {member}"
+        return f"no {what} in {cls or 'vllm/' + rel}"
+    return None
 
 
 def _has(scope, member, kind):
@@ -238,6 +269,16 @@ def after_each_step(worker, record):
 
     def execute_and_record(scheduled, *args, **kw):
         out, n = execute(scheduled, *args, **kw), scheduled.num_scheduled_tokens
-        record(n, [r for r in runner.input_batch.req_ids if r in n])
+        record(n, [r for r in step_requests(runner) if r in n])
         return out
     runner.execute_model = execute_and_record
+
+
+def step_requests(runner):
+    """The requests of the step the runner just ran, in its batch's order: its input_batch (vLLM 0.32's and 0.33's
+    first runner), or the batch that execute_model keeps for sample_tokens (MOVED: the second runner, 0.34's; none
+    where the step ran no model)."""
+    if hasattr(runner, "input_batch"):
+        return list(runner.input_batch.req_ids)
+    batch = getattr(runner.execute_model_state, "input_batch", None)
+    return list(batch.req_ids) if batch is not None else []
