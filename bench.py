@@ -734,7 +734,8 @@ def memory_rows(configs, timeout=1200, at_once=2):
 def memory_row(model_name, ranks, seq_len, argv, cats, peak):
     """One configuration's table: what the tracker saw (cats, peak) and the plan; returns (peak, plan's trainer)."""
     cfg = memory_cfg(argv)
-    plan = memory.memory_plan(memory.model_sizes(shape_config(model_name)), cfg, max(ranks, 1), 80 * 2**30, seq_len,
+    sizes = memory.model_sizes(shape_config(model_name), scalerl.token_terms)
+    plan = memory.memory_plan(sizes, cfg, max(ranks, 1), 80 * 2**30, seq_len,
                               ranks > 0)
     gb = lambda b: f"{b / 2**30:.2f}"  # noqa: E731
     where = f"{ranks} rank{'s' * (ranks > 1)} (torchrun)" if ranks else "one process"
@@ -856,7 +857,7 @@ def check_shape(device, shape="qwen2-0.5b", engine=None, fresh_bound=None):
     tok_s = sum(r["gen_tokens"] - a["gen_tokens"] for a, r in zip(rows, rows[1:])) / sum(
         r["gen_seconds"] for r in rows[1:]) if len(rows) > 1 else float("nan")
     fresh = sum(r["mismatch_fresh_abs_logprob"] for r in rows) / len(rows)  # (synchronous: every completion fresh)
-    plan = memory.memory_plan(memory.model_sizes(shape_config(shape)), cfg, 1,
+    plan = memory.memory_plan(memory.model_sizes(shape_config(shape), scalerl.token_terms), cfg, 1,
                               torch.cuda.get_device_properties(0).total_memory, 9 + 512)["trainer"] / 2**30
     lo, hi = PEAK_FACTOR
     ok = lo <= peak / plan <= hi and (fresh_bound is None or fresh < fresh_bound)

@@ -22,6 +22,8 @@ KEPT_PER_TOKEN = (37, 8, 10, 5, 10)  # bytes a token and layer that backward kee
 # the attention's width beyond H (heads x head_dim - H) and an MoE's k x H (its rows through the experts) and E
 RECOMPUTED = 2.25  # a checkpointed layer's backward: its activations recomputed and their gradients, x KEPT_PER_TOKEN
 HEAD_PER_LOGIT = 16  # the head's backward: float32 logits, their gradients and softmax, bytes a token and vocab entry
+TERM_PER_LOGIT = 16  # each further term that token_terms gives over the vocabulary (docs/fork.md's entropy: its float32
+# log-softmax and exp kept for backward; under the tracker 12.4 bytes a logit, 14.7 with the split product)
 SAMPLER_PER_LOGIT = 28  # vLLM's profiling run: the sampler's float32 logits and their sort, bytes a row and vocab entry
 SMALL_TENSORS, GRAPHS = 64 * 2**20, 1.5 * GiB  # inputs, masks, step counters; vLLM's CUDA graphs and buffers
 
@@ -59,6 +61,7 @@ def trainer_plan(sizes, cfg, ranks, longest, sharded):
         # torchrun); split, W's two bf16 parts and, where W's gradient is made, the chunk's gradient and its parts
         # beside two float32 products of W's size
         "head backward": max(HEAD_PER_LOGIT * chunk_logits, (8 * chunk_logits + 8 * V * H) * split)
+        + TERM_PER_LOGIT * (sizes.get("terms", 1) - 1) * chunk_logits
         + 4 * V * H * (1 + split + (sharded and not sizes["tied"])) + 4 * tokens * H + gathered * (ranks > 1),
         "AdamW step": shard - plan["activations"]}  # (a moment-sized temporary)
     if cfg.activation_checkpointing:  # a layer's activations recomputed, FSDP2's buffers of three layers, and an
@@ -147,8 +150,9 @@ def plan_error(sizes, cfg, ranks, device_bytes, longest, sharded=False):
 # --------------------------------------------------------------------------------------------------
 
 
-def model_sizes(config):
-    """What the memory plan needs of a model, counted on the meta device from its config."""
+def model_sizes(config, token_terms=None):
+    """What the memory plan needs of a model, counted on the meta device from its config; with scalerl.py's
+    token_terms, how many terms it gives a token (the recipe's: the log-prob alone)."""
     from transformers import AutoModelForCausalLM
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
@@ -162,7 +166,8 @@ def model_sizes(config):
             "E": experts[0].shape[0] if experts else 0, "experts": sum(p.numel() for p in experts), "L": len(units),
             "A": heads * d, "layer": sum(p.numel() for p in units[0].parameters()),
             "tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight,
-            "kv": 2 * len(units) * getattr(config, "num_key_value_heads", heads) * d}
+            "kv": 2 * len(units) * getattr(config, "num_key_value_heads", heads) * d,
+            "terms": len(token_terms(torch.zeros(1, 2), torch.zeros(1, dtype=torch.long))) if token_terms else 1}
 
 
 

@@ -1719,7 +1719,7 @@ def check_memory_plan(cfg, config, device, longest):
     """On CUDA with a model of the user's: print what each GPU will hold, and refuse in one line what will not fit (the
     plan: memory.py)."""
     if device.type == "cuda" and (cfg.resume or cfg.model):
-        sizes, total = memory.model_sizes(config), torch.cuda.get_device_properties(device).total_memory
+        sizes, total = memory.model_sizes(config, token_terms), torch.cuda.get_device_properties(device).total_memory
         print(memory.plan_line(memory.memory_plan(sizes, cfg, world(), total, longest, launched()), cfg, total),
               flush=True)
         if error := memory.plan_error(sizes, cfg, world(), total, longest, launched()):

@@ -3834,6 +3834,10 @@ def test_memory_plan_by_hand(name, ranks, checkpointing):
     assert line.startswith("scalerl: memory plan per GPU (79.2 GiB): trainer ") and f"{plan['phase']} " in line
     # the README's 7B command (8 ranks, checkpointing) fits; without checkpointing it does not; 0.5B fits one GPU
     assert (memory.plan_error(sizes, cfg, ranks, H100, 1500, sharded) is None) == checkpointing
+    # a fork whose token_terms gives a second term over the vocabulary (docs/fork.md's entropy): 16 bytes more a logit
+    more = memory.memory_plan({**sizes, "terms": 2}, cfg, ranks, H100, 1500, sharded=sharded)
+    assert more["trainer"] - plan["trainer"] == (16 * 1024 * V if plan["phase"] == "head backward" else
+                                                 max(0, head + 16 * 1024 * V - max(phases.values())))
 
 
 @pytest.mark.quick
@@ -3955,11 +3959,9 @@ def test_memory_plan_against_the_tracker_on_small_shapes(tmp_path):
     d = tmp_path / "moe"  # an MoE (MOE: top-4 of 32 experts, its attention wider than H), without checkpointing
     Qwen3MoeConfig(**MOE).save_pretrained(d)
     configs.append([str(d), 0, 512, ["--micro-batch-tokens", "2048", "--no-activation-checkpointing"]])
-    terms = set(S.token_terms(torch.zeros(1, 4), torch.zeros(1, dtype=torch.long)))
-    for (_, ranks, _, _), (peak, plan) in zip(configs, bench.memory_rows(configs)):
-        assert 1 <= plan / peak <= bench.PLAN_BOUND, (ranks, plan / peak) if terms == {"logp"} else (
-            f"the plan counts the recipe's head (logp) only, and this scalerl.py's token_terms gives {sorted(terms)}: "
-            f"the plan is {plan / peak:.2f} x the peak here (docs/fork.md, the entropy bonus)")
+    terms = sorted(S.token_terms(torch.zeros(1, 4), torch.zeros(1, dtype=torch.long)))  # (a fork's: the plan counts
+    for (_, ranks, _, _), (peak, plan) in zip(configs, bench.memory_rows(configs)):  # each, memory.TERM_PER_LOGIT)
+        assert 1 <= plan / peak <= bench.PLAN_BOUND, (ranks, plan / peak, terms)
 
 
 def test_the_engine_share_leaves_room_for_the_float32_head(tmp_path):
