@@ -1411,18 +1411,19 @@ def real_model_data(out, task="sums"):
     return os.path.join(d, "train.jsonl"), os.path.join(d, "val.jsonl")
 
 
-def real_steps(task):
-    return REAL_STEPS if task == "sums" else DOMAIN_STEPS[task]
+def real_steps(task, steps=None):
+    """A run's steps: bench.py --steps, else the study's own."""
+    return steps or (REAL_STEPS if task == "sums" else DOMAIN_STEPS[task])
 
 
-def real_command(model, out, seed, script=SCALERL, arm=(), task="sums"):
+def real_command(model, out, seed, script=SCALERL, arm=(), task="sums", steps=None):
     """The scalerl.py command line of seed `seed`'s run, OUT/seedS: the recipe's defaults, REAL_FLAGS's sizes (code and
     mix: CODE_FLAGS's, the rows naming their rewards and carrying their prompts), then the arm's flags (`bench.py
     --real-model DIR --out OUT -- FLAGS`: one change to the study, in a directory of its own)."""
     train, val = (os.path.join(out, "data", f"{n}.jsonl") for n in ("train", "val"))
     return [sys.executable, script, "--model", model, "--data", train, "--val-data", val,
-            *(REAL_FLAGS if task == "sums" else CODE_FLAGS), "--steps", str(real_steps(task)), "--seed", str(seed),
-            "--out", os.path.join(out, f"seed{seed}"), *arm]
+            *(REAL_FLAGS if task == "sums" else CODE_FLAGS), "--steps", str(real_steps(task, steps)), "--seed",
+            str(seed), "--out", os.path.join(out, f"seed{seed}"), *arm]
 
 
 def real_seeds(args):
@@ -1430,11 +1431,11 @@ def real_seeds(args):
     return args.seed_list or list(range(args.seeds))
 
 
-def study_hours(task, done):
+def study_hours(task, done, steps=None):
     """The 2-core hours a code or mix study has left, estimated from DOMAIN_COST (one thread, measured): for each seed
     (done: the step of its last checkpoint, 0 for none) its steps left and its evaluations left (every DOMAIN_EVAL
     steps, step 0's with a new run), halved (two one-thread runs side by side fill the 2 cores)."""
-    (step_s, eval_s), steps = DOMAIN_COST[task], real_steps(task)
+    (step_s, eval_s), steps = DOMAIN_COST[task], real_steps(task, steps)
     evals = lambda k: k // DOMAIN_EVAL + 1  # noqa: E731  (evaluations up to step k, step 0's among them)
     return sum((steps - d) * step_s + (evals(steps) - (evals(d) if d else 0)) * eval_s for d in done) / 7200
 
@@ -1456,19 +1457,19 @@ def bench_real(args, arm=()):
     OUT/hours.jsonl, their sum in the summary."""
     check_command(real_command(args.real_model, args.out, 0, args.script, arm, args.real_task))
     real_model_data(args.out, args.real_task)
-    t_start, ran, seeds, steps = time.time(), 0, real_seeds(args), real_steps(args.real_task)
+    t_start, ran, seeds, steps = time.time(), 0, real_seeds(args), real_steps(args.real_task, args.steps)
     threads = min(int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count()), os.cpu_count())
     if args.real_task in DOMAIN_COST:
         done = [checkpoint_step(os.path.join(args.out, f"seed{seed}")) for seed in seeds]
         print(f"real-model: {len(seeds)} seeds of {steps} steps, {sum(done)} of their steps made; about "
-              f"{study_hours(args.real_task, done):.1f} 2-core hours left (at one thread a run, two side by side)",
-              flush=True)
+              f"{study_hours(args.real_task, done, steps):.1f} 2-core hours left (at one thread a run, two side by "
+              "side)", flush=True)
     for k, seed in enumerate(seeds):
         d = os.path.join(args.out, f"seed{seed}")
         if run_finished(d, steps):
             print(f"real-model: seed {seed}: finished before, skipped", flush=True)
             continue
-        cmd = real_command(args.real_model, args.out, seed, args.script, arm, args.real_task)
+        cmd = real_command(args.real_model, args.out, seed, args.script, arm, args.real_task, steps)
         if scalerl.list_checkpoints(d):  # interrupted: go on from its last checkpoint (its flags are saved there)
             cmd = [*cmd[:2], "--resume", "auto", "--out", d, "--steps", str(steps)]
         else:
@@ -1482,6 +1483,9 @@ def bench_real(args, arm=()):
                 f.write(json.dumps({"seed": seed, "seconds": round(time.time() - t0, 1), "threads": threads}) + "\n")
         if p.returncode != 0:
             failed(f"real-model: seed {seed}", p.returncode, d + ".log")
+        if not run_finished(d, steps):  # stopped by a signal, its checkpoint saved: the study stops too
+            sys.exit(f"real-model: seed {seed}: stopped at step {checkpoint_step(d)}; the same command goes on from "
+                     "there")
         ran += 1
         left = (time.time() - t_start) / ran * (len(seeds) - k - 1)
         print(f"real-model: seed {seed}: {(time.time() - t0) / 60:.0f} min, held-out pass rate "
@@ -1646,7 +1650,7 @@ def domain_summary(args):
     domains, runs = DOMAINS[args.real_task], {}
     for seed in real_seeds(args):
         runs[seed] = [r for r in read_metrics(os.path.join(args.out, f"seed{seed}"))
-                      if r["step"] <= real_steps(args.real_task)], {}
+                      if r["step"] <= real_steps(args.real_task, getattr(args, "steps", None))], {}
     head = "".join(f"{d}, step 0 | {d}, last | " for d in domains)
     lines, cols = [f"| seed | {head}hack_frac, mean | hack_frac, max | generation s/step | training s/step |",
                    "|---|" + "---|" * (2 * len(domains) + 4)], []
@@ -1731,7 +1735,7 @@ def real_summary(args):
         kinds = {r["prompt"]: r.get("kind", "all") for r in map(json.loads, f)}
     for seed in real_seeds(args):
         d = os.path.join(args.out, f"seed{seed}")
-        rows = [r for r in read_metrics(d) if r["step"] <= REAL_STEPS]
+        rows = [r for r in read_metrics(d) if r["step"] <= real_steps("sums", getattr(args, "steps", None))]
         files = sorted(os.listdir(os.path.join(d, "completions")))
         runs[seed] = rows, {int(f[5:11]): completion_shares(os.path.join(d, "completions", f), kinds)
                             for f in (files[0], files[-1])}
@@ -1787,7 +1791,8 @@ def run_bench(argv):
     p.add_argument("--script", default=SCALERL, help="--learn, --long-tail, --real-model: the scalerl.py to run "
                    "(default: this checkout's; a fork's copy for an arm that is a fork)")
     p.add_argument("--save-reference", action="store_true", help="--learn: store these results as the reference")
-    p.add_argument("--steps", type=int, default=200, help="--loo: steps per run")
+    p.add_argument("--steps", type=int, help="--loo, --real-model: steps per run (default: 200; the study's own, a "
+                   "rerun with more goes on from each finished seed's end)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS)[:-1], choices=list(VARIANTS),
                    help="--loo: which (default: all but token-no-filter-no-npr)")
     p.add_argument("--x", default="device_hours", help="--loo: the compute axis of the fits")
@@ -1839,6 +1844,7 @@ def run_bench(argv):
     if args.seeds is not None and args.seeds < 1:
         scalerl.die(f"--seeds must be >= 1 (got {args.seeds})")
     args.seeds = args.seeds or (8 if args.learn else 3)
+    args.steps = args.steps or (None if args.real_model else 200)
     if args.learn:
         sys.exit(not bench_learn(args))
     if args.real_model and args.summary_only:

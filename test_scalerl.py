@@ -2013,8 +2013,8 @@ def test_the_sums_fit_after_their_format_starts_where_the_share_first_reaches_th
 @pytest.mark.quick
 def test_the_studys_hours_left_and_spent_by_hand(tmp_path, monkeypatch):
     """study_hours: each seed's steps and evaluations left (every DOMAIN_EVAL steps and step 0's, which a resumed run
-    has made) at DOMAIN_COST's one-thread seconds, halved for two runs side by side on 2 cores; spent_hours: what
-    OUT/hours.jsonl records, core-hours halved."""
+    has made) at DOMAIN_COST's one-thread seconds, halved for two runs side by side on 2 cores (--steps: a finished
+    seed goes on); spent_hours: what OUT/hours.jsonl records, core-hours halved."""
     import bench
     monkeypatch.setattr(bench, "DOMAIN_COST", {"code": (30.0, 90.0)})
     monkeypatch.setattr(bench, "DOMAIN_STEPS", {"code": 40})
@@ -2022,6 +2022,7 @@ def test_the_studys_hours_left_and_spent_by_hand(tmp_path, monkeypatch):
     new = 40 * 30 + 6 * 90  # steps 1..40; evaluations at 0, 8, 16, 24, 32, 40
     resumed = 24 * 30 + 3 * 90  # from the checkpoint of step 16: steps 17..40, evaluations at 24, 32, 40
     assert bench.study_hours("code", [0, 16, 40]) == pytest.approx((new + resumed) / 2 / 3600)
+    assert bench.study_hours("code", [40], steps=48) == pytest.approx((8 * 30 + 90) / 2 / 3600)  # --steps 48: on
     assert bench.spent_hours(str(tmp_path / "hours.jsonl")) is None
     (tmp_path / "hours.jsonl").write_text('{"seed": 0, "seconds": 3600, "threads": 1}\n'
                                           '{"seed": 0, "seconds": 900, "threads": 2}\n')
