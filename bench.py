@@ -1345,20 +1345,22 @@ REAL_FLAGS = ["--system-prompt", REAL_SYSTEM, "--instruction", ' End with "Answe
               "--warmup-steps", "2", "--eval-every", "2", "--eval-samples", "2", "--save-every", "4",
               "--save-completions", "--vllm-kv-cache-mb", "1024"]
 REAL_STEPS, REAL_VAL = 32, 40
-# code, mix: runs past 3 x C_mid (DOMAIN_STEPS), held out every DOMAIN_EVAL steps (a checkpoint each time), 4 samples
-# of MIX_VAL problems a domain; the rows' own prompts (no instruction appended: the default asks for a boxed answer);
-# --max-lag 2: the lag bound that held the sums study's seeds (K = 8 let one of three fall there by step 20), for
-# runs several times as long
-DOMAIN_STEPS, DOMAIN_EVAL = {"code": 96, "mix": 128}, 4
+# code, mix: 4 samples of MIX_VAL problems a domain; the rows' own prompts (no instruction appended: the default asks
+# for a boxed answer); --max-lag 2: the lag bound that held the sums study's seeds (K = 8 let one of three fall there by
+# step 20), for runs several times as long
 CODE_FLAGS = ["--instruction", "", "--prompts-per-step", "8", "--generations-per-prompt", "8",
               "--max-new-tokens", "128", "--answer-budget", "16", "--lr", "3e-5", "--warmup-steps", "2",
-              "--eval-every", str(DOMAIN_EVAL), "--eval-samples", "4", "--save-every", str(DOMAIN_EVAL),
-              "--save-completions", "--vllm-kv-cache-mb", "1024", "--max-lag", "2"]
+              "--eval-samples", "4", "--save-completions", "--vllm-kv-cache-mb", "1024", "--max-lag", "2"]
+# Their length, past 3 x C_mid: a pilot of code alone (one seed, 36 steps) fitted C_mid at 8.7e13 FLOPs (step 25), its
+# steps then adding 2e12 each: 128 steps, about 3e14, 3.5 x. The mix 1.5 x as long: its code sees half the code prompts
+# (the last mix study's code C_mid was 1.6 x the pilot's). Held out and checkpointed every DOMAIN_EVAL steps: an
+# evaluation costs 2 to 3 steps (DOMAIN_COST), so about a third of a run, 5 or more points in its first third
+DOMAIN_STEPS, DOMAIN_EVAL = {"code": 128, "mix": 192}, {"code": 4, "mix": 6}
 MIX_VAL = 64  # held-out problems of each domain (code: 64 of its 69, every category): x 4 samples, 256 completions,
 #               a point's standard error at most 0.5 / sqrt(256) = 0.031 from sampling
 REAL_CUTS = (1 / 2, 1 / 3)  # fits on the first half and the first third of each run's compute, predicting its end
 FORMAT_SHARE = 0.9  # the sums' fit after the format: from the first evaluation where this share of them is answered
-DOMAIN_COST = {"code": (60.0, 60.0), "mix": (60.0, 120.0)}  # one thread: seconds a step, an evaluation (checkpoint)
+DOMAIN_COST = {"code": (61.0, 130.0), "mix": (60.0, 195.0)}  # one thread: seconds a step, an evaluation (checkpoint)
 
 
 def arithmetic_problems(hi=5, seed=0, a_values=None, b_values=None):
@@ -1421,8 +1423,9 @@ def real_command(model, out, seed, script=SCALERL, arm=(), task="sums", steps=No
     mix: CODE_FLAGS's, the rows naming their rewards and carrying their prompts), then the arm's flags (`bench.py
     --real-model DIR --out OUT -- FLAGS`: one change to the study, in a directory of its own)."""
     train, val = (os.path.join(out, "data", f"{n}.jsonl") for n in ("train", "val"))
+    every = [] if task == "sums" else ["--eval-every", str(DOMAIN_EVAL[task]), "--save-every", str(DOMAIN_EVAL[task])]
     return [sys.executable, script, "--model", model, "--data", train, "--val-data", val,
-            *(REAL_FLAGS if task == "sums" else CODE_FLAGS), "--steps", str(real_steps(task, steps)), "--seed",
+            *(REAL_FLAGS if task == "sums" else CODE_FLAGS), *every, "--steps", str(real_steps(task, steps)), "--seed",
             str(seed), "--out", os.path.join(out, f"seed{seed}"), *arm]
 
 
@@ -1436,7 +1439,7 @@ def study_hours(task, done, steps=None):
     (done: the step of its last checkpoint, 0 for none) its steps left and its evaluations left (every DOMAIN_EVAL
     steps, step 0's with a new run), halved (two one-thread runs side by side fill the 2 cores)."""
     (step_s, eval_s), steps = DOMAIN_COST[task], real_steps(task, steps)
-    evals = lambda k: k // DOMAIN_EVAL + 1  # noqa: E731  (evaluations up to step k, step 0's among them)
+    evals = lambda k: k // DOMAIN_EVAL[task] + 1  # noqa: E731  (evaluations up to step k, step 0's among them)
     return sum((steps - d) * step_s + (evals(steps) - (evals(d) if d else 0)) * eval_s for d in done) / 7200
 
 
@@ -1553,12 +1556,13 @@ def real_fits(runs, bootstrap, y="val_pass_rate", starts=None):
     for seed, (rows, _) in sorted(runs.items()):
         ev = [r for r in rows if y in r]
         kw = dict(x="flops", y=y, name=f"seed {seed}", exclude_below=None if starts is None else starts[seed])
+        if starts is not None and starts[seed] is None:
+            lines.append(f"| {seed} | no fit: no start (the rule's share never reached) |")
+            continue
         try:
-            if starts is not None and starts[seed] is None:
-                raise fit_curve.NotEnoughPoints("no start")
             f = fit_curve.fit_rows(ev, bootstrap=bootstrap, **kw)
         except fit_curve.NotEnoughPoints:
-            lines.append(f"| {seed} | no fit: {'no start' if kw['exclude_below'] is None else 'too few points'} |")
+            lines.append(f"| {seed} | no fit: too few points |")
             continue
         x_end, final = ev[-1]["flops"], ev[-1][y]
         preds, cut_fits = {}, {}

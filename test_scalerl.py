@@ -2018,7 +2018,7 @@ def test_the_studys_hours_left_and_spent_by_hand(tmp_path, monkeypatch):
     import bench
     monkeypatch.setattr(bench, "DOMAIN_COST", {"code": (30.0, 90.0)})
     monkeypatch.setattr(bench, "DOMAIN_STEPS", {"code": 40})
-    monkeypatch.setattr(bench, "DOMAIN_EVAL", 8)
+    monkeypatch.setattr(bench, "DOMAIN_EVAL", {"code": 8})
     new = 40 * 30 + 6 * 90  # steps 1..40; evaluations at 0, 8, 16, 24, 32, 40
     resumed = 24 * 30 + 3 * 90  # from the checkpoint of step 16: steps 17..40, evaluations at 24, 32, 40
     assert bench.study_hours("code", [0, 16, 40]) == pytest.approx((new + resumed) / 2 / 3600)
