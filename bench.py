@@ -1081,9 +1081,14 @@ def loo_run_dirs(out, variants, seeds):
     return [(v, seed, os.path.join(out, v, f"seed{seed}")) for v in variants for seed in range(seeds)]
 
 
-def run_finished(d, steps):
+def checkpoint_step(d):
+    """The step of a run's last checkpoint, 0 where it has none."""
     ckpts = scalerl.list_checkpoints(d)
-    return bool(ckpts) and int(ckpts[-1].rsplit("_", 1)[1]) >= steps
+    return int(ckpts[-1].rsplit("_", 1)[1]) if ckpts else 0
+
+
+def run_finished(d, steps):
+    return checkpoint_step(d) >= steps
 
 
 def script_module(path):
@@ -1456,13 +1461,22 @@ REAL_FLAGS = ["--system-prompt", REAL_SYSTEM, "--instruction", ' End with "Answe
               "--warmup-steps", "2", "--eval-every", "2", "--eval-samples", "2", "--save-every", "4",
               "--save-completions", "--vllm-kv-cache-mb", "1024"]
 REAL_STEPS, REAL_VAL = 32, 40
-# code, mix: the rows' own prompts (no instruction appended: the default asks for a boxed answer)
+# code, mix: 4 samples of MIX_VAL problems a domain; the rows' own prompts (no instruction appended: the default asks
+# for a boxed answer); --max-lag 2: the lag bound that held the sums study's seeds (K = 8 let one of three fall there by
+# step 20), for runs several times as long
 CODE_FLAGS = ["--instruction", "", "--prompts-per-step", "8", "--generations-per-prompt", "8",
               "--max-new-tokens", "128", "--answer-budget", "16", "--lr", "3e-5", "--warmup-steps", "2",
-              "--eval-every", "2", "--eval-samples", "2", "--save-every", "4", "--save-completions",
-              "--vllm-kv-cache-mb", "1024"]
-MIX_VAL = 16  # held-out problems of each domain, --real-task code and mix
+              "--eval-samples", "4", "--save-completions", "--vllm-kv-cache-mb", "1024", "--max-lag", "2"]
+# Their length, past 3 x C_mid: a pilot of code alone (one seed, 36 steps) fitted C_mid at 8.7e13 FLOPs (step 25), its
+# steps then adding 2e12 each: 128 steps, about 3e14, 3.5 x. The mix 1.5 x as long: its code sees half the code prompts
+# (the last mix study's code C_mid was 1.6 x the pilot's). Held out and checkpointed every DOMAIN_EVAL steps: an
+# evaluation costs 2 to 3 steps (DOMAIN_COST), so about a third of a run, 5 or more points in its first third
+DOMAIN_STEPS, DOMAIN_EVAL = {"code": 128, "mix": 192}, {"code": 4, "mix": 6}
+MIX_VAL = 64  # held-out problems of each domain (code: 64 of its 69, every category): x 4 samples, 256 completions,
+#               a point's standard error at most 0.5 / sqrt(256) = 0.031 from sampling
 REAL_CUTS = (1 / 2, 1 / 3)  # fits on the first half and the first third of each run's compute, predicting its end
+FORMAT_SHARE = 0.9  # the sums' fit after the format: from the first evaluation where this share of them is answered
+DOMAIN_COST = {"code": (61.0, 130.0), "mix": (60.0, 195.0)}  # one thread: seconds a step, an evaluation (checkpoint)
 
 
 def arithmetic_problems(hi=5, seed=0, a_values=None, b_values=None):
@@ -1515,14 +1529,20 @@ def real_model_data(out, task="sums"):
     return os.path.join(d, "train.jsonl"), os.path.join(d, "val.jsonl")
 
 
-def real_command(model, out, seed, script=SCALERL, arm=(), task="sums"):
+def real_steps(task, steps=None):
+    """A run's steps: bench.py --steps, else the study's own."""
+    return steps or (REAL_STEPS if task == "sums" else DOMAIN_STEPS[task])
+
+
+def real_command(model, out, seed, script=SCALERL, arm=(), task="sums", steps=None):
     """The scalerl.py command line of seed `seed`'s run, OUT/seedS: the recipe's defaults, REAL_FLAGS's sizes (code and
     mix: CODE_FLAGS's, the rows naming their rewards and carrying their prompts), then the arm's flags (`bench.py
     --real-model DIR --out OUT -- FLAGS`: one change to the study, in a directory of its own)."""
     train, val = (os.path.join(out, "data", f"{n}.jsonl") for n in ("train", "val"))
+    every = [] if task == "sums" else ["--eval-every", str(DOMAIN_EVAL[task]), "--save-every", str(DOMAIN_EVAL[task])]
     return [sys.executable, script, "--model", model, "--data", train, "--val-data", val,
-            *(REAL_FLAGS if task == "sums" else CODE_FLAGS), "--steps", str(REAL_STEPS), "--seed", str(seed), "--out",
-            os.path.join(out, f"seed{seed}"), *arm]
+            *(REAL_FLAGS if task == "sums" else CODE_FLAGS), *every, "--steps", str(real_steps(task, steps)), "--seed",
+            str(seed), "--out", os.path.join(out, f"seed{seed}"), *arm]
 
 
 def real_seeds(args):
@@ -1530,28 +1550,61 @@ def real_seeds(args):
     return args.seed_list or list(range(args.seeds))
 
 
+def study_hours(task, done, steps=None):
+    """The 2-core hours a code or mix study has left, estimated from DOMAIN_COST (one thread, measured): for each seed
+    (done: the step of its last checkpoint, 0 for none) its steps left and its evaluations left (every DOMAIN_EVAL
+    steps, step 0's with a new run), halved (two one-thread runs side by side fill the 2 cores)."""
+    (step_s, eval_s), steps = DOMAIN_COST[task], real_steps(task, steps)
+    evals = lambda k: k // DOMAIN_EVAL[task] + 1  # noqa: E731  (evaluations up to step k, step 0's among them)
+    return sum((steps - d) * step_s + (evals(steps) - (evals(d) if d else 0)) * eval_s for d in done) / 7200
+
+
+def spent_hours(path):
+    """The 2-core hours that OUT/hours.jsonl records: each run of a seed, a line (its seconds and the threads it ran
+    on), in core-hours, halved. (None: no record.)"""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return sum(r["seconds"] * r["threads"] for r in map(json.loads, f)) / 7200
+
+
 def bench_real(args, arm=()):
     """Write the problems, run the seeds one after the other (a finished run is skipped, an interrupted one resumed
     from its last checkpoint), then summarise them (real_summary). arm: scalerl.py flags added to every seed's command
-    (run by --script, a fork's copy where the arm is a fork)."""
+    (run by --script, a fork's copy where the arm is a fork). Code and mix: the study's 2-core hours left, estimated
+    (study_hours), before it starts; each seed's time and threads (OMP_NUM_THREADS, else every core) in
+    OUT/hours.jsonl, their sum in the summary."""
     check_command(real_command(args.real_model, args.out, 0, args.script, arm, args.real_task))
     real_model_data(args.out, args.real_task)
-    t_start, ran, seeds = time.time(), 0, real_seeds(args)
+    t_start, ran, seeds, steps = time.time(), 0, real_seeds(args), real_steps(args.real_task, args.steps)
+    threads = min(int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count()), os.cpu_count())
+    if args.real_task in DOMAIN_COST:
+        done = [checkpoint_step(os.path.join(args.out, f"seed{seed}")) for seed in seeds]
+        print(f"real-model: {len(seeds)} seeds of {steps} steps, {sum(done)} of their steps made; about "
+              f"{study_hours(args.real_task, done, steps):.1f} 2-core hours left (at one thread a run, two side by "
+              "side)", flush=True)
     for k, seed in enumerate(seeds):
         d = os.path.join(args.out, f"seed{seed}")
-        if run_finished(d, REAL_STEPS):
+        if run_finished(d, steps):
             print(f"real-model: seed {seed}: finished before, skipped", flush=True)
             continue
-        cmd = real_command(args.real_model, args.out, seed, args.script, arm, args.real_task)
+        cmd = real_command(args.real_model, args.out, seed, args.script, arm, args.real_task, steps)
         if scalerl.list_checkpoints(d):  # interrupted: go on from its last checkpoint (its flags are saved there)
-            cmd = [*cmd[:2], "--resume", "auto", "--out", d, "--steps", str(REAL_STEPS)]
+            cmd = [*cmd[:2], "--resume", "auto", "--out", d, "--steps", str(steps)]
         else:
             shutil.rmtree(d, ignore_errors=True)
         t0 = time.time()
-        with open(d + ".log", "a") as log:
-            p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            with open(d + ".log", "a") as log:
+                p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+        finally:  # (stopped too: the time it ran counts)
+            with open(os.path.join(args.out, "hours.jsonl"), "a") as f:
+                f.write(json.dumps({"seed": seed, "seconds": round(time.time() - t0, 1), "threads": threads}) + "\n")
         if p.returncode != 0:
             failed(f"real-model: seed {seed}", p.returncode, d + ".log")
+        if not run_finished(d, steps):  # stopped by a signal, its checkpoint saved: the study stops too
+            sys.exit(f"real-model: seed {seed}: stopped at step {checkpoint_step(d)}; the same command goes on from "
+                     "there")
         ran += 1
         left = (time.time() - t_start) / ran * (len(seeds) - k - 1)
         print(f"real-model: seed {seed}: {(time.time() - t0) / 60:.0f} min, held-out pass rate "
@@ -1602,46 +1655,62 @@ def real_table(runs):
     return lines
 
 
-def real_fits(runs, bootstrap, y="val_pass_rate"):
+def real_fits(runs, bootstrap, y="val_pass_rate", starts=None):
     """The paper's fit and its prediction [Sec. 2], per seed: R(C) fitted to the held-out pass rate against the run's
     model FLOPs (R0: its step-0 evaluation; the first 1.5% of the compute left out, as in every fit here), A, B and
     C_mid with bootstrap intervals; then fitted again on the evaluations up to each of REAL_CUTS of the run's final
-    compute, predicting its last evaluation. y: the column fitted (a domain's, val_pass_rate_code). Returns (Markdown
-    lines, {seed: the numbers})."""
+    compute, predicting its last evaluation, with the prediction's bootstrap interval and whether the last evaluation
+    falls inside it. y: the column fitted (a domain's, val_pass_rate_code). starts: {seed: the compute where the fits
+    begin} instead of the first 1.5% (format_start's; None: no fit). Returns (Markdown lines, {seed: the numbers})."""
     import numpy as np
     import fit_curve
     ci = lambda f, k: " [{:.3g}, {:.3g}]".format(*f[k + "_ci"]) if f[k + "_ci"] else ""  # noqa: E731
-    cut_names = [f"predicted from {c:.0%} (error)" for c in REAL_CUTS]
+    cut_names = [f"predicted from {c:.0%} [95% interval] (error)" for c in REAL_CUTS]
     lines = ["| seed | R0 | A | B | C_mid (FLOPs) | end / C_mid | last held-out | " + " | ".join(cut_names) + " |",
              "|---|" + "---|" * (6 + len(REAL_CUTS))]
     out = {}
     for seed, (rows, _) in sorted(runs.items()):
         ev = [r for r in rows if y in r]
-        f = fit_curve.fit_rows(ev, x="flops", y=y, bootstrap=bootstrap, name=f"seed {seed}")
+        kw = dict(x="flops", y=y, name=f"seed {seed}", exclude_below=None if starts is None else starts[seed])
+        if starts is not None and starts[seed] is None:
+            lines.append(f"| {seed} | no fit: no start (the rule's share never reached) |")
+            continue
+        try:
+            f = fit_curve.fit_rows(ev, bootstrap=bootstrap, **kw)
+        except fit_curve.NotEnoughPoints:
+            lines.append(f"| {seed} | no fit: too few points |")
+            continue
         x_end, final = ev[-1]["flops"], ev[-1][y]
         preds, cut_fits = {}, {}
         for cut in REAL_CUTS:
             try:
-                g = fit_curve.fit_rows(ev, x="flops", y=y, bootstrap=0, fit_until=cut * x_end, name=f"seed {seed}")
-                preds[cut] = float(fit_curve.curve(np.array([x_end]), g["R0"], g["A"], g["B"], g["C_mid"])[0])
+                g = fit_curve.fit_rows(ev, bootstrap=bootstrap, fit_until=cut * x_end, predict_at=x_end, **kw)
+                preds[cut] = g["predicted"], g["predicted_ci"]
                 cut_fits[f"{cut:g}"] = {k: g[k] for k in ("R0", "A", "B", "C_mid")}
             except fit_curve.NotEnoughPoints:  # fewer than 4 evaluations up to the cut
-                preds[cut] = None
+                preds[cut] = None, None
+        inside = {f"{c:g}": None if i is None else bool(i[0] <= final <= i[1]) for c, (_, i) in preds.items()}
         out[seed] = {k: f[k] for k in ("R0", "A", "B", "C_mid", "A_ci", "B_ci", "C_mid_ci", "at_grid_edge")}
-        out[seed].update(final=final, x_end=x_end, predicted={f"{c:g}": p for c, p in preds.items()}, cut_fits=cut_fits)
+        out[seed].update(final=final, x_end=x_end, start=kw["exclude_below"], cut_fits=cut_fits, inside=inside,
+                         predicted={f"{c:g}": p for c, (p, _) in preds.items()},
+                         predicted_ci={f"{c:g}": i for c, (_, i) in preds.items()})
+        cell = lambda p, i, c: "too few points" if p is None else f"{p:.3f}" + ("" if i is None else (  # noqa: E731
+            " [{:.3f}, {:.3f}]".format(*i))) + f" ({p - final:+.3f})" + {None: "", True: ", inside", False: ", outside"
+                                                                          }[inside[f"{c:g}"]]
         lines.append(f"| {seed} | {f['R0']:.3f} | {f['A']:.3f}{ci(f, 'A')} | {f['B']:.2f}{ci(f, 'B')} | "
-                     f"{f['C_mid']:.3g}{ci(f, 'C_mid')} | {x_end / f['C_mid']:.1f} | {final:.3f} | " + " | ".join(
-                         "too few points" if p is None else f"{p:.3f} ({p - final:+.3f})" for p in preds.values())
-                     + " |")
+                     f"{f['C_mid']:.3g}{ci(f, 'C_mid')} | {x_end / f['C_mid']:.1f} | {final:.3f} | "
+                     + " | ".join(cell(p, i, c) for c, (p, i) in preds.items()) + " |")
     finals = [o["final"] for o in out.values()]
     spread = float(np.std(finals, ddof=1)) if len(finals) > 1 else 0.0
     for cut in REAL_CUTS:
         errors = [o["predicted"][f"{cut:g}"] - o["final"] for o in out.values()
                   if o["predicted"][f"{cut:g}"] is not None]
+        inside = [o["inside"][f"{cut:g}"] for o in out.values() if o["inside"][f"{cut:g}"] is not None]
         if errors:
             lines.append(f"\nfitted on the first {cut:.0%}: error at the end {np.mean(errors):+.3f} on average, "
                          f"largest {max(errors, key=abs):+.3f} ({len(errors)} seeds); the seeds' spread of the last "
-                         f"held-out pass rate (sd) {spread:.3f}")
+                         f"held-out pass rate (sd) {spread:.3f}" + bool(inside) * (
+                             f"; the end inside the prediction's interval on {sum(inside)} of {len(inside)}"))
     return lines, out
 
 
@@ -1677,6 +1746,20 @@ def real_figure(runs, fits, path):
 DOMAINS = {"code": {"code": "val_pass_rate"}, "mix": {"code": "val_pass_rate_code", "math": "val_pass_rate_exact"}}
 
 
+def answered_share(path):
+    """The share of one evaluation's held-out sums (its completions file's rows with an answer to read: a code row's
+    is '') that ended with an answer the grader reads: the sums' format."""
+    with open(path) as f:
+        rows = [r for r in map(json.loads, f) if r["answer"] != ""]
+    return sum(r["finished"] and scalerl.extract_answer(r["completion"]) is not None for r in rows) / len(rows)
+
+
+def format_start(shares, threshold=FORMAT_SHARE):
+    """The rule, fixed before the study, where the sums' fit after their format begins: the step of the first
+    evaluation whose answered share reaches the threshold. shares: [(step, share)] in step order; None: never."""
+    return next((step for step, share in shares if share >= threshold), None)
+
+
 def domain_summary(args):
     """--real-task code or mix: per seed, each domain's held-out pass rate at step 0 and at the end, hack_frac over
     the run (its mean over the steps and its largest) and the times; each domain's curve fitted and predicted from its
@@ -1686,7 +1769,8 @@ def domain_summary(args):
     import fit_curve
     domains, runs = DOMAINS[args.real_task], {}
     for seed in real_seeds(args):
-        runs[seed] = [r for r in read_metrics(os.path.join(args.out, f"seed{seed}")) if r["step"] <= REAL_STEPS], {}
+        runs[seed] = [r for r in read_metrics(os.path.join(args.out, f"seed{seed}"))
+                      if r["step"] <= real_steps(args.real_task, getattr(args, "steps", None))], {}
     head = "".join(f"{d}, step 0 | {d}, last | " for d in domains)
     lines, cols = [f"| seed | {head}hack_frac, mean | hack_frac, max | generation s/step | training s/step |",
                    "|---|" + "---|" * (2 * len(domains) + 4)], []
@@ -1710,6 +1794,19 @@ def domain_summary(args):
             fit_lines, fits[domain] = [f"no fit: {e}"], {}
         out.append(f"{domain}, the held-out pass rate ({col}) against the model FLOPs, fitted per seed:\n\n"
                    + "\n".join(fit_lines))
+    if "math" in domains:  # the sums after their format: the fits begin where format_start says
+        starts = {}
+        for seed, (rows, _) in runs.items():
+            d = os.path.join(args.out, f"seed{seed}", "completions")
+            files = sorted(os.listdir(d)) if os.path.isdir(d) else []
+            step = format_start([(int(f[5:11]), answered_share(os.path.join(d, f))) for f in files])
+            starts[seed] = next((r["flops"] for r in rows if r["step"] == step), None)
+        fit_lines, fits["math, after the format"] = real_fits(runs, args.bootstrap, domains["math"], starts)
+        out.append(f"math after the format: fitted from the first evaluation where {FORMAT_SHARE:.0%} of the held-out "
+                   "sums end with an answer the grader reads (the same rule for every seed):\n\n"
+                   + "\n".join(fit_lines))
+    hours = spent_hours(os.path.join(args.out, "hours.jsonl"))
+    out.append("" if hours is None else f"the study's time: {hours:.2f} 2-core hours (OUT/hours.jsonl: core-hours / 2)")
     print("\n\n".join(out))
     domain_figure(runs, domains, fits, os.path.join(args.out, "real-model.png"))
     with open(os.path.join(args.out, "summary.json"), "w") as f:
@@ -1758,7 +1855,7 @@ def real_summary(args):
         kinds = {r["prompt"]: r.get("kind", "all") for r in map(json.loads, f)}
     for seed in real_seeds(args):
         d = os.path.join(args.out, f"seed{seed}")
-        rows = [r for r in read_metrics(d) if r["step"] <= REAL_STEPS]
+        rows = [r for r in read_metrics(d) if r["step"] <= real_steps("sums", getattr(args, "steps", None))]
         files = sorted(os.listdir(os.path.join(d, "completions")))
         runs[seed] = rows, {int(f[5:11]): completion_shares(os.path.join(d, "completions", f), kinds)
                             for f in (files[0], files[-1])}
@@ -1817,7 +1914,8 @@ def run_bench(argv):
     p.add_argument("--script", default=SCALERL, help="--learn, --long-tail, --real-model: the scalerl.py to run "
                    "(default: this checkout's; a fork's copy for an arm that is a fork)")
     p.add_argument("--save-reference", action="store_true", help="--learn: store these results as the reference")
-    p.add_argument("--steps", type=int, default=200, help="--loo: steps per run")
+    p.add_argument("--steps", type=int, help="--loo, --real-model: steps per run (default: 200; the study's own, a "
+                   "rerun with more goes on from each finished seed's end)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS)[:-1], choices=list(VARIANTS),
                    help="--loo: which (default: all but token-no-filter-no-npr)")
     p.add_argument("--x", default="device_hours", help="--loo: the compute axis of the fits")
@@ -1869,6 +1967,7 @@ def run_bench(argv):
     if args.seeds is not None and args.seeds < 1:
         scalerl.die(f"--seeds must be >= 1 (got {args.seeds})")
     args.seeds = args.seeds or (8 if args.learn else 3)
+    args.steps = args.steps or (None if args.real_model else 200)
     if args.learn:
         sys.exit(not bench_learn(args))
     if args.real_model and args.summary_only:

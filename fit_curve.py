@@ -377,17 +377,18 @@ def grid_edges(a, b, c_mid, grids, fixed_a=None):
 
 
 def bootstrap_intervals(x, y, r0, grids, tables, n, ci, rng, fixed_a=None, paper_grid=False, progress=None,
-                        r0_residuals=None):
+                        r0_residuals=None, at=None):
     """Percentile bootstrap intervals for A, B, C_mid: resample the evaluation points with
     replacement (as integer weights, so the curve table is reused) and refit each sample with the
-    same method as the fit itself (fit_once).
+    same method as the fit itself (fit_once). at: a compute value; the interval of each sample's
+    curve there follows ("at": the prediction's interval, not the curve of the parameters' bounds).
 
     When R0 was measured (the step-0 evaluation) it is noisy too: given r0_residuals (the fit's
     residuals), each sample also adds one of them, drawn at random, to R0. Without this the
     intervals of C_mid are too narrow, since every sample would share the one noisy R0.
     progress: None (silent) or the run's name for progress lines on stderr when it takes long.
     """
-    m, draws = len(x), []
+    m, draws, r0s = len(x), [], []
     t0 = t_last = time.monotonic()
     tty = sys.stderr.isatty()
     for i in range(n):
@@ -395,6 +396,7 @@ def bootstrap_intervals(x, y, r0, grids, tables, n, ci, rng, fixed_a=None, paper
         r0_b = r0 if r0_residuals is None else float(np.clip(r0 + rng.choice(r0_residuals), 0.0, 1.0))
         if np.count_nonzero(w) >= MIN_POINTS:
             draws.append(fit_once(x, y, w, r0_b, grids, tables, fixed_a, paper_grid))
+            r0s.append(r0_b)
         now = time.monotonic()
         every = 0.5 if tty or t_last == t0 else 10.0   # (a log: the first line after 1 s, then every 10 s)
         if progress is not None and now - t_last >= every and now - t0 >= 1.0:   # only when long
@@ -405,10 +407,12 @@ def bootstrap_intervals(x, y, r0, grids, tables, n, ci, rng, fixed_a=None, paper
     if tty and t_last > t0:
         print(file=sys.stderr)
     if not draws:
-        return {k: None for k in ("A", "B", "C_mid")}
+        return {k: None for k in ("A", "B", "C_mid", "at")}
     draws = np.array(draws)
     q = [100 * (1 - ci) / 2, 100 * (1 + ci) / 2]
     out = {k: [float(v) for v in np.percentile(draws[:, j], q)] for j, k in enumerate(("A", "B", "C_mid"))}
+    if at is not None:
+        out["at"] = [float(v) for v in np.percentile([curve(at, r, *d) for r, d in zip(r0s, draws)], q)]
     if fixed_a is not None:
         out["A"] = None
     return out
@@ -423,7 +427,7 @@ def _duration(seconds):
 
 def fit_rows(rows, x="device_hours", y="val_pass_rate", *, r0=None, exclude_below=None, exclude_first_epoch=False,
              fit_until=None, bootstrap=200, ci=0.95, seed=0, fixed_a=None, paper_grid=False, name="rows",
-             where=None, progress=None):
+             where=None, progress=None, predict_at=None):
     """Fit R(C) to in-memory rows (dicts as in metrics.jsonl); the CLI fits each file through this.
 
     x, y: the compute and performance columns; rows without y are not points. r0: the pass rate
@@ -433,7 +437,8 @@ def fit_rows(rows, x="device_hours", y="val_pass_rate", *, r0=None, exclude_belo
     fit_until: fit only x <= fit_until and report the prediction error on later points. bootstrap:
     resamples for the intervals (0: none); ci, seed: their coverage and seed. fixed_a: fit with A
     fixed. paper_grid: the paper's grid fit instead of grid + refinement. name, where: what to call
-    the rows, and each row, in error messages; progress: see bootstrap_intervals.
+    the rows, and each row, in error messages; progress: see bootstrap_intervals. predict_at: a
+    compute value; the curve there ("predicted") and its bootstrap interval ("predicted_ci") follow.
 
     Returns a dict (see the module docstring). Raises NotEnoughPoints when fewer than 4 points are
     usable and InputError for bad rows.
@@ -468,7 +473,7 @@ def fit_rows(rows, x="device_hours", y="val_pass_rate", *, r0=None, exclude_belo
     cis = {}
     if bootstrap > 0:
         cis = bootstrap_intervals(xf, yf, r0, grids, tables, bootstrap, ci, np.random.default_rng(seed), fixed_a,
-                                  paper_grid, progress, r0_residuals=None if r0_given else residuals)
+                                  paper_grid, progress, r0_residuals=None if r0_given else residuals, at=predict_at)
     result = {
         "x": x, "y": y, "method": "paper-grid" if paper_grid else "grid+refine",
         "A": a, "B": b, "C_mid": c_mid, "R0": r0,
@@ -480,6 +485,8 @@ def fit_rows(rows, x="device_hours", y="val_pass_rate", *, r0=None, exclude_belo
         "at_grid_edge": grid_edges(a, b, c_mid, grids, fixed_a),
         "observed": [xs.tolist(), ys.tolist()],
     }
+    if predict_at is not None:
+        result["predicted"], result["predicted_ci"] = float(curve(predict_at, r0, a, b, c_mid)), cis.get("at")
     if fit_until is not None:
         later = xs > fit_until
         err = np.abs(curve(xs[later], r0, a, b, c_mid) - ys[later])

@@ -109,6 +109,22 @@ def test_first_half_predicts_second_half(run_file):
     assert r["extrapolation_max_abs_error"] == pytest.approx(np.max(np.abs(predicted - y[later])), abs=1e-9)
 
 
+
+@pytest.mark.quick
+def test_the_prediction_interval_is_the_samples_curves_at_the_point(monkeypatch):
+    """fit_rows(predict_at=X): the curve of the fit at X, and its bootstrap interval: the percentiles of each resample's
+    own curve at X, not the curve at the parameters' bounds. The resamples' fits are set here (fit_once replaced),
+    with A and C_mid rising together, so that the predictions at X are not in the order of either parameter."""
+    x, y = synthetic(0)
+    fits = iter([(0.6, 2.0, 2500.0)] + [(0.5 + 0.01 * k, 1.5, 1000.0 * (1 + k % 7)) for k in range(10_000)])
+    monkeypatch.setattr(fit_curve, "fit_once", lambda *a: next(fits))
+    rows = [{"c": float(c), "v": float(v)} for c, v in zip(x, y)]
+    r = fit_curve.fit_rows(rows, x="c", y="v", r0=R0, bootstrap=50, predict_at=30_000.0)
+    assert r["predicted"] == pytest.approx(float(true_curve([30_000.0], 0.6, 2.0, 2500.0)[0]), abs=1e-12)
+    draws = [true_curve([30_000.0], 0.5 + 0.01 * k, 1.5, 1000.0 * (1 + k % 7))[0] for k in range(50)]
+    assert r["predicted_ci"] == pytest.approx(list(np.percentile(draws, [2.5, 97.5])), abs=1e-12)
+    assert fit_curve.fit_rows(rows, x="c", y="v", r0=R0, bootstrap=0, predict_at=30_000.0)["predicted_ci"] is None
+
 def two_recipes_sharing_a(tmp_path):
     """Table 1: batch 2048 (C_mid 10909, B 1.70) and 32k generation length (11272, 1.89) share A = 0.645."""
     recipes = {"batch2048": dict(A=0.645, B=1.70, C_mid=10909.0), "gen32k": dict(A=0.645, B=1.89, C_mid=11272.0)}

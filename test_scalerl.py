@@ -1976,8 +1976,9 @@ def test_the_mix_study_holds_out_each_domain_apart(tmp_path):
     """bench.py --real-model --real-task mix: MIX_VAL held-out problems of each domain, the code task's and as many
     sums as code problems trained on (three quarters easy), each sum a chat of its own (REAL_SYSTEM, the "Answer: N"
     instruction) graded by exact, each code row by its tests; no prompt of a domain both held out and trained on.
-    --real-task code: the code rows alone."""
+    --real-task code: the code rows alone, MIX_VAL of them held out from every category."""
     import bench
+    import code_task
     read = lambda p: [json.loads(x) for x in open(p)]  # noqa: E731
     train, val = map(read, bench.real_model_data(str(tmp_path / "mix"), "mix"))
     code = lambda rows: [r for r in rows if "test" in r]  # noqa: E731
@@ -1999,13 +2000,21 @@ def test_the_mix_study_holds_out_each_domain_apart(tmp_path):
         assert S.encode_prompt(tok, r["prompt"], cfg) == tok(text).input_ids
     train, val = map(read, bench.real_model_data(str(tmp_path / "code"), "code"))
     assert len(val) == bench.MIX_VAL and len(train) == 201 and all("test" in r for r in train + val)
+    # the held-out code set: every category's held-out problems, but for the largest category's, which lose those
+    # past MIX_VAL (round-robin over the categories: each of the others runs out before it)
+    every = collections.Counter(r["category"] for r in code_task.problems(n_val=10_000)[1])
+    largest = max(every, key=every.get)
+    assert 0 < sum(every.values()) - bench.MIX_VAL <= every[largest] - every.most_common(2)[1][1]
+    every[largest] -= sum(every.values()) - bench.MIX_VAL
+    assert collections.Counter(r["kind"] for r in val) == every
 
 
 @pytest.mark.quick
 def test_the_domain_summary_reads_each_domains_curve_by_hand(tmp_path, capsys):
     """bench.py's summary of a code or mix study, on two seeds' made-up rows: each domain's held-out pass rate at step
     0 and at the end, hack_frac's mean over the steps and its largest, the times, and the mean ± sd over seeds; each
-    domain's curve fitted (an exact R(C) curve here: its A found), the figure written."""
+    domain's curve fitted (an exact R(C) curve here: its A found), and the sums' again from the first evaluation where
+    FORMAT_SHARE of them are answered; the study's 2-core hours; the figure written."""
     import bench
     import fit_curve
     curves = {"val_pass_rate_code": (0.02, 0.4, 1.5, 3e15), "val_pass_rate_exact": (0.1, 0.9, 2.0, 2e15)}
@@ -2020,10 +2029,22 @@ def test_the_domain_summary_reads_each_domains_curve_by_hand(tmp_path, capsys):
             if step % 2 == 0:
                 row.update({k: float(fit_curve.curve(np.array([x]), *v)[0]) for k, v in curves.items()})
                 row["val_pass_rate"] = row["val_pass_rate_code"]
+                done = [True, True, step >= 10 + 2 * seed]  # the sums answered: 2 of 3 up to step 8 (seed 1: 10)
+                (d / "completions").mkdir(exist_ok=True)
+                (d / "completions" / f"step_{step:06d}.jsonl").write_text("".join(json.dumps(
+                    {"prompt": "p", "answer": 5, "completion": "Answer: 5" if ok else "5", "finished": True,
+                     "reward": 1.0}) + "\n" for ok in done) + json.dumps({"prompt": "q", "answer": "", "completion":
+                                                                          "", "finished": True, "reward": 0.0}) + "\n")
             rows.append(row if step else {k: v for k, v in row.items() if k not in ("hack_frac", "gen_seconds")})
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "hours.jsonl").write_text('{"seed": 0, "seconds": 3600, "threads": 1}\n'
+                                          '{"seed": 1, "seconds": 1800, "threads": 2}\n')
     args = types.SimpleNamespace(out=str(tmp_path), real_task="mix", seed_list=[0, 1], seeds=2, bootstrap=0)
     lines, fits = bench.domain_summary(args)
+    assert "the study's time: 1.00 2-core hours" in capsys.readouterr().out
+    after = fits["math, after the format"]  # from the first evaluation with every sum answered: step 10, seed 1: 12
+    assert [after[seed]["start"] for seed in (0, 1)] == [1e14 * 11, 1e14 * 13 * 2]
+    assert after[0]["A"] == pytest.approx(curves["val_pass_rate_exact"][1], abs=0.02)
     first = [float(v) for v in lines[2].strip("| ").split(" | ")][1:]  # seed 0's row
     want = [curves[c] for c in ("val_pass_rate_code", "val_pass_rate_exact")]
     ends = [float(fit_curve.curve(np.array([x]), *w)[0]) for w in want for x in (1e14, 3.3e15)]  # steps 0 and 32
@@ -2032,6 +2053,44 @@ def test_the_domain_summary_reads_each_domains_curve_by_hand(tmp_path, capsys):
     for domain, (_, a, _, _) in zip(("code", "math"), want):
         assert fits[domain][0]["A"] == pytest.approx(a, abs=0.02)
     assert (tmp_path / "real-model.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.quick
+def test_the_sums_fit_after_their_format_starts_where_the_share_first_reaches_the_threshold(tmp_path):
+    """answered_share: of an evaluation's held-out sums (code rows, whose answer is '', are not sums), the share that
+    ended with an answer the grader reads; format_start: the step of the first evaluation whose share reaches the
+    threshold (reaching it is enough), or None."""
+    import bench
+    lines = [dict(answer=5, completion="2 + 3 = 5. Answer: 5", finished=True),
+             dict(answer=7, completion="3 + 4 = 8. Answer: 8", finished=True),  # wrong, but answered
+             dict(answer=9, completion="4 + 5 = 9", finished=True),  # no answer line
+             dict(answer=4, completion="Answer: 4 and on", finished=False),  # did not end
+             dict(answer="", completion="Answer: 3", finished=True)]  # a code row, however it reads
+    path = tmp_path / "step_000004.jsonl"
+    path.write_text("".join(json.dumps({"prompt": "p", "reward": 0.0, **x}) + "\n" for x in lines))
+    assert bench.answered_share(str(path)) == 2 / 4
+    shares = [(0, 0.2), (4, 0.85), (8, 0.9), (12, 0.95), (16, 0.7)]
+    assert bench.format_start(shares, 0.9) == 8 and bench.format_start(shares, 0.8) == 4
+    assert bench.format_start(shares, 0.96) is None and bench.format_start(shares[:1], 0.2) == 0
+
+
+@pytest.mark.quick
+def test_the_studys_hours_left_and_spent_by_hand(tmp_path, monkeypatch):
+    """study_hours: each seed's steps and evaluations left (every DOMAIN_EVAL steps and step 0's, which a resumed run
+    has made) at DOMAIN_COST's one-thread seconds, halved for two runs side by side on 2 cores (--steps: a finished
+    seed goes on); spent_hours: what OUT/hours.jsonl records, core-hours halved."""
+    import bench
+    monkeypatch.setattr(bench, "DOMAIN_COST", {"code": (30.0, 90.0)})
+    monkeypatch.setattr(bench, "DOMAIN_STEPS", {"code": 40})
+    monkeypatch.setattr(bench, "DOMAIN_EVAL", {"code": 8})
+    new = 40 * 30 + 6 * 90  # steps 1..40; evaluations at 0, 8, 16, 24, 32, 40
+    resumed = 24 * 30 + 3 * 90  # from the checkpoint of step 16: steps 17..40, evaluations at 24, 32, 40
+    assert bench.study_hours("code", [0, 16, 40]) == pytest.approx((new + resumed) / 2 / 3600)
+    assert bench.study_hours("code", [40], steps=48) == pytest.approx((8 * 30 + 90) / 2 / 3600)  # --steps 48: on
+    assert bench.spent_hours(str(tmp_path / "hours.jsonl")) is None
+    (tmp_path / "hours.jsonl").write_text('{"seed": 0, "seconds": 3600, "threads": 1}\n'
+                                          '{"seed": 0, "seconds": 900, "threads": 2}\n')
+    assert bench.spent_hours(str(tmp_path / "hours.jsonl")) == pytest.approx((3600 + 1800) / 3600 / 2)
 
 
 @pytest.mark.quick
