@@ -16,15 +16,11 @@ object and no code of the program's reaches the process that decides the verdict
 and a message its harness does not send is a hack's mark. Each request of A's carries a fresh nonce that its answer
 repeats: answers written before they were asked count for nothing. Standard library only."""
 import array
-import ast
 import binascii
 import builtins
 import collections
 import contextlib
-import datetime
-import decimal
 import enum
-import fractions
 import json
 import operator
 import os
@@ -43,6 +39,9 @@ def clean(text, n=300):
     return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)[:n + 40]
 
 
+NOWHERE = type("Nowhere", (), {"write": lambda self, s: len(s), "flush": lambda self: None})()
+
+
 class Stop(BaseException):
     """A: the tests stop here (the verdict is recorded first, so catching this changes nothing)."""
 
@@ -54,7 +53,8 @@ SCALARS, NUMBERS = {str, float, bool, type(None), int}, {int, float, bool}
 DATA = (int, float, complex, str, bytes, list, tuple, dict, set, frozenset)
 b64, flat = (lambda b: binascii.b2a_base64(b, newline=False).decode()), (lambda pairs: [x for p in pairs for x in p])
 pairs = lambda xs: list(zip(xs[::2], xs[1::2], strict=True))  # noqa: E731
-PARTS = {  # the standard-library values that cross as data: type: (tag, its parts), each encoded in turn
+PARTS = {  # the standard-library values that cross as data: type (or, not imported here, its module and name): (tag,
+    # its parts), each encoded in turn
     bytes: ("b", lambda v: [b64(v)]), bytearray: ("ba", lambda v: [b64(v)]), complex: ("c", lambda v: [v.real, v.imag]),
     range: ("range", lambda v: [v.start, v.stop, v.step]), collections.Counter: ("Counter", lambda v: flat(v.items())),
     collections.OrderedDict: ("OrderedDict", lambda v: flat(v.items())),
@@ -62,11 +62,12 @@ PARTS = {  # the standard-library values that cross as data: type: (tag, its par
     collections.deque: ("deque", lambda v: [v.maxlen, *v]), collections.ChainMap: ("ChainMap", lambda v: v.maps),
     type({}.keys()): ("keys", list), type({}.values()): ("values", list), type({}.items()): ("items", flat),
     array.array: ("array", lambda v: [v.typecode, b64(v.tobytes())]),
-    fractions.Fraction: ("Fraction", lambda v: [v.numerator, v.denominator]),
-    decimal.Decimal: ("Decimal", lambda v: [str(v)]),
-    datetime.date: ("date", lambda v: [v.isoformat()]), datetime.datetime: ("datetime", lambda v: [v.isoformat()]),
-    datetime.time: ("time", lambda v: [v.isoformat()]),
-    datetime.timedelta: ("timedelta", lambda v: [v.days, v.seconds, v.microseconds])}
+    ("fractions", "Fraction"): ("Fraction", lambda v: [v.numerator, v.denominator]),
+    ("decimal", "Decimal"): ("Decimal", lambda v: [str(v)]), ("datetime", "date"): ("date", lambda v: [v.isoformat()]),
+    ("datetime", "datetime"): ("datetime", lambda v: [v.isoformat()]),
+    ("datetime", "time"): ("time", lambda v: [v.isoformat()]),
+    ("datetime", "timedelta"): ("timedelta", lambda v: [v.days, v.seconds, v.microseconds])}
+lazy = lambda module, name: lambda *a: getattr(__import__(module), name)(*a)  # noqa: E731  (imported when it comes)
 REBUILD = {  # tag: the value from its decoded parts, by the receiver's own classes (whose checks refuse anything else)
     "i": lambda s: int(s, 16), "b": binascii.a2b_base64, "ba": lambda s: bytearray(binascii.a2b_base64(s)),
     "c": complex, "range": range, "Counter": lambda *x: collections.Counter(dict(pairs(x))),
@@ -74,9 +75,9 @@ REBUILD = {  # tag: the value from its decoded parts, by the receiver's own clas
     "defaultdict": lambda f, *x: collections.defaultdict(f, pairs(x)), "deque": lambda n, *x: collections.deque(x, n),
     "ChainMap": collections.ChainMap, "keys": lambda *x: dict.fromkeys(x).keys(),
     "values": lambda *x: dict(enumerate(x)).values(), "items": lambda *x: dict(pairs(x)).items(),
-    "array": lambda c, b: array.array(c, binascii.a2b_base64(b)), "Fraction": fractions.Fraction,
-    "Decimal": decimal.Decimal, "date": datetime.date.fromisoformat, "datetime": datetime.datetime.fromisoformat,
-    "time": datetime.time.fromisoformat, "timedelta": datetime.timedelta}
+    "array": lambda c, b: array.array(c, binascii.a2b_base64(b)), "Fraction": lazy("fractions", "Fraction"),
+    "Decimal": lazy("decimal", "Decimal"), "timedelta": lazy("datetime", "timedelta"),
+    **{t: lambda s, t=t: getattr(__import__("datetime"), t).fromisoformat(s) for t in ("date", "datetime", "time")}}
 OPERATORS = {"__len__": len, "__bool__": bool, "__str__": str, "__repr__": repr, "__hash__": hash, "__format__": format,
              "__getitem__": operator.getitem, "__setitem__": operator.setitem, "__delitem__": operator.delitem,
              "__abs__": abs, "__neg__": operator.neg, "__pos__": operator.pos, "__invert__": operator.invert,
@@ -317,8 +318,8 @@ class Wire:
             return ["d", *self.seq((x for pair in v.items() for x in pair), depth)]
         if isinstance(v, Handle):
             return self.handle(v, t)
-        if t in PARTS:
-            return [PARTS[t][0], *self.seq(PARTS[t][1](v), depth)]
+        if part := PARTS.get(t) or PARTS.get((t.__module__, t.__qualname__)):
+            return [part[0], *self.seq(part[1](v), depth)]
         if issubclass(t, tuple) and type(getattr(t, "_fields", None)) is tuple:
             return ["nt", t.__name__, self.enc(list(t._fields)), *self.seq(v, depth)]
         if isinstance(v, enum.Enum) and type(v._value_) in (int, str, float) and isinstance(v, type(v._value_)):
@@ -468,7 +469,7 @@ def judge(spec, io, c, calls, answers, cap, cpu_s=float("inf")):
     marks, pidfd = [], os.pidfd_open(c)
     sys.set_int_max_str_digits(0)  # (the tests may print the program's long ints, as in one process)
     sys.setrecursionlimit(10 * DEPTH)
-    sys.argv, sys.stdout, sys.stderr = ["tests.py"], open(os.devnull, "w"), open(os.devnull, "w")  # (fd 1: the answer)
+    sys.argv, sys.stdout, sys.stderr = ["tests.py"], NOWHERE, NOWHERE  # (fd 1 is the answer's: what the tests print)
 
     def stop(verdict):
         marks.append(verdict if isinstance(verdict, dict) else {"why": clean(verdict)})
@@ -542,6 +543,7 @@ def tests_code(tests):
     """The tests compiled, each `except StopIteration` of theirs also catching the program's (ProgramStop)."""
     if "StopIteration" not in tests:
         return compile(tests, "tests.py", "exec")
+    import ast  # (here: most tests have no StopIteration, and the zygote forks faster without it)
     tree = ast.parse(tests)
     for h in ast.walk(tree):
         if isinstance(h, ast.ExceptHandler) and h.type and any(isinstance(n, ast.Name) and n.id == "StopIteration"

@@ -47,12 +47,12 @@ import select
 import signal
 import struct
 import sys
-import tempfile
 
 if __name__ == "__main__":  # the zygote (python3 -I: no directory of scripts on its path)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import code_rows  # noqa: E402  (the formats of code rows, beside this file)
-import judge  # noqa: E402  (the call boundary's two sides)
+else:  # the caller's: the rows' formats (the zygote, without them, forks faster)
+    import code_rows  # noqa: F401  (beside this file)
+import judge  # noqa: E402  (the call boundary's two sides, beside this file)
 
 LIMITS = {"cpu_s": 5, "wall_s": 8.0, "row_s": 30.0, "mem_mb": 512, "procs": 64, "file_mb": 16, "out_kb": 16384,
           "msg_mb": 64}  # (row_s: the wall time of a row's runs together, each run wall_s at most)
@@ -214,7 +214,8 @@ def _warden(isolated):
         n -= os.splice(0, spec, n)
     lim, out, late = job["limits"], os.memfd_create("out"), []
     try:
-        with contextlib.nullcontext() if isolated else tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as cwd:
+        with contextlib.nullcontext() if isolated else __import__("tempfile").TemporaryDirectory(  # (the zygote, without
+                ignore_cleanup_errors=True) as cwd:  # tempfile and what it imports, forks faster)
             _isolate(lim["file_mb"]) if isolated else os.chdir(cwd)
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # Z gone: A, then C, die (unshare cleared it)
             calls, answers = os.pipe(), os.pipe()
@@ -264,6 +265,8 @@ def _zygote(isolated):
         os.setresuid(NOBODY, NOBODY, NOBODY)
         libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # (a changed uid made /proc/self root's: the maps need it ours)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # (after the change of uid, which clears it)
+    gc.collect()
+    libc.malloc_trim(0)  # (what compiling judge.py left in the heap goes back: fewer pages for each fork to map)
     gc.freeze()  # the forks' garbage collections leave the zygote's objects alone: fewer pages copied per program
     requests = select.poll()
     requests.register(0, select.POLLIN)
