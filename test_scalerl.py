@@ -2905,10 +2905,11 @@ def test_contradictory_flags_are_refused():
 
 
 def test_a_copy_of_the_script_alone_refuses_the_code_reward_in_one_line(monkeypatch):
-    """scalerl.py copied without sandbox.py and judge.py (a fork's single file) imports and runs all but --reward code,
-    which it refuses naming what is missing (before: the import of sandbox failed every run of such a copy)."""
+    """scalerl.py copied without sandbox.py, judge.py and code_rows.py (a fork's single file) imports and runs all but
+    --reward code, which it refuses naming what is missing (before: the import of sandbox failed every run of such a
+    copy)."""
     monkeypatch.setattr(S, "sandbox", None)
-    with pytest.raises(S.ScaleRLError, match="--reward code needs sandbox.py and judge.py beside scalerl.py"):
+    with pytest.raises(S.ScaleRLError, match="code rows need sandbox.py, judge.py and code_rows.py beside scalerl"):
         S.validate(S.fill_defaults(S.Config(reward="code")))
     S.validate(S.fill_defaults(S.Config()))
 
