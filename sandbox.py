@@ -214,8 +214,8 @@ def _warden(isolated):
         n -= os.splice(0, spec, n)
     lim, out, late = job["limits"], os.memfd_create("out"), []
     try:
-        with contextlib.nullcontext() if isolated else __import__("tempfile").TemporaryDirectory(  # (the zygote, without
-                ignore_cleanup_errors=True) as cwd:  # tempfile and what it imports, forks faster)
+        with contextlib.nullcontext() if isolated else __import__("tempfile").TemporaryDirectory(  # (the zygote,
+                ignore_cleanup_errors=True) as cwd:  # without tempfile and what it imports, forks faster)
             _isolate(lim["file_mb"]) if isolated else os.chdir(cwd)
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # Z gone: A, then C, die (unshare cleared it)
             calls, answers = os.pipe(), os.pipe()
